@@ -1,0 +1,610 @@
+"""The policy core: CooRM + CooRMv2 scheduling as a pure state machine.
+
+Rules (DESIGN §4):
+* applications are ordered by the time their session opened (ties: opening order): that is priority;
+* a pass runs at most once per re-scheduling interval; events in between only change the state and are
+  coalesced into the next pass; :meth:`PolicyCore.next_wakeup` tells the shell when to call back;
+* in a pass, per cluster, a profile starts from the up nodes minus running pre-allocations, running
+  non-preemptible requests that are not inside a pre-allocation, and fair-start holds; then each
+  application in priority order gets its non-preemptive view (the profile as it stands) and its waiting
+  requests are placed by conservative backfilling (:mod:`.placement`);
+* every node not used non-preemptibly (so pre-allocated but unused nodes too) is preemptible capacity,
+  shared among the applications that want it (:mod:`.shares`); a waiting preemptible request starts when
+  it fits in its application's preemptive view;
+* a request placed at "now" starts if its nodes are physically free; non-preemptible starts come first, in
+  priority order, and if nodes are still held preemptibly the request waits (blocked) while the holders,
+  whose preemptive views have dropped, must release within ``preempt_grace`` -- or are killed and their
+  session ended (protocol violation);
+* ``done`` ends a running request (its non-carried nodes held for ``fair_start`` if it ended a
+  pre-allocation or a self-wrapped request early) or cancels a waiting one; a relation to an ended request
+  no longer constrains; a NEXT successor that starts where its predecessor ended keeps its nodes.
+
+Theory of operation: :meth:`handle` is the only way in. It validates and applies the event (commands get
+an ``Accepted`` or ``Rejected`` at once), then runs a pass if one is due. Lifecycle decisions (start,
+end, session ended, preemption deadlines) come only out of passes, so that the allocator sees a
+predecessor's end and its successor's start in the same batch. Nothing here reads a clock or does I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.policy_engine import preemption
+from services.policy_engine.placement import Container, Placer
+from services.policy_engine.schedule import Schedule, interval_hash
+from services.policy_engine.shares import FILLING, POLICIES
+from services.policy_engine.state import App, Hold, Request, RequestState
+from shared.events import (
+    Accepted,
+    CloseSession,
+    Done,
+    EndReason,
+    EndRequest,
+    ErrorCode,
+    NodesChanged,
+    OpenSession,
+    PassDone,
+    Rejected,
+    SessionEnded,
+    StartRequest,
+    Submit,
+    Tick,
+    ViewsChanged,
+)
+from shared.requests import Relation, RequestBatch, RequestType
+from shared.stepfn import INF, Profile
+
+WAITING, STARTED, ENDED = RequestState.WAITING, RequestState.STARTED, RequestState.ENDED
+
+
+class PolicySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fair_start: float = Field(default=5.0, ge=0)
+    reschedule_interval: float = Field(default=1.0, ge=0)
+    preempt_grace: float = Field(default=5.0, ge=0)
+    preemptible: str = Field(default=FILLING, pattern="^(" + "|".join(POLICIES) + ")$")
+
+
+class CommandError(Exception):
+    def __init__(self, code: ErrorCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        parts.append(f"{loc}: {e['msg']}" if loc else e["msg"])
+    return "; ".join(parts)
+
+
+class PolicyCore:
+    def __init__(self, settings: PolicySettings | None = None, *, validate: bool = False) -> None:
+        self.settings = settings or PolicySettings()
+        self.validate = validate
+        self.now = 0.0
+        self.clusters: dict[str, int] = {}
+        self.apps: dict[str, App] = {}
+        self._order: list[tuple[float, int, str]] = []
+        self.requests: dict[str, Request] = {}
+        self.ended: dict[str, tuple[str, EndReason, float]] = {}
+        self.holds: list[Hold] = []
+        self._pending_ends: list[Request] = []
+        self._pending_sessions: list[tuple[str, str]] = []
+        self._seq = 0
+        self.dirty = False
+        self.last_pass = -INF
+        self.epoch = 0
+        self._timer = INF
+        self.schedule: Schedule | None = None
+        self._signatures: dict[str, tuple[int, int]] = {}
+        self.stories: dict[str, list[tuple[float, str, str]]] = {}
+
+    # ============================================================================================
+    # public API
+    # ============================================================================================
+    def handle(self, event) -> list:
+        at = max(event.at, self.now)
+        self.now = at
+        out: list = []
+        try:
+            reply = self._dispatch(event)
+        except CommandError as e:
+            out.append(Rejected(stimulus_id=event.stimulus_id, code=e.code, reason=e.reason))
+        else:
+            if reply is not None:
+                out.append(reply)
+        if self._pass_due():
+            out.extend(self._run_pass(event.stimulus_id))
+        if self.validate:
+            from services.policy_engine.invariants import check
+
+            check(self)
+        return out
+
+    def next_wakeup(self) -> float | None:
+        t = self.now if self.dirty else self._timer
+        if t == INF:
+            return None
+        return max(t, self.last_pass + self.settings.reschedule_interval)
+
+    def story(self, request_id: str) -> list[tuple[float, str, str]]:
+        return list(self.stories.get(request_id, []))
+
+    def waiting(self) -> list[Request]:
+        return [r for r in self.requests.values() if r.state is WAITING]
+
+    def running(self) -> list[Request]:
+        return [r for r in self.requests.values() if r.state is STARTED]
+
+    def priority_order(self) -> list[App]:
+        return [self.apps[a] for _, _, a in self._order]
+
+    # ============================================================================================
+    # commands
+    # ============================================================================================
+    def _dispatch(self, event):
+        if isinstance(event, Tick):
+            return None
+        if isinstance(event, NodesChanged):
+            self._nodes_changed(event)
+            return None
+        if isinstance(event, OpenSession):
+            return self._open(event)
+        if isinstance(event, Submit):
+            return self._submit(event)
+        if isinstance(event, Done):
+            return self._done(event)
+        if isinstance(event, CloseSession):
+            return self._close(event)
+        raise CommandError(ErrorCode.BAD_REQUEST, f"unknown event {type(event).__name__}")
+
+    def _app(self, app_id: str) -> App:
+        app = self.apps.get(app_id)
+        if app is None:
+            raise CommandError(ErrorCode.UNKNOWN_APP, f"no open session for application {app_id}")
+        return app
+
+    def _open(self, ev: OpenSession) -> Accepted:
+        if ev.app in self.apps:
+            raise CommandError(ErrorCode.DUPLICATE, f"application {ev.app} already has an open session")
+        self._seq += 1
+        app = App(ev.app, self.now, self._seq, ev.user, ev.name, ev.app_kind)
+        self.apps[app.id] = app
+        bisect.insort(self._order, (app.opened_at, app.seq, app.id))
+        self.dirty = True
+        return Accepted(stimulus_id=ev.stimulus_id, app=app.id)
+
+    def _close(self, ev: CloseSession) -> Accepted:
+        app = self._app(ev.app)
+        self._end_session(app, ev.reason, EndReason.SESSION_CLOSED)
+        return Accepted(stimulus_id=ev.stimulus_id, app=app.id)
+
+    def _submit(self, ev: Submit) -> Accepted:
+        app = self._app(ev.app)
+        try:
+            RequestBatch(requests=ev.requests)
+        except ValidationError as e:
+            raise CommandError(ErrorCode.BAD_REQUEST, describe(e)) from None
+        batch: dict[str, Request] = {}
+        for spec in ev.requests:
+            if spec.cluster not in self.clusters:
+                known = ", ".join(sorted(self.clusters)) or "none"
+                raise CommandError(
+                    ErrorCode.UNKNOWN_CLUSTER, f"request {spec.id}: unknown cluster {spec.cluster} (known: {known})"
+                )
+            if spec.id in self.requests or spec.id in self.ended:
+                raise CommandError(ErrorCode.DUPLICATE, f"request id {spec.id} is already used")
+            if spec.related_how is not Relation.FREE:
+                self._check_relation(app, spec, batch)
+            self._seq += 1
+            batch[spec.id] = Request(
+                id=spec.id,
+                app=app.id,
+                type=spec.type,
+                cluster=spec.cluster,
+                nodes=spec.nodes,
+                duration=INF if spec.duration is None else spec.duration,
+                related_to=spec.related_to if spec.related_how is not Relation.FREE else None,
+                related_how=spec.related_how,
+                submitted_at=self.now,
+                seq=self._seq,
+            )
+        for r in batch.values():
+            self.requests[r.id] = r
+            app.requests[r.id] = r
+            if r.related_how is Relation.NEXT:
+                self._get(r.related_to).successor = r.id
+            self._tell(r.id, "submitted", f"{r.type.value} {r.nodes} nodes on {r.cluster}")
+        self.dirty = True
+        return Accepted(stimulus_id=ev.stimulus_id, app=app.id, requests=tuple(batch))
+
+    def _get(self, rid: str) -> Request:
+        return self.requests[rid]
+
+    def _check_relation(self, app: App, spec, batch: dict[str, Request]) -> None:
+        rid = spec.related_to
+        target = batch.get(rid) or self.requests.get(rid)
+        if target is None:
+            if rid in self.ended:
+                owner = self.ended[rid][0]
+                if owner != app.id:
+                    raise CommandError(
+                        ErrorCode.NOT_YOURS, f"request {spec.id}: {rid} belongs to another application"
+                    )
+                raise CommandError(ErrorCode.ENDED, f"request {spec.id}: related request {rid} has ended")
+            raise CommandError(ErrorCode.UNKNOWN_REQUEST, f"request {spec.id}: no request {rid}")
+        if target.app != app.id:
+            raise CommandError(ErrorCode.NOT_YOURS, f"request {spec.id}: {rid} belongs to another application")
+        if spec.related_how is Relation.NEXT:
+            if target.type is not spec.type or target.cluster != spec.cluster:
+                raise CommandError(
+                    ErrorCode.BAD_RELATION,
+                    f"request {spec.id}: NEXT must follow a request of the same type and cluster "
+                    f"({rid} is {target.type.value} on {target.cluster})",
+                )
+            if target.successor is not None:
+                raise CommandError(
+                    ErrorCode.BAD_RELATION, f"request {spec.id}: {rid} already has a NEXT successor"
+                )
+        elif spec.type is not RequestType.PREEMPTIBLE and target.type is RequestType.PREEMPTIBLE:
+            raise CommandError(
+                ErrorCode.BAD_RELATION,
+                f"request {spec.id}: a {spec.type.value} request cannot be co-allocated with a preemptible one",
+            )
+
+    def _done(self, ev: Done) -> Accepted:
+        app = self._app(ev.app)
+        r = self.requests.get(ev.request)
+        if r is None:
+            if ev.request in self.ended and self.ended[ev.request][0] == app.id:
+                reason = self.ended[ev.request][1].value
+                raise CommandError(ErrorCode.ENDED, f"request {ev.request} has already ended ({reason})")
+            if ev.request in self.ended:
+                raise CommandError(ErrorCode.NOT_YOURS, f"request {ev.request} belongs to another application")
+            raise CommandError(ErrorCode.UNKNOWN_REQUEST, f"no request {ev.request}")
+        if r.app != app.id:
+            raise CommandError(ErrorCode.NOT_YOURS, f"request {ev.request} belongs to another application")
+        if len(set(ev.released)) != len(ev.released):
+            raise CommandError(ErrorCode.BAD_RELEASE, "a node ID is named twice in released")
+        if ev.released and (r.state is not STARTED or r.type is RequestType.PRE_ALLOCATION):
+            raise CommandError(ErrorCode.BAD_RELEASE, f"request {r.id} holds no node IDs to release")
+        if len(ev.released) > r.nodes:
+            raise CommandError(
+                ErrorCode.BAD_RELEASE, f"request {r.id} holds {r.nodes} nodes; cannot release {len(ev.released)}"
+            )
+        if r.state is WAITING:
+            self._end(r, EndReason.CANCELLED, self.now)
+        else:
+            r.released = tuple(ev.released)
+            self._hold_on_done(r)
+            self._end(r, EndReason.DONE, self.now)
+        self.dirty = True
+        return Accepted(stimulus_id=ev.stimulus_id, app=app.id, requests=(r.id,))
+
+    def _nodes_changed(self, ev: NodesChanged) -> None:
+        self.clusters[ev.cluster] = ev.up
+        for rid in ev.lost_requests:
+            r = self.requests.get(rid)
+            if r is not None and r.state is STARTED and r.cluster == ev.cluster:
+                self._end(r, EndReason.NODE_FAILURE, self.now)
+        self.dirty = True
+
+    # ============================================================================================
+    # state transitions
+    # ============================================================================================
+    def _tell(self, rid: str, what: str, detail: str = "") -> None:
+        self.stories.setdefault(rid, []).append((self.now, what, detail))
+
+    def _carry_potential(self, r: Request) -> int:
+        succ = self.requests.get(r.successor) if r.successor else None
+        if succ is None or succ.state is not WAITING:
+            return 0
+        return min(r.nodes - len(r.released), succ.nodes)
+
+    def _hold_on_done(self, r: Request) -> None:
+        """Fair-start (CooRM §III-C): nodes leaving a pre-allocation (explicit or implicit) early stay
+        occupied for ``fair_start`` seconds, never beyond the request's planned end."""
+        fs = self.settings.fair_start
+        until = min(self.now + fs, r.end)
+        if fs <= 0 or until <= self.now or r.preemptible or r.container is not None:
+            return
+        nodes = r.nodes - self._carry_potential(r)
+        if nodes <= 0:
+            return
+        physical = 0
+        if r.is_preallocation:
+            inner = sum(i.nodes for i in self.apps[r.app].requests.values() if i.container == r.id)
+            physical = min(inner, nodes)
+        else:
+            physical = nodes
+        if physical:
+            self.holds.append(Hold(r.cluster, self.now, until, physical, True, r.id))
+        if nodes - physical:
+            self.holds.append(Hold(r.cluster, self.now, until, nodes - physical, False, r.id))
+
+    def _end(self, r: Request, reason: EndReason, at: float) -> None:
+        was_started = r.state is STARTED
+        r.state = ENDED
+        r.end_reason = reason
+        r.end = at if was_started else r.end
+        r.blocked = False
+        self.requests.pop(r.id, None)
+        app = self.apps.get(r.app)
+        if app is not None:
+            app.requests.pop(r.id, None)
+        self.ended[r.id] = (r.app, reason, at)
+        self._pending_ends.append(r)
+        self._tell(r.id, "ended", reason.value)
+        if r.is_preallocation and was_started and app is not None:
+            for inner in [i for i in app.requests.values() if i.container == r.id]:
+                self._end(inner, EndReason.CONTAINER_ENDED, at)
+
+    def _end_session(self, app: App, reason: str, end_reason: EndReason) -> None:
+        for r in list(app.requests.values()):
+            if r.state is not ENDED:
+                self._end(r, end_reason if r.state is STARTED else EndReason.CANCELLED, self.now)
+        del self.apps[app.id]
+        self._order.remove((app.opened_at, app.seq, app.id))
+        self._pending_sessions.append((app.id, reason))
+        self.dirty = True
+
+    # ============================================================================================
+    # the pass
+    # ============================================================================================
+    def _pass_due(self) -> bool:
+        if not self.dirty and self._timer > self.now:
+            return False
+        return self.now >= self.last_pass + self.settings.reschedule_interval
+
+    def _expire(self) -> None:
+        now = self.now
+        due = [r for r in self.requests.values() if r.state is STARTED and r.end <= now]
+        # a request inside a pre-allocation that ends with it reached its own walltime
+        for r in sorted(due, key=lambda r: (r.end, r.is_preallocation, r.seq)):
+            if r.state is STARTED:  # may have ended as a container's inner request meanwhile
+                self._end(r, EndReason.WALLTIME, r.end)
+        self.holds = [h for h in self.holds if h.until > now]
+
+    def _run_pass(self, stimulus: str) -> list:
+        out: list = []
+        starts: list[StartRequest] = []
+        while True:
+            self._expire()
+            placer, containers_of = self._place_all()
+            schedule = self._schedule(placer)
+            started = self._start_due(placer, containers_of, schedule, stimulus)
+            starts.extend(started)
+            deadlines, violators = preemption.enforce(self, schedule, stimulus)
+            out.extend(deadlines)
+            if not violators:
+                break
+            for app_id in violators:
+                self._end_session(self.apps[app_id], "protocol violation", EndReason.VIOLATION)
+        self.dirty = False
+        self.last_pass = self.now
+        self.epoch += 1
+        schedule.epoch = self.epoch
+        self.schedule = schedule
+        decisions = self._end_decisions(stimulus) + starts + out
+        for app_id, reason in self._pending_sessions:
+            decisions.append(SessionEnded(stimulus_id=stimulus, app=app_id, reason=reason))
+        self._pending_sessions.clear()
+        changed = self._changed_views(schedule)
+        if changed:
+            decisions.append(ViewsChanged(stimulus_id=stimulus, apps=tuple(changed)))
+        self._timer = self._next_timer(schedule)
+        waiting = sum(1 for r in self.requests.values() if r.state is WAITING)
+        decisions.append(
+            PassDone(
+                stimulus_id=stimulus,
+                epoch=self.epoch,
+                at=self.now,
+                waiting=waiting,
+                running=len(self.requests) - waiting,
+                next_wakeup=self.next_wakeup(),
+            )
+        )
+        return decisions
+
+    def _base(self) -> dict[str, list[tuple[float, float, int]]]:
+        base: dict[str, list[tuple[float, float, int]]] = {c: [] for c in self.clusters}
+        for r in self.requests.values():
+            if r.state is STARTED and not r.preemptible and r.container is None:
+                base[r.cluster].append((r.start, r.end, r.nodes))
+        for h in self.holds:
+            base[h.cluster].append((h.begin, h.until, h.nodes))
+        return base
+
+    def _place_all(self) -> tuple[Placer, dict[str, dict[str, list[Container]]]]:
+        now = self.now
+        base = self._base()
+        profiles = {c: Profile(now, up) for c, up in self.clusters.items()}
+        signature = 0
+        for c, items in base.items():
+            p = profiles[c]
+            for b, e, n in items:
+                p.reserve(b, e, n)
+                signature += interval_hash(c, (b, e, n))
+        placer = Placer(now, profiles, signature=signature & ((1 << 64) - 1))
+        placer.np_usage = {c: [] for c in self.clusters}
+        for r in self.requests.values():
+            if r.state is STARTED and not r.preemptible and not r.is_preallocation:
+                placer.np_usage[r.cluster].append((r.start, r.end, r.nodes))
+        for h in self.holds:
+            if h.physical:
+                placer.np_usage[h.cluster].append((h.begin, h.until, h.nodes))
+        self._base_items = base
+        self._marks: dict[str, int] = {}
+        self._np_sigs: dict[str, int] = {}
+        containers_of: dict[str, dict[str, list[Container]]] = {}
+        lookup = self.requests.get
+        for app in self.priority_order():
+            self._marks[app.id] = len(placer.log)
+            self._np_sigs[app.id] = placer.signature
+            waiting = []
+            containers: dict[str, list[Container]] = {}
+            for r in app.requests.values():
+                if r.state is WAITING:
+                    if not r.preemptible:
+                        waiting.append(r)
+                elif r.is_preallocation:
+                    inner = [i for i in app.requests.values() if i.container == r.id]
+                    containers.setdefault(r.cluster, []).append(placer.container_for(r, r.start, inner))
+            if waiting:
+                for p in placer.place_app(waiting, containers, lookup):
+                    p.request.start = p.start
+                    p.request.container = p.container.request.id if p.container else None
+            containers_of[app.id] = containers
+        self._np_sigs["\x00final"] = placer.signature
+        return placer, containers_of
+
+    def _schedule(self, placer: Placer) -> Schedule:
+        sched = Schedule(
+            epoch=self.epoch + 1,
+            now=self.now,
+            policy=self.settings.preemptible,
+            up=dict(self.clusters),
+            base=self._base_items,
+            log=placer.log,
+            marks=self._marks,
+            np_signature=self._np_sigs,
+            np_usage=placer.np_usage,
+        )
+        preemption.collect_demands(self, sched)
+        return sched
+
+    def _start_due(self, placer: Placer, containers_of, schedule: Schedule, stimulus: str) -> list:
+        now = self.now
+        free = {c: up for c, up in self.clusters.items()}
+        for r in self.requests.values():
+            if r.state is STARTED and not r.is_preallocation:
+                free[r.cluster] -= r.nodes
+        for h in self.holds:
+            if h.physical:
+                free[h.cluster] -= h.nodes
+        starts: list[StartRequest] = []
+        for app in self.priority_order():
+            for r in list(app.requests.values()):
+                if r.state is not WAITING or r.preemptible or r.start > now:
+                    continue
+                if not r.is_preallocation:
+                    if r.nodes > free[r.cluster]:
+                        if not r.blocked:
+                            self._tell(r.id, "blocked", "nodes still held preemptibly")
+                        r.blocked = True
+                        free[r.cluster] -= min(r.nodes, max(free[r.cluster], 0))
+                        continue
+                    free[r.cluster] -= r.nodes
+                starts.append(self._start(r, stimulus))
+        starts.extend(preemption.start_preemptible(self, schedule, free, stimulus))
+        return starts
+
+    def _start(self, r: Request, stimulus: str) -> StartRequest:
+        r.state = STARTED
+        r.start = self.now
+        r.end = self.now + r.duration
+        r.blocked = False
+        carry_from, carried = None, 0
+        pred = self.ended.get(r.related_to) if r.related_how is Relation.NEXT else None
+        if pred is not None and r.type is not RequestType.PRE_ALLOCATION:
+            pred_req = next((p for p in self._pending_ends if p.id == r.related_to), None)
+            if pred_req is not None and pred_req.end_reason not in (EndReason.CANCELLED,):
+                carry_from = pred_req.id
+                carried = min(pred_req.nodes - len(pred_req.released), r.nodes)
+                pred_req.successor = r.id
+                if pred_req.end_reason is EndReason.WALLTIME:
+                    pred_req.end_reason = EndReason.NEXT
+                    self.ended[pred_req.id] = (pred_req.app, EndReason.NEXT, pred_req.end)
+        self._tell(r.id, "started", f"{r.nodes} nodes" + (f", {carried} kept from {carry_from}" if carry_from else ""))
+        return StartRequest(
+            stimulus_id=stimulus,
+            app=r.app,
+            request=r.id,
+            type=r.type,
+            cluster=r.cluster,
+            nodes=r.nodes,
+            at=self.now,
+            end=None if r.end == INF else r.end,
+            carry_from=carry_from,
+            carried=carried,
+        )
+
+    def _end_decisions(self, stimulus: str) -> list[EndRequest]:
+        out = []
+        holds = {}
+        for h in self.holds:
+            if h.physical:
+                holds[h.request] = h
+        for r in self._pending_ends:
+            h = holds.get(r.id)
+            started = r.end_reason is not EndReason.CANCELLED
+            succ = r.successor if started and self._carried_to(r) else None
+            out.append(
+                EndRequest(
+                    stimulus_id=stimulus,
+                    app=r.app,
+                    request=r.id,
+                    type=r.type,
+                    cluster=r.cluster,
+                    nodes=r.nodes,
+                    started=started,
+                    reason=r.end_reason,
+                    at=r.end if started else self.now,
+                    successor=succ,
+                    released=r.released,
+                    hold_nodes=h.nodes if h else 0,
+                    hold_until=h.until if h else None,
+                )
+            )
+        self._pending_ends.clear()
+        return out
+
+    def _carried_to(self, r: Request) -> bool:
+        succ = self.requests.get(r.successor) if r.successor else None
+        return succ is not None and succ.state is STARTED and succ.start == self.now
+
+    def _changed_views(self, schedule: Schedule) -> list[str]:
+        changed = []
+        new = {}
+        for app in self.priority_order():
+            sig = schedule.signature(app.id)
+            new[app.id] = sig
+            if self._signatures.get(app.id) != sig:
+                changed.append(app.id)
+        self._signatures = new
+        return changed
+
+    def _next_timer(self, schedule: Schedule) -> float:
+        t = INF
+        now = self.now
+        for r in self.requests.values():
+            if r.state is WAITING:
+                if now < r.start < t:
+                    t = r.start
+            elif now < r.end < t:
+                t = r.end
+        for h in self.holds:
+            t = min(t, h.until)
+        for app in self.apps.values():
+            for d in app.deadlines.values():
+                t = min(t, d)
+        return min(t, preemption.next_change(self, schedule))
+
+    # convenience for callers and tests --------------------------------------------------------------
+    def held_preemptibly(self, app_id: str, cluster: str) -> int:
+        app = self.apps.get(app_id)
+        if app is None:
+            return 0
+        return sum(
+            r.nodes for r in app.requests.values() if r.preemptible and r.state is STARTED and r.cluster == cluster
+        )
+
+    def iter_started(self, cluster: str) -> Iterable[Request]:
+        return (r for r in self.requests.values() if r.state is STARTED and r.cluster == cluster)

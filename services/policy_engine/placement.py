@@ -1,0 +1,175 @@
+"""Conservative backfilling of one application's waiting requests (CooRM §III-C, CooRMv2 §III-B).
+
+Rules:
+* an application's waiting pre-allocations and non-preemptible requests are placed in the first hole that
+  fits, never delaying what is already placed (profiles only ever lose capacity during a pass);
+* requests linked by COALLOC/NEXT among the waiting ones form a *group* placed as one: each member starts
+  at the group's start plus its offset (COALLOC: the offset of the request it is tied to; NEXT: that
+  request's offset plus its duration). A link to a running request is a lower bound (COALLOC: its start;
+  NEXT: its end);
+* groups that contain a pre-allocation are placed first, so that the application's non-preemptible
+  requests can be placed inside them;
+* a non-preemptible request goes inside one of the application's pre-allocations on its cluster when it
+  fits there (the one where it starts first); otherwise it is wrapped in an implicit pre-allocation of its
+  own size, i.e. placed in the cluster profile.
+
+A group's start is found by fixed-point iteration: try ``t``; the first member that does not fit at
+``t + offset`` moves ``t`` to where it would fit; repeat. ``t`` only grows and every candidate is a
+breakpoint, so it ends. Members already placed in a failed attempt are rolled back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.policy_engine.schedule import Interval, interval_hash
+from services.policy_engine.state import Request, RequestState
+from shared.requests import Relation
+from shared.stepfn import INF, Profile
+
+_EPS = 1e-9
+_MAX_ATTEMPTS = 10_000
+
+
+@dataclass(slots=True)
+class Container:
+    """A pre-allocation's inside: its nodes over its lifetime, minus what runs or is placed in it."""
+
+    request: Request
+    profile: Profile
+
+
+@dataclass(slots=True)
+class Placement:
+    request: Request
+    start: float
+    container: Container | None
+
+
+@dataclass(slots=True)
+class Placer:
+    now: float
+    profiles: dict[str, Profile]
+    log: list[tuple[str, float, float, int]] = field(default_factory=list)
+    signature: int = 0
+    np_usage: dict[str, list[Interval]] = field(default_factory=dict)
+
+    def container_for(self, prealloc: Request, start: float, inner: list[Request]) -> Container:
+        begin = max(start, self.now)
+        profile = Profile(begin, prealloc.nodes)
+        profile.reserve(start + prealloc.duration, INF, prealloc.nodes)
+        for r in inner:
+            profile.reserve(self.now, r.end, r.nodes)
+        return Container(prealloc, profile)
+
+    # -- one application's turn -------------------------------------------------------------------
+    def place_app(
+        self,
+        waiting: list[Request],
+        containers: dict[str, list[Container]],
+        lookup,
+    ) -> list[Placement]:
+        """Place ``waiting`` (non-preemptible and pre-allocations, submission order). ``containers``
+        holds the application's running pre-allocations per cluster and gains the ones placed here.
+        ``lookup(id)`` returns a live request or None."""
+        by_id = {r.id: r for r in waiting}
+        groups: dict[str, list[Request]] = {}
+        offsets: dict[str, float] = {}
+        for r in waiting:
+            target = by_id.get(r.related_to) if r.constrained else None
+            if target is None:
+                groups[r.id] = [r]
+                offsets[r.id] = 0.0
+                root_of = r.id
+            else:
+                root_of = _root(target, by_id)
+                groups[root_of].append(r)
+                step = target.duration if r.related_how is Relation.NEXT else 0.0
+                offsets[r.id] = offsets[target.id] + step
+        ordered = sorted(
+            groups.values(), key=lambda g: (not any(m.is_preallocation for m in g), g[0].seq)
+        )
+        placed: list[Placement] = []
+        for group in ordered:
+            lower = self.now
+            for m in group:
+                anchor = _anchor(m, by_id, lookup)
+                if anchor is not None:
+                    lower = max(lower, anchor - offsets[m.id])
+            placed.extend(self._place_group(group, offsets, lower, containers))
+        return placed
+
+    def _fit(self, r: Request, t: float, containers: dict[str, list[Container]]):
+        if not r.is_preallocation:
+            best: tuple[float, Container | None] = (INF, None)
+            for c in containers.get(r.cluster, ()):
+                s = c.profile.earliest_fit(r.nodes, r.duration, t)
+                if s < best[0]:
+                    best = (s, c)
+            if best[1] is not None:
+                return best
+        return self.profiles[r.cluster].earliest_fit(r.nodes, r.duration, t), None
+
+    def _reserve(self, r: Request, start: float, container: Container | None, sign: int) -> None:
+        end = start + r.duration
+        if container is not None:
+            container.profile.reserve(start, end, sign * r.nodes)
+        else:
+            self.profiles[r.cluster].reserve(start, end, sign * r.nodes)
+
+    def _place_group(
+        self,
+        group: list[Request],
+        offsets: dict[str, float],
+        t: float,
+        containers: dict[str, list[Container]],
+    ) -> list[Placement]:
+        for _ in range(_MAX_ATTEMPTS):
+            if t == INF:
+                break
+            tentative: list[Placement] = []
+            moved = None
+            for m in group:
+                want = t + offsets[m.id]
+                s, container = self._fit(m, want, containers)
+                if s - want > _EPS:
+                    moved = s - offsets[m.id]
+                    break
+                self._reserve(m, want, container, 1)
+                tentative.append(Placement(m, want, container))
+            if moved is None:
+                for p in tentative:
+                    self._commit(p, containers)
+                return tentative
+            for p in reversed(tentative):
+                self._reserve(p.request, p.start, p.container, -1)
+            t = moved
+        return [Placement(m, INF, None) for m in group]
+
+    def _commit(self, p: Placement, containers: dict[str, list[Container]]) -> None:
+        r = p.request
+        end = p.start + r.duration
+        if p.container is None:
+            item = (r.cluster, p.start, end, r.nodes)
+            self.log.append(item)
+            self.signature = (self.signature + interval_hash(r.cluster, item[1:])) & ((1 << 64) - 1)
+        if r.is_preallocation:
+            containers.setdefault(r.cluster, []).append(self.container_for(r, p.start, []))
+        else:
+            self.np_usage.setdefault(r.cluster, []).append((p.start, end, r.nodes))
+
+
+def _root(r: Request, by_id: dict[str, Request]) -> str:
+    while r.constrained and r.related_to in by_id:
+        r = by_id[r.related_to]
+    return r.id
+
+
+def _anchor(r: Request, by_id: dict[str, Request], lookup) -> float | None:
+    """The lower bound a running (not waiting) related request puts on ``r``'s start."""
+    if not r.constrained or r.related_to in by_id:
+        return None
+    target = lookup(r.related_to)
+    if target is None or target.state is not RequestState.STARTED:
+        return None
+    return target.end if r.related_how is Relation.NEXT else target.start

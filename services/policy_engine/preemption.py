@@ -1,0 +1,162 @@
+"""The preemptible part of a pass (CooRMv2 §III-A4, §III-B, §IV "malleable").
+
+Rules:
+* a preemptible request's earliest start is a lower bound from its relations (COALLOC: when the request it
+  is tied to starts; NEXT: when its predecessor ends; an unbounded predecessor ends only by ``done``);
+* it starts, in priority order and submission order within an application, when the application's
+  preemptive view at "now" covers what it already holds plus the request, and the nodes are free;
+* a holder whose preemptive view at "now" is below what it holds gets a deadline ``now + preempt_grace``;
+  if it still holds too much when the deadline passes it is a violator (the core kills it and ends its
+  session); the deadline is lifted as soon as it holds no more than its view.
+"""
+
+from __future__ import annotations
+
+from services.policy_engine.schedule import PreemptibleDemand, Schedule, interval_hash
+from services.policy_engine.shares import preemptive_share
+from services.policy_engine.state import Request, RequestState
+from shared.events import PreemptionDeadline
+from shared.requests import Relation
+from shared.stepfn import INF
+
+STARTED, WAITING = RequestState.STARTED, RequestState.WAITING
+
+
+def _lower_bound(core, r: Request, lbs: dict[str, float]) -> float:
+    now = core.now
+    if not r.constrained:
+        return now
+    target = core.requests.get(r.related_to)
+    if target is None:
+        return now
+    if r.related_how is Relation.NEXT:
+        if target.state is STARTED:
+            return max(now, target.end)
+        base = lbs.get(target.id, INF) if target.preemptible else target.start
+        return max(now, base + target.duration)
+    if target.state is STARTED:
+        return now
+    return max(now, lbs.get(target.id, INF) if target.preemptible else target.start)
+
+
+def collect_demands(core, sched: Schedule) -> None:
+    """Fill ``sched.demands`` (per cluster, priority order) and the waiting requests' lower bounds."""
+    lbs: dict[str, float] = {}
+    per_cluster: dict[str, list[PreemptibleDemand]] = {}
+    sig = 0
+    for app in core.priority_order():
+        mine: dict[str, list] = {}
+        for r in app.requests.values():
+            if not r.preemptible:
+                continue
+            if r.state is STARTED:
+                mine.setdefault(r.cluster, []).append((r.start, r.end, r.nodes))
+            else:
+                lb = _lower_bound(core, r, lbs)
+                lbs[r.id] = lb
+                r.start = lb
+                if lb < INF:
+                    mine.setdefault(r.cluster, []).append((lb, lb + r.duration, r.nodes))
+        for c, intervals in mine.items():
+            per_cluster.setdefault(c, []).append(PreemptibleDemand(app.id, app.priority, intervals))
+            for item in intervals:
+                sig += interval_hash(app.id + "@" + c, item)
+    for c, items in sched.np_usage.items():
+        for item in items:
+            sig += interval_hash(c, item)
+    sched.demands = per_cluster
+    sched.p_signature = (sig + hash(tuple(sorted(sched.up.items())))) & ((1 << 64) - 1)
+
+
+def _capacity_now(core, sched: Schedule, cluster: str) -> int:
+    now = core.now
+    used = sum(n for b, e, n in sched.np_usage.get(cluster, ()) if b <= now < e)
+    return core.clusters[cluster] - used
+
+
+def _wants_now(core, cluster: str) -> list[tuple[str, int, int]]:
+    """(app, held, wanted) at now for each application with preemptible requests on ``cluster``."""
+    now = core.now
+    out = []
+    for app in core.priority_order():
+        held = wanted = 0
+        for r in app.requests.values():
+            if r.preemptible and r.cluster == cluster:
+                if r.state is STARTED:
+                    held += r.nodes
+                    wanted += r.nodes
+                elif r.start <= now:
+                    wanted += r.nodes
+        if wanted:
+            out.append((app.id, held, wanted))
+    return out
+
+
+def start_preemptible(core, sched: Schedule, free: dict[str, int], stimulus: str) -> list:
+    starts = []
+    policy = core.settings.preemptible
+    for cluster in sched.demands:
+        capacity = _capacity_now(core, sched, cluster)
+        ranked = _wants_now(core, cluster)
+        wants = [w for _, _, w in ranked]
+        for idx, (app_id, held, _) in enumerate(ranked):
+            view = preemptive_share(capacity, wants, idx, policy)
+            for r in list(core.apps[app_id].requests.values()):
+                if not (r.preemptible and r.state is WAITING and r.cluster == cluster and r.start <= core.now):
+                    continue
+                if held + r.nodes > view or r.nodes > free[cluster]:
+                    break
+                held += r.nodes
+                free[cluster] -= r.nodes
+                starts.append(core._start(r, stimulus))
+    return starts
+
+
+def enforce(core, sched: Schedule, stimulus: str) -> tuple[list, list[str]]:
+    """Deadlines for holders above their preemptive view; the applications past theirs."""
+    decisions = []
+    violators: list[str] = []
+    policy = core.settings.preemptible
+    now = core.now
+    grace = core.settings.preempt_grace
+    holding: set[tuple[str, str]] = set()
+    for cluster in sched.demands:
+        capacity = _capacity_now(core, sched, cluster)
+        ranked = _wants_now(core, cluster)
+        wants = [w for _, _, w in ranked]
+        for idx, (app_id, held, _) in enumerate(ranked):
+            if held == 0:
+                continue
+            holding.add((app_id, cluster))
+            app = core.apps[app_id]
+            view = preemptive_share(capacity, wants, idx, policy)
+            if held <= view:
+                app.deadlines.pop(cluster, None)
+                continue
+            deadline = app.deadlines.get(cluster)
+            if deadline is None:
+                deadline = now + grace
+                app.deadlines[cluster] = deadline
+                for r in app.requests.values():
+                    if r.preemptible and r.state is STARTED and r.cluster == cluster:
+                        core._tell(r.id, "preempt", f"release {held - view} nodes by {deadline}")
+                decisions.append(
+                    PreemptionDeadline(
+                        stimulus_id=stimulus, app=app_id, cluster=cluster, held=held, allowed=view, deadline=deadline
+                    )
+                )
+            elif deadline <= now and app_id not in violators:
+                violators.append(app_id)
+    for app in core.apps.values():
+        for cluster in [c for c in app.deadlines if (app.id, c) not in holding]:
+            del app.deadlines[cluster]
+    return decisions, violators
+
+
+def next_change(core, sched: Schedule) -> float:
+    """The earliest future time a waiting preemptible request may become startable."""
+    t = INF
+    for r in core.requests.values():
+        if r.preemptible and r.state is WAITING and core.now < r.start < t:
+            t = r.start
+    return t

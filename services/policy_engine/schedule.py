@@ -1,0 +1,105 @@
+"""The outcome of one pass: start times and the data every application's views are derived from.
+
+Views are not copied per application during the pass (that would cost applications x breakpoints).
+Instead the pass records, per cluster, the *base* reservations (running work, fair-start holds) and the
+*placement log* (reservations made by waiting requests, in priority order), and for each application
+its position in that log. An application's non-preemptive view on a cluster is the base minus the log
+entries placed before its turn (CooRM §III-C: "set the view of the current application to the current
+profiles"). Its preemptive view is the preemptive capacity (every node not used non-preemptibly) shared
+with the other applications that want preemptible nodes.
+
+Change detection uses a commutative hash of the reservations a view is made of, so a request moving
+from "placed at now" to "running" with the same times does not count as a change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.policy_engine.shares import preemptive_share
+from shared.stepfn import INF, StepFunction
+
+Interval = tuple[float, float, int]  # begin, end, nodes
+_MASK = (1 << 64) - 1
+
+
+def interval_hash(cluster: str, item: Interval) -> int:
+    return hash((cluster, item)) & _MASK
+
+
+@dataclass(slots=True)
+class PreemptibleDemand:
+    app: str
+    priority: tuple[float, int]
+    intervals: list[Interval]  # preemptible requests alive over [begin, end)
+
+
+@dataclass(slots=True)
+class Schedule:
+    epoch: int
+    now: float
+    policy: str
+    up: dict[str, int]
+    base: dict[str, list[Interval]]
+    log: list[tuple[str, float, float, int]] = field(default_factory=list)
+    marks: dict[str, int] = field(default_factory=dict)
+    np_signature: dict[str, int] = field(default_factory=dict)
+    # preemptible capacity: what is used non-preemptibly (running + placed) and physically held
+    np_usage: dict[str, list[Interval]] = field(default_factory=dict)
+    demands: dict[str, list[PreemptibleDemand]] = field(default_factory=dict)
+    p_signature: int = 0
+
+    # -- non-preemptive views ---------------------------------------------------------------------
+    def np_view(self, app: str, cluster: str) -> StepFunction:
+        mark = self.marks.get(app, len(self.log))
+        items = list(self.base[cluster])
+        items.extend((b, e, n) for c, b, e, n in self.log[:mark] if c == cluster)
+        return StepFunction.from_intervals(self.up[cluster], self.now, items)
+
+    def final_profile(self, cluster: str) -> StepFunction:
+        """What a new, lowest-priority application would see."""
+        items = list(self.base[cluster])
+        items.extend((b, e, n) for c, b, e, n in self.log if c == cluster)
+        return StepFunction.from_intervals(self.up[cluster], self.now, items)
+
+    # -- preemptive views -------------------------------------------------------------------------
+    def preemptible_capacity(self, cluster: str) -> StepFunction:
+        return StepFunction.from_intervals(self.up[cluster], self.now, self.np_usage.get(cluster, []))
+
+    def p_view(self, app: str, cluster: str, priority: tuple[float, int] | None = None) -> StepFunction:
+        capacity = self.preemptible_capacity(cluster)
+        demands = self.demands.get(cluster, [])
+        others = [d for d in demands if d.app != app]
+        mine = next((d for d in demands if d.app == app), None)
+        if priority is None:
+            priority = mine.priority if mine else (INF, 0)
+        times = set(capacity.times)
+        for d in others:
+            for b, e, _ in d.intervals:
+                for t in (b, e):
+                    if self.now < t < INF:
+                        times.add(t)
+        ranked = sorted(others + [PreemptibleDemand(app, priority, [])], key=lambda d: d.priority)
+        me = next(i for i, d in enumerate(ranked) if d.app == app)
+        steps = []
+        for t in sorted(times):
+            wants = [_demand_at(d.intervals, t) for d in ranked]
+            steps.append((t, preemptive_share(capacity.value_at(t), wants, me, self.policy)))
+        return StepFunction.from_steps(steps)
+
+    def views(self, app: str, clusters: list[str] | None = None) -> dict[str, dict[str, StepFunction]]:
+        """Both views of ``app`` for every cluster (or the given ones)."""
+        out: dict[str, dict[str, StepFunction]] = {}
+        for c in clusters or sorted(self.up):
+            out[c] = {"non_preemptive": self.np_view(app, c), "preemptive": self.p_view(app, c)}
+        return out
+
+    def signature(self, app: str) -> tuple[int, int]:
+        sig = self.np_signature.get(app)
+        if sig is None:
+            sig = self.np_signature.get("\x00final", 0)
+        return (sig, self.p_signature)
+
+
+def _demand_at(intervals: list[Interval], t: float) -> int:
+    return sum(n for b, e, n in intervals if b <= t < e)

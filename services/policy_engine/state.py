@@ -1,0 +1,85 @@
+"""What the policy core remembers between events: applications (sessions) and their requests.
+
+Plain mutable objects with slots; only :mod:`services.policy_engine.core` changes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from shared.events import EndReason
+from shared.requests import Relation, RequestType
+from shared.stepfn import INF
+
+
+class RequestState(StrEnum):
+    WAITING = "waiting"
+    STARTED = "started"
+    ENDED = "ended"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    id: str
+    app: str
+    type: RequestType
+    cluster: str
+    nodes: int
+    duration: float  # INF when unbounded (preemptible only)
+    related_to: str | None
+    related_how: Relation
+    submitted_at: float
+    seq: int
+    state: RequestState = RequestState.WAITING
+    start: float = INF  # scheduled start while waiting, actual start once started
+    end: float = INF  # planned end once started, actual end once ended
+    container: str | None = None  # the explicit pre-allocation a started request runs inside
+    successor: str | None = None  # the NEXT request that follows this one
+    released: tuple[str, ...] = ()  # node IDs named in done
+    end_reason: EndReason | None = None
+    blocked: bool = False  # due, but its nodes are still held preemptibly
+
+    @property
+    def preemptible(self) -> bool:
+        return self.type is RequestType.PREEMPTIBLE
+
+    @property
+    def is_preallocation(self) -> bool:
+        return self.type is RequestType.PRE_ALLOCATION
+
+    @property
+    def constrained(self) -> bool:
+        return self.related_how is not Relation.FREE and self.related_to is not None
+
+
+@dataclass(slots=True, eq=False)
+class App:
+    id: str
+    opened_at: float
+    seq: int
+    user: str = ""
+    name: str = ""
+    kind: str = ""
+    # live (waiting or started) requests in submission order
+    requests: dict[str, Request] = field(default_factory=dict)
+    # cluster -> time by which preemptible nodes above the preemptive view must be released
+    deadlines: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def priority(self) -> tuple[float, int]:
+        return (self.opened_at, self.seq)
+
+
+@dataclass(slots=True, frozen=True)
+class Hold:
+    """Fair-start: nodes freed by ``done`` stay occupied in the non-preemptive profile until ``until``.
+    ``physical`` holds also keep the node IDs themselves (they were allocated); a pre-allocation's
+    reservation is held only in the profile."""
+
+    cluster: str
+    begin: float
+    until: float
+    nodes: int
+    physical: bool
+    request: str

@@ -1,0 +1,213 @@
+"""Events into the cores and decisions out of them: the contract of the sans-IO policy core.
+
+Every event carries the time it happened (``at``, seconds) and a ``stimulus_id``; every decision names the
+stimulus that caused it, so that a request's story can be told. The live services and the simulator
+construct exactly these objects; there is no other way to change a core's state.
+
+Infinite times (a request that can never start, an unbounded duration) are ``math.inf`` inside the
+cores and ``None`` on the wire.
+"""
+
+from __future__ import annotations
+
+import itertools
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.requests import Identifier, RequestSpec, RequestType
+
+_counter = itertools.count()
+
+
+def _next_stimulus() -> str:
+    return f"s{next(_counter)}"
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    at: float = Field(ge=0, allow_inf_nan=False)
+    stimulus_id: str = Field(default_factory=_next_stimulus)
+
+
+class OpenSession(_Event):
+    """``subscribe``: an application connects; the opening time is its priority."""
+
+    kind: Literal["open"] = "open"
+    app: Identifier
+    user: str = ""
+    name: str = ""
+    app_kind: str = ""
+
+
+class CloseSession(_Event):
+    """The application leaves: its waiting requests are cancelled, its running ones ended."""
+
+    kind: Literal["close"] = "close"
+    app: Identifier
+    reason: str = "closed"
+
+
+class Submit(_Event):
+    """``request``: add requests (one batch, accepted or refused as a whole)."""
+
+    kind: Literal["submit"] = "submit"
+    app: Identifier
+    requests: list[RequestSpec] = Field(min_length=1)
+
+
+class Done(_Event):
+    """``done``: end a running request now (releasing ``released`` node IDs when a NEXT successor
+    keeps the rest) or cancel one not yet started."""
+
+    kind: Literal["done"] = "done"
+    app: Identifier
+    request: Identifier
+    released: tuple[str, ...] = ()
+
+
+class NodesChanged(_Event):
+    """A cluster's number of up nodes changed (registration, node failure, repair). ``lost_requests`` are
+    the started requests that held a node that went down (the allocator knows which)."""
+
+    kind: Literal["nodes"] = "nodes"
+    cluster: Identifier
+    up: int = Field(ge=0)
+    lost_requests: tuple[str, ...] = ()
+
+
+class Tick(_Event):
+    """Time passes: the shell calls back at the time the core asked for."""
+
+    kind: Literal["tick"] = "tick"
+
+
+PolicyEvent = Annotated[
+    OpenSession | CloseSession | Submit | Done | NodesChanged | Tick, Field(discriminator="kind")
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# decisions
+# ------------------------------------------------------------------------------------------------
+class ErrorCode(StrEnum):
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_APP = "unknown_app"
+    UNKNOWN_CLUSTER = "unknown_cluster"
+    UNKNOWN_REQUEST = "unknown_request"
+    NOT_YOURS = "not_yours"
+    DUPLICATE = "duplicate"
+    BAD_RELATION = "bad_relation"
+    BAD_RELEASE = "bad_release"
+    ENDED = "ended"
+
+
+class EndReason(StrEnum):
+    DONE = "done"
+    CANCELLED = "cancelled"  # done before it started
+    WALLTIME = "walltime"
+    NEXT = "next"  # reached its end and its NEXT successor took its nodes over
+    NODE_FAILURE = "node_failure"
+    VIOLATION = "violation"  # kept preemptible nodes past the grace
+    SESSION_CLOSED = "session_closed"
+    CONTAINER_ENDED = "container_ended"  # its pre-allocation ended under it
+
+
+class _Decision(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stimulus_id: str
+
+
+class Accepted(_Decision):
+    kind: Literal["accepted"] = "accepted"
+    app: str
+    requests: tuple[str, ...] = ()
+
+
+class Rejected(_Decision):
+    kind: Literal["rejected"] = "rejected"
+    code: ErrorCode
+    reason: str
+
+
+class StartRequest(_Decision):
+    """Start ``request`` now on ``nodes`` nodes of ``cluster``. With ``carry_from``, the allocator keeps
+    ``carried`` nodes of that (NEXT) predecessor and adds the rest."""
+
+    kind: Literal["start"] = "start"
+    app: str
+    request: str
+    type: RequestType
+    cluster: str
+    nodes: int
+    at: float
+    end: float | None
+    carry_from: str | None = None
+    carried: int = 0
+
+
+class EndRequest(_Decision):
+    """``request`` ended at ``at``. Its freed nodes (other than those carried to ``successor``) stay held
+    for fair-start until ``hold_until`` when ``hold_nodes`` > 0. ``released`` are the node IDs the
+    application named in its ``done``."""
+
+    kind: Literal["end"] = "end"
+    app: str
+    request: str
+    type: RequestType
+    cluster: str
+    nodes: int
+    started: bool
+    reason: EndReason
+    at: float
+    successor: str | None = None
+    released: tuple[str, ...] = ()
+    hold_nodes: int = 0
+    hold_until: float | None = None
+
+
+class SessionEnded(_Decision):
+    kind: Literal["session_ended"] = "session_ended"
+    app: str
+    reason: str
+
+
+class PreemptionDeadline(_Decision):
+    """``app`` holds more preemptible nodes of ``cluster`` than its preemptive view allows: it must
+    release down to ``allowed`` by ``deadline`` or be killed."""
+
+    kind: Literal["preempt"] = "preempt"
+    app: str
+    cluster: str
+    held: int
+    allowed: int
+    deadline: float
+
+
+class ViewsChanged(_Decision):
+    kind: Literal["views"] = "views"
+    apps: tuple[str, ...]
+
+
+class PassDone(_Decision):
+    kind: Literal["pass"] = "pass"
+    epoch: int
+    at: float
+    waiting: int
+    running: int
+    next_wakeup: float | None
+
+
+PolicyDecision = (
+    Accepted
+    | Rejected
+    | StartRequest
+    | EndRequest
+    | SessionEnded
+    | PreemptionDeadline
+    | ViewsChanged
+    | PassDone
+)

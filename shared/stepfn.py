@@ -1,0 +1,368 @@
+"""Step functions: the Cluster Availability Profile (CAP) of the papers.
+
+A CAP maps absolute time to a number of nodes. It is a right-continuous step function that starts at
+some instant (usually "now") and whose last step extends to infinity.
+
+Two representations live here, both in this one module so that the arithmetic exists once:
+
+* :class:`StepFunction` -- immutable, hashable, what a view is and what travels on the wire
+  (``[[t0, v0], [t1, v1], ...]``). Launchers run their selection on it.
+* :class:`Profile` -- mutable, used by the policy core while it places requests in one pass. It is a
+  list of blocks of breakpoints with a lazy additive tag and the min/max of each block, so that finding
+  the first hole that fits skips whole packed blocks instead of walking every breakpoint (sqrt
+  decomposition; a pass over *n* requests costs about n*sqrt(n) list operations done in C rather than
+  n^2 done in Python).
+
+Rules both keep:
+* times are floats in seconds, ``math.inf`` means "never"; values are ints (nodes);
+* a hole for ``(nodes, duration)`` at ``t`` means ``value >= nodes`` on all of ``[t, t + duration)``;
+* the first hole is the earliest such ``t >= t0`` and is always ``t0`` or a breakpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class StepFunction:
+    """An immutable step function: ``times[i] -> values[i]`` until ``times[i+1]``; the last step is
+    unbounded. ``times`` is strictly increasing and consecutive values differ (canonical form), so two
+    equal functions compare equal."""
+
+    times: tuple[float, ...]
+    values: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.times or len(self.times) != len(self.values):
+            raise ValueError("a step function needs at least one step and one value per time")
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def constant(cls, value: int, start: float = 0.0) -> StepFunction:
+        return cls((float(start),), (int(value),))
+
+    @classmethod
+    def from_steps(cls, steps: Iterable[Sequence[float]]) -> StepFunction:
+        """From ``[(t, v), ...]`` in increasing time; collapses repeated values and times."""
+        times: list[float] = []
+        values: list[int] = []
+        for t, v in steps:
+            t = float(t)
+            v = int(v)
+            if times and t < times[-1]:
+                raise ValueError(f"step times must increase: {t} after {times[-1]}")
+            if times and t == times[-1]:
+                values[-1] = v
+                if len(values) > 1 and values[-2] == v:
+                    times.pop()
+                    values.pop()
+                continue
+            if values and values[-1] == v:
+                continue
+            times.append(t)
+            values.append(v)
+        return cls(tuple(times), tuple(values))
+
+    @classmethod
+    def from_intervals(
+        cls, base: int, start: float, intervals: Iterable[tuple[float, float, int]]
+    ) -> StepFunction:
+        """``base`` from ``start`` on, minus ``nodes`` over each ``[begin, end)``. Parts before
+        ``start`` are clipped. A sweep: O(m log m) for m intervals."""
+        deltas: dict[float, int] = {}
+        for begin, end, nodes in intervals:
+            if end <= start or nodes == 0 or begin >= end:
+                continue
+            b = max(begin, start)
+            deltas[b] = deltas.get(b, 0) - nodes
+            if end != INF:
+                deltas[end] = deltas.get(end, 0) + nodes
+        steps: list[tuple[float, int]] = [(start, base)]
+        level = base
+        for t in sorted(deltas):
+            level += deltas[t]
+            steps.append((t, level))
+        return cls.from_steps(steps)
+
+    # -- wire ---------------------------------------------------------------------------------------
+    def to_wire(self) -> list[list[float | int]]:
+        return [[t, v] for t, v in zip(self.times, self.values, strict=True)]
+
+    @classmethod
+    def from_wire(cls, steps: Sequence[Sequence[float]]) -> StepFunction:
+        return cls.from_steps(steps)
+
+    # -- queries ------------------------------------------------------------------------------------
+    @property
+    def start(self) -> float:
+        return self.times[0]
+
+    def value_at(self, t: float) -> int:
+        """The value at ``t``; before the first step, the first value."""
+        i = bisect_right(self.times, t) - 1
+        return self.values[max(i, 0)]
+
+    def min_over(self, begin: float, end: float) -> int:
+        """The minimum over ``[begin, end)``."""
+        i = max(bisect_right(self.times, begin) - 1, 0)
+        j = bisect_left(self.times, end)
+        return min(self.values[i : max(j, i + 1)])
+
+    def earliest_fit(self, nodes: int, duration: float, not_before: float | None = None) -> float:
+        """The first time ``t >= not_before`` with ``value >= nodes`` on ``[t, t + duration)``;
+        ``inf`` if never. This is how a launcher reads "when would this request start" off a view."""
+        t0 = self.times[0] if not_before is None else max(not_before, self.times[0])
+        if nodes <= 0:
+            return t0
+        times, values = self.times, self.values
+        i = max(bisect_right(times, t0) - 1, 0)
+        n = len(times)
+        while i < n:
+            while i < n and values[i] < nodes:
+                i += 1
+            if i == n:
+                return INF
+            start = max(t0, times[i])
+            j = i + 1
+            while j < n and values[j] >= nodes:
+                j += 1
+            end = times[j] if j < n else INF
+            if end >= start + duration:
+                return start
+            i = j
+        return INF
+
+    def max_value(self) -> int:
+        return max(self.values)
+
+    def clip(self, start: float) -> StepFunction:
+        """The same function seen from ``start`` on."""
+        if start <= self.times[0]:
+            return self
+        i = bisect_right(self.times, start) - 1
+        return StepFunction((float(start),) + self.times[i + 1 :], self.values[i:])
+
+    def breakpoints_after(self, t: float) -> tuple[float, ...]:
+        return self.times[bisect_right(self.times, t) :]
+
+    # -- arithmetic ---------------------------------------------------------------------------------
+    def _combine(self, other: StepFunction, op) -> StepFunction:
+        start = min(self.times[0], other.times[0])
+        times = sorted(set(self.times) | set(other.times))
+        return StepFunction.from_steps(
+            (t, op(self.value_at(t), other.value_at(t))) for t in times if t >= start
+        )
+
+    def __add__(self, other: StepFunction) -> StepFunction:
+        return self._combine(other, lambda a, b: a + b)
+
+    def __sub__(self, other: StepFunction) -> StepFunction:
+        return self._combine(other, lambda a, b: a - b)
+
+    def minimum(self, other: StepFunction) -> StepFunction:
+        return self._combine(other, min)
+
+    def maximum(self, other: StepFunction) -> StepFunction:
+        return self._combine(other, max)
+
+    def map(self, fn) -> StepFunction:
+        return StepFunction.from_steps((t, fn(v)) for t, v in zip(self.times, self.values, strict=True))
+
+
+class Profile:
+    """Mutable availability profile of one cluster (or one pre-allocation) during a pass.
+
+    Breakpoints are kept in blocks of at most ``2 * block`` entries. Each block stores raw values, a lazy
+    amount added to all of them, and the raw min and max, so that :meth:`earliest_fit` can skip blocks
+    that cannot start or cannot stop a hole, and :meth:`reserve` touches only the two blocks at its
+    ends element by element.
+    """
+
+    __slots__ = ("_ts", "_vs", "_add", "_mn", "_mx", "_first", "_block", "start")
+
+    def __init__(self, start: float, value: int, block: int = 48) -> None:
+        self.start = float(start)
+        self._block = block
+        self._ts: list[list[float]] = [[self.start]]
+        self._vs: list[list[int]] = [[int(value)]]
+        self._add: list[int] = [0]
+        self._mn: list[int] = [int(value)]
+        self._mx: list[int] = [int(value)]
+        self._first: list[float] = [self.start]
+
+    @classmethod
+    def from_stepfunction(cls, fn: StepFunction, start: float | None = None) -> Profile:
+        fn = fn if start is None else fn.clip(start)
+        p = cls(fn.times[0], fn.values[0])
+        p._ts = [list(fn.times)]
+        p._vs = [list(fn.values)]
+        p._mn = [min(fn.values)]
+        p._mx = [max(fn.values)]
+        p._rebalance_all()
+        return p
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _rebalance_all(self) -> None:
+        ts = [t for blk in self._ts for t in blk]
+        vs = [v + a for blk, a in zip(self._vs, self._add, strict=True) for v in blk]
+        b = self._block
+        self._ts = [ts[i : i + b] for i in range(0, len(ts), b)] or [[self.start]]
+        self._vs = [vs[i : i + b] for i in range(0, len(vs), b)]
+        self._add = [0] * len(self._ts)
+        self._mn = [min(v) for v in self._vs]
+        self._mx = [max(v) for v in self._vs]
+        self._first = [blk[0] for blk in self._ts]
+
+    def _locate(self, t: float) -> tuple[int, int]:
+        """(block, index) of the step containing ``t`` (``t >= start``)."""
+        b = bisect_right(self._first, t) - 1
+        if b < 0:
+            return 0, 0
+        return b, bisect_right(self._ts[b], t) - 1
+
+    def _split(self, t: float) -> None:
+        """Make ``t`` a breakpoint (no-op at or before start, or at infinity)."""
+        if t <= self.start or t == INF:
+            return
+        b, i = self._locate(t)
+        ts = self._ts[b]
+        if ts[i] == t:
+            return
+        vs = self._vs[b]
+        ts.insert(i + 1, t)
+        vs.insert(i + 1, vs[i])
+        if len(ts) > 2 * self._block:
+            half = len(ts) // 2
+            self._ts[b : b + 1] = [ts[:half], ts[half:]]
+            self._vs[b : b + 1] = [vs[:half], vs[half:]]
+            a = self._add[b]
+            self._add[b : b + 1] = [a, a]
+            self._mn[b : b + 1] = [min(vs[:half]), min(vs[half:])]
+            self._mx[b : b + 1] = [max(vs[:half]), max(vs[half:])]
+            self._first[b : b + 1] = [ts[0], ts[half]]
+
+    def _find(self, b: int, i: int, nodes: int, want_ge: bool) -> tuple[int, int] | None:
+        """First position at or after (b, i) whose value is ``>= nodes`` (want_ge) or ``< nodes``."""
+        nb = len(self._ts)
+        vs_all, add, mn, mx = self._vs, self._add, self._mn, self._mx
+        while b < nb:
+            thr = nodes - add[b]
+            vs = vs_all[b]
+            if want_ge:
+                if mx[b] >= thr:
+                    if i == 0 and mn[b] >= thr:
+                        return b, 0
+                    for j in range(i, len(vs)):
+                        if vs[j] >= thr:
+                            return b, j
+            else:
+                if mn[b] < thr:
+                    if i == 0 and mx[b] < thr:
+                        return b, 0
+                    for j in range(i, len(vs)):
+                        if vs[j] < thr:
+                            return b, j
+            b += 1
+            i = 0
+        return None
+
+    def _add_range(self, b0: int, i0: int, b1: int, i1: int, delta: int) -> None:
+        """Add ``delta`` to positions from (b0, i0) up to, not including, (b1, i1); b1 may be nb."""
+        vs_all = self._vs
+        if b0 == b1:
+            vs = vs_all[b0]
+            for j in range(i0, i1):
+                vs[j] += delta
+            self._mn[b0] = min(vs)
+            self._mx[b0] = max(vs)
+            return
+        vs = vs_all[b0]
+        if i0 == 0:
+            self._add[b0] += delta
+        else:
+            for j in range(i0, len(vs)):
+                vs[j] += delta
+            self._mn[b0] = min(vs)
+            self._mx[b0] = max(vs)
+        for b in range(b0 + 1, min(b1, len(vs_all))):
+            self._add[b] += delta
+        if b1 < len(vs_all) and i1 > 0:
+            vs = vs_all[b1]
+            for j in range(i1):
+                vs[j] += delta
+            self._mn[b1] = min(vs)
+            self._mx[b1] = max(vs)
+
+    # -- public API ---------------------------------------------------------------------------------
+    def value_at(self, t: float) -> int:
+        b, i = self._locate(max(t, self.start))
+        return self._vs[b][i] + self._add[b]
+
+    def max_value(self) -> int:
+        return max(m + a for m, a in zip(self._mx, self._add, strict=True))
+
+    def earliest_fit(self, nodes: int, duration: float, not_before: float) -> float:
+        """First ``t >= not_before`` with at least ``nodes`` on ``[t, t + duration)``, else ``inf``."""
+        t0 = max(not_before, self.start)
+        if nodes <= 0 or duration <= 0:
+            return t0
+        if t0 == INF:
+            return INF
+        pos = self._locate(t0)
+        ts_all = self._ts
+        nb = len(ts_all)
+        while True:
+            found = self._find(pos[0], pos[1], nodes, True)
+            if found is None:
+                return INF
+            b, i = found
+            s = max(t0, ts_all[b][i])
+            # the hole lasts until the next breakpoint whose value drops below ``nodes``
+            i += 1
+            if i == len(ts_all[b]):
+                b, i = b + 1, 0
+            if b >= nb:
+                return s
+            end_pos = self._find(b, i, nodes, False)
+            if end_pos is None:
+                return s
+            e = ts_all[end_pos[0]][end_pos[1]]
+            if e >= s + duration:
+                return s
+            pos = end_pos
+
+    def fits_at(self, t: float, nodes: int, duration: float) -> bool:
+        return self.earliest_fit(nodes, duration, t) == max(t, self.start)
+
+    def reserve(self, begin: float, end: float, nodes: int) -> None:
+        """Subtract ``nodes`` over ``[begin, end)`` (clipped to the profile's start)."""
+        begin = max(begin, self.start)
+        if nodes == 0 or end <= begin:
+            return
+        self._split(begin)
+        self._split(end)
+        b0, i0 = self._locate(begin)
+        if end == INF:
+            b1, i1 = len(self._ts), 0
+        else:
+            b1, i1 = self._locate(end)
+        self._add_range(b0, i0, b1, i1, -nodes)
+
+    def release(self, begin: float, end: float, nodes: int) -> None:
+        self.reserve(begin, end, -nodes)
+
+    def to_stepfunction(self) -> StepFunction:
+        return StepFunction.from_steps(
+            (t, v + a)
+            for ts, vs, a in zip(self._ts, self._vs, self._add, strict=True)
+            for t, v in zip(ts, vs, strict=True)
+        )
+
+    def __len__(self) -> int:
+        return sum(len(ts) for ts in self._ts)
