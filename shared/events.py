@@ -211,3 +211,60 @@ PolicyDecision = (
     | ViewsChanged
     | PassDone
 )
+
+
+# ------------------------------------------------------------------------------------------------
+# node allocator
+# ------------------------------------------------------------------------------------------------
+class RegisterNodes(_Event):
+    """An agent brings ``nodes`` of ``cluster`` up (first registration or return)."""
+
+    kind: Literal["register"] = "register"
+    cluster: Identifier
+    nodes: tuple[Identifier, ...] = Field(min_length=1)
+
+
+class NodeDown(_Event):
+    """A node failed or its agent went silent."""
+
+    kind: Literal["node_down"] = "node_down"
+    node: Identifier
+
+
+class NodesAssigned(_Decision):
+    """``startNotify``: ``request`` may use ``nodes``; ``kept`` of them come from its NEXT predecessor."""
+
+    kind: Literal["assigned"] = "assigned"
+    app: str
+    request: str
+    cluster: str
+    nodes: tuple[str, ...]
+    kept: tuple[str, ...] = ()
+
+
+class NodesFreed(_Decision):
+    """``request`` no longer owns ``nodes``: their processes must be killed. ``held`` of them stay out of
+    the free pool until ``held_until`` (fair-start)."""
+
+    kind: Literal["freed"] = "freed"
+    app: str
+    request: str
+    cluster: str
+    nodes: tuple[str, ...]
+    reason: str
+    held: tuple[str, ...] = ()
+    held_until: float | None = None
+
+
+class CapacityChanged(_Decision):
+    """Feed to the policy core as :class:`NodesChanged`."""
+
+    kind: Literal["capacity"] = "capacity"
+    cluster: str
+    up: int
+    lost_requests: tuple[str, ...] = ()
+
+    def as_event(self, at: float) -> NodesChanged:
+        return NodesChanged(
+            at=at, stimulus_id=self.stimulus_id, cluster=self.cluster, up=self.up, lost_requests=self.lost_requests
+        )

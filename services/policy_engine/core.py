@@ -460,7 +460,7 @@ class PolicyCore:
             if waiting:
                 for p in placer.place_app(waiting, containers, lookup):
                     p.request.start = p.start
-                    p.request.container = p.container.request.id if p.container else None
+                    p.request.placed_in = p.container.request.id if p.container else None
             containers_of[app.id] = containers
         self._np_sigs["\x00final"] = placer.signature
         return placer, containers_of
@@ -511,6 +511,7 @@ class PolicyCore:
         r.start = self.now
         r.end = self.now + r.duration
         r.blocked = False
+        r.container = r.placed_in
         carry_from, carried = None, 0
         pred = self.ended.get(r.related_to) if r.related_how is Relation.NEXT else None
         if pred is not None and r.type is not RequestType.PRE_ALLOCATION:

@@ -35,6 +35,7 @@ class Request:
     start: float = INF  # scheduled start while waiting, actual start once started
     end: float = INF  # planned end once started, actual end once ended
     container: str | None = None  # the explicit pre-allocation a started request runs inside
+    placed_in: str | None = None  # the pre-allocation a waiting request is placed inside, this pass
     successor: str | None = None  # the NEXT request that follows this one
     released: tuple[str, ...] = ()  # node IDs named in done
     end_reason: EndReason | None = None

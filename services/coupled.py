@@ -1,0 +1,73 @@
+"""The policy core and the allocator core wired together the way the live services wire them.
+
+The policy engine's start/end decisions go to the node allocator, whose capacity changes come back to
+the policy as :class:`~shared.events.NodesChanged`. The simulator and the tests drive this object; the
+live system does the same through NATS subjects. Still pure: time is passed in with every event.
+"""
+
+from __future__ import annotations
+
+from services.node_allocator.core import NodeAllocator
+from services.policy_engine.core import PolicyCore, PolicySettings
+from shared.events import (
+    CapacityChanged,
+    Done,
+    EndRequest,
+    ErrorCode,
+    NodeDown,
+    RegisterNodes,
+    Rejected,
+    StartRequest,
+    Tick,
+)
+
+
+class CoupledCores:
+    def __init__(self, settings: PolicySettings | None = None, *, validate: bool = False) -> None:
+        self.policy = PolicyCore(settings, validate=validate)
+        self.allocator = NodeAllocator(validate=validate)
+
+    @property
+    def now(self) -> float:
+        return self.policy.now
+
+    def handle(self, event) -> list:
+        """Feed a policy event (open, submit, done, close, tick) and return every decision it caused,
+        the allocator's included."""
+        if isinstance(event, Done) and event.released:
+            why = self.allocator.check_release(event.request, event.released)
+            if why is not None and event.request in self.policy.requests:
+                return [Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.BAD_RELEASE, reason=why)]
+        if isinstance(event, (RegisterNodes, NodeDown)):
+            return self._node_event(event)
+        return self._feed(self.policy.handle(event), event.at)
+
+    def register(self, at: float, cluster: str, nodes: list[str]) -> list:
+        return self.handle(RegisterNodes(at=at, cluster=cluster, nodes=tuple(nodes)))
+
+    def node_down(self, at: float, node: str) -> list:
+        return self.handle(NodeDown(at=at, node=node))
+
+    def tick(self, at: float) -> list:
+        return self.handle(Tick(at=at))
+
+    def next_wakeup(self) -> float | None:
+        times = [t for t in (self.policy.next_wakeup(), self.allocator.next_wakeup()) if t is not None]
+        return min(times) if times else None
+
+    def _node_event(self, event) -> list:
+        out: list = []
+        for d in self.allocator.handle(event):
+            out.append(d)
+            if isinstance(d, CapacityChanged):
+                out.extend(self._feed(self.policy.handle(d.as_event(event.at)), event.at))
+        return out
+
+    def _feed(self, decisions: list, at: float) -> list:
+        out: list = []
+        self.allocator.handle(Tick(at=at))
+        for d in decisions:
+            out.append(d)
+            if isinstance(d, (StartRequest, EndRequest)):
+                out.extend(self.allocator.handle(d))
+        return out

@@ -1,0 +1,233 @@
+"""The node allocator core: which node ID belongs to which request.
+
+Rules:
+* a node is exactly one of: free, allocated to one started request, held (fair-start), parked (kept for
+  a NEXT successor starting in the same batch), or down; a node is never given to two requests;
+* a started request gets the lowest-numbered free nodes of its cluster (registration order), except that
+  a NEXT successor first keeps its predecessor's nodes (minus those the application released), then grows
+  from the free pool; when it is smaller, the predecessor's last nodes are released;
+* nodes freed by an early ``done`` stay held until the fair-start hold the policy decided ends;
+* nodes held preemptibly are never taken away here: the policy starts a request only once enough nodes
+  are free, i.e. after preemptible holders released theirs or were killed;
+* a node that goes down while allocated is reported with its request, so the policy ends that request.
+
+Pre-allocations own no node IDs and are ignored. Inputs are the policy core's Start/End decisions and
+node events; outputs are ``NodesAssigned`` (startNotify), ``NodesFreed`` (kill on those nodes) and
+``CapacityChanged`` (for the policy).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from shared.events import (
+    CapacityChanged,
+    EndRequest,
+    NodeDown,
+    NodesAssigned,
+    NodesFreed,
+    RegisterNodes,
+    StartRequest,
+    Tick,
+)
+from shared.requests import RequestType
+
+FREE, ALLOCATED, HELD, PARKED, DOWN = "free", "allocated", "held", "parked", "down"
+
+
+class AllocationError(RuntimeError):
+    """The allocator was asked for nodes it does not have: the policy and the allocator disagree."""
+
+
+@dataclass(slots=True)
+class Node:
+    id: str
+    cluster: str
+    order: int
+    state: str = FREE
+    owner: str | None = None  # request id when allocated or parked (predecessor id)
+    held_until: float = 0.0
+
+
+class NodeAllocator:
+    def __init__(self, *, validate: bool = False) -> None:
+        self.validate = validate
+        self.now = 0.0
+        self.nodes: dict[str, Node] = {}
+        self._free: dict[str, list[tuple[int, str]]] = {}
+        self.allocations: dict[str, list[str]] = {}
+        self._owner_app: dict[str, str] = {}
+        self._parked: dict[str, list[str]] = {}
+        self._held: list[tuple[float, str]] = []
+        self._order = 0
+
+    # -- queries ------------------------------------------------------------------------------------
+    def up(self, cluster: str) -> int:
+        return sum(1 for n in self.nodes.values() if n.cluster == cluster and n.state != DOWN)
+
+    def free_count(self, cluster: str) -> int:
+        return len(self._free.get(cluster, ()))
+
+    def nodes_of(self, request: str) -> tuple[str, ...]:
+        return tuple(self.allocations.get(request, ()))
+
+    def check_release(self, request: str, released: tuple[str, ...]) -> str | None:
+        """Why ``released`` cannot be released by ``request`` (None if it can)."""
+        mine = set(self.allocations.get(request, ()))
+        foreign = [n for n in released if n not in mine]
+        if foreign:
+            return f"request {request} does not hold node(s) {', '.join(foreign)}"
+        return None
+
+    # -- events -------------------------------------------------------------------------------------
+    def handle(self, event) -> list:
+        self.now = max(self.now, getattr(event, "at", self.now))
+        out = self._release_holds()
+        if isinstance(event, StartRequest):
+            out.extend(self._start(event))
+        elif isinstance(event, EndRequest):
+            out.extend(self._end(event))
+        elif isinstance(event, RegisterNodes):
+            out.extend(self._register(event))
+        elif isinstance(event, NodeDown):
+            out.extend(self._down(event))
+        elif not isinstance(event, Tick):
+            raise TypeError(f"the allocator does not handle {type(event).__name__}")
+        if self.validate:
+            self.check()
+        return out
+
+    def next_wakeup(self) -> float | None:
+        return min((t for t, _ in self._held), default=None)
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _to_free(self, node: Node) -> None:
+        node.state, node.owner = FREE, None
+        bisect.insort(self._free.setdefault(node.cluster, []), (node.order, node.id))
+
+    def _take_free(self, cluster: str, count: int) -> list[str]:
+        pool = self._free.get(cluster, [])
+        if count > len(pool):
+            raise AllocationError(f"cluster {cluster}: {count} nodes wanted, {len(pool)} free")
+        taken, self._free[cluster] = pool[:count], pool[count:]
+        return [nid for _, nid in taken]
+
+    def _release_holds(self) -> list:
+        if not self._held or self._held[0][0] > self.now:
+            return []
+        keep = []
+        for until, nid in self._held:
+            node = self.nodes[nid]
+            if until > self.now:
+                keep.append((until, nid))
+            elif node.state == HELD:
+                self._to_free(node)
+        self._held = keep
+        return []
+
+    def _register(self, ev: RegisterNodes) -> list:
+        for nid in ev.nodes:
+            node = self.nodes.get(nid)
+            if node is None:
+                self._order += 1
+                node = self.nodes[nid] = Node(nid, ev.cluster, self._order, DOWN)
+            if node.cluster != ev.cluster:
+                raise AllocationError(f"node {nid} belongs to cluster {node.cluster}, not {ev.cluster}")
+            if node.state == DOWN:
+                self._to_free(node)
+        return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=ev.cluster, up=self.up(ev.cluster))]
+
+    def _down(self, ev: NodeDown) -> list:
+        node = self.nodes.get(ev.node)
+        if node is None or node.state == DOWN:
+            return []
+        lost: tuple[str, ...] = ()
+        if node.state == FREE:
+            self._free[node.cluster].remove((node.order, node.id))
+        elif node.state == ALLOCATED:
+            lost = (node.owner,)
+            self.allocations[node.owner].remove(node.id)
+        elif node.state == PARKED:
+            self._parked[node.owner].remove(node.id)
+        node.state, node.owner = DOWN, None
+        return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=node.cluster, up=self.up(node.cluster), lost_requests=lost)]
+
+    def _start(self, ev: StartRequest) -> list:
+        if ev.type is RequestType.PRE_ALLOCATION:
+            return []
+        if ev.request in self.allocations:
+            raise AllocationError(f"request {ev.request} is already started")
+        kept: list[str] = []
+        out: list = []
+        if ev.carry_from is not None:
+            parked = self._parked.pop(ev.carry_from, [])
+            kept = parked[: ev.carried]
+            surplus = parked[ev.carried :]
+            for nid in surplus:
+                self._to_free(self.nodes[nid])
+            if surplus:
+                out.append(
+                    NodesFreed(stimulus_id=ev.stimulus_id, app=ev.app, request=ev.carry_from,
+                               cluster=ev.cluster, nodes=tuple(surplus), reason="next")
+                )
+        added = self._take_free(ev.cluster, ev.nodes - len(kept))
+        nodes = kept + added
+        for nid in nodes:
+            self.nodes[nid].state, self.nodes[nid].owner = ALLOCATED, ev.request
+        self.allocations[ev.request] = nodes
+        self._owner_app[ev.request] = ev.app
+        out.append(
+            NodesAssigned(stimulus_id=ev.stimulus_id, app=ev.app, request=ev.request, cluster=ev.cluster,
+                          nodes=tuple(nodes), kept=tuple(kept))
+        )
+        return out
+
+    def _end(self, ev: EndRequest) -> list:
+        nodes = self.allocations.pop(ev.request, None)
+        self._owner_app.pop(ev.request, None)
+        if nodes is None:
+            return []
+        released = [n for n in ev.released if n in nodes]
+        rest = [n for n in nodes if n not in released]
+        freed = list(nodes)
+        if ev.successor is not None:
+            self._parked[ev.request] = rest
+            for nid in rest:
+                self.nodes[nid].state = PARKED
+            freed = released
+        held: list[str] = []
+        if ev.hold_nodes and ev.hold_until is not None and ev.hold_until > self.now:
+            held = (released + [n for n in freed if n not in released])[: ev.hold_nodes]
+        for nid in freed:
+            node = self.nodes[nid]
+            if nid in held:
+                node.state, node.owner = HELD, None
+                bisect.insort(self._held, (ev.hold_until, nid))
+            else:
+                self._to_free(node)
+        if not freed:
+            return []
+        return [
+            NodesFreed(stimulus_id=ev.stimulus_id, app=ev.app, request=ev.request, cluster=ev.cluster,
+                       nodes=tuple(freed), reason=ev.reason.value, held=tuple(held),
+                       held_until=ev.hold_until if held else None)
+        ]
+
+    # -- invariants ---------------------------------------------------------------------------------
+    def check(self) -> None:
+        owners: dict[str, str] = {}
+        for rid, nodes in self.allocations.items():
+            for nid in nodes:
+                if nid in owners:
+                    raise AllocationError(f"node {nid} is given to {owners[nid]} and {rid}")
+                owners[nid] = rid
+                if self.nodes[nid].state != ALLOCATED or self.nodes[nid].owner != rid:
+                    raise AllocationError(f"node {nid} of {rid} is marked {self.nodes[nid].state}")
+        for cluster, pool in self._free.items():
+            for _, nid in pool:
+                if self.nodes[nid].state != FREE or nid in owners:
+                    raise AllocationError(f"node {nid} is in the free pool but {self.nodes[nid].state}")
+        counted = sum(len(p) for p in self._free.values())
+        if counted != sum(1 for n in self.nodes.values() if n.state == FREE):
+            raise AllocationError("free pool and node states disagree")
