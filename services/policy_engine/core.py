@@ -476,6 +476,7 @@ class PolicyCore:
             marks=self._marks,
             np_signature=self._np_sigs,
             np_usage=placer.np_usage,
+            priorities={a.id: a.priority for a in self.apps.values()},
         )
         preemption.collect_demands(self, sched)
         return sched

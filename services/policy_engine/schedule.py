@@ -48,6 +48,7 @@ class Schedule:
     np_usage: dict[str, list[Interval]] = field(default_factory=dict)
     demands: dict[str, list[PreemptibleDemand]] = field(default_factory=dict)
     p_signature: int = 0
+    priorities: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     # -- non-preemptive views ---------------------------------------------------------------------
     def np_view(self, app: str, cluster: str) -> StepFunction:
@@ -72,7 +73,7 @@ class Schedule:
         others = [d for d in demands if d.app != app]
         mine = next((d for d in demands if d.app == app), None)
         if priority is None:
-            priority = mine.priority if mine else (INF, 0)
+            priority = mine.priority if mine else self.priorities.get(app, (INF, 0))
         times = set(capacity.times)
         for d in others:
             for b, e, _ in d.intervals:

@@ -1,0 +1,350 @@
+"""The papers' scenarios, step by step, on the pure cores (CooRM Fig. 4/5, CooRMv2 Fig. 6/8, §IV)."""
+
+from __future__ import annotations
+
+import math
+
+from tests.core.driver import Driver, rq
+
+
+# ------------------------------------------------------------------------------------------------
+# CooRM Fig. 4: subscribe -> changeNotify -> request -> startNotify -> done
+# ------------------------------------------------------------------------------------------------
+def test_coorm_fig4_single_application_interaction():
+    d = Driver({"c0": 16, "c1": 8}, reschedule_interval=1.0, fair_start=5.0)
+    d.open(1.0, "app")  # (1) subscribe
+    # (2) the RMS sends views for every cluster: everything is free
+    assert "app" in d.of("views")[-1].apps
+    assert d.np_view("app", "c0").value_at(1.0) == 16
+    assert d.np_view("app", "c1").value_at(1.0) == 8
+    # (5) the launcher selects from its view and requests
+    t = d.np_view("app", "c0").earliest_fit(12, 600, 1.0)
+    assert t == 1.0
+    d.submit(1.2, "app", rq("r", "c0", 12, 600))
+    assert d.started("r") is None  # coalesced into the next pass (re-policy interval)
+    d.run_until(2.0)
+    # (8) startNotify with 12 node IDs of c0
+    start = d.started("r")
+    assert start.at == 2.0 and start.end == 602.0
+    assigned = d.of("assigned", request="r")[0]
+    assert len(assigned.nodes) == 12 and all(n.startswith("c0") for n in assigned.nodes)
+    # (10) done: the nodes are freed (held for fair-start), the view shows them back after the hold
+    d.done(300.0, "app", "r")
+    end = d.ended("r")
+    assert end.reason == "done" and end.at == 300.0 and end.hold_nodes == 12 and end.hold_until == 305.0
+    freed = d.of("freed", request="r")[0]
+    assert set(freed.nodes) == set(assigned.nodes) and set(freed.held) == set(assigned.nodes)
+    d.open(300.5, "late")
+    d.run_until(301.5)
+    view = d.np_view("late", "c0")
+    assert view.value_at(301.5) == 4 and view.value_at(305.0) == 16
+
+
+def test_walltime_ends_a_request_that_overruns():
+    d = Driver({"c0": 4}, reschedule_interval=1.0)
+    d.open(0, "a")
+    d.submit(0, "a", rq("r", "c0", 4, 100))
+    d.run_until(200)
+    end = d.ended("r")
+    assert d.started("r").at == 1.0  # coalesced into the pass one re-scheduling interval later
+    assert end.reason == "walltime" and end.at == 101.0
+    assert d.of("freed", request="r")[0].held == ()  # no fair-start hold on a planned end
+
+
+# ------------------------------------------------------------------------------------------------
+# CooRM Fig. 5: fairness with and without fair-start
+# ------------------------------------------------------------------------------------------------
+def _fairness(fair_start: float) -> Driver:
+    """App0 runs on c0 until t=1000. App1 (higher priority, slow selection: 3 s) and App2 (quick: 0.5 s)
+    wait on c1 behind App3. App0 finishes early at t=100: both want c0."""
+    d = Driver({"c0": 8, "c1": 8}, reschedule_interval=1.0, fair_start=fair_start)
+    for app in ("app0", "app3", "app1", "app2"):
+        d.open(0.0, app)
+    d.submit(0.0, "app0", rq("a0", "c0", 8, 1000))
+    d.submit(0.0, "app3", rq("a3", "c1", 8, 5000))
+    d.submit(0.0, "app1", rq("a1", "c1", 8, 2000))
+    d.submit(0.0, "app2", rq("a2", "c1", 8, 2000))
+    d.run_until(99)
+    # the submissions at t=0 were coalesced into the pass at t=1
+    assert d.start_time("a1") == 5001.0 and d.start_time("a2") == 7001.0
+    d.done(100.0, "app0", "a0")
+    d.run_until(100.0)
+    # App2 re-selects quickly: c0 is (or will soon be) free
+    d.submit(100.5, "app2", rq("a2b", "c0", 8, 2000))
+    d.done(100.5, "app2", "a2")
+    # App1 re-selects slowly, after 3 s
+    d.submit(103.0, "app1", rq("a1b", "c0", 8, 2000))
+    d.done(103.0, "app1", "a1")
+    d.run_until(120.0)
+    return d
+
+
+def test_coorm_fig5a_without_fair_start_the_quick_app_overtakes():
+    d = _fairness(fair_start=0.0)
+    assert d.started("a2b").at == 101.0
+    assert d.started("a1b") is None
+    assert d.start_time("a1b") == 2101.0  # App1 delayed by App2, despite its higher priority
+
+
+def test_coorm_fig5b_fair_start_lets_the_slow_higher_priority_app_adapt():
+    d = _fairness(fair_start=5.0)
+    assert d.started("a1b").at == 105.0
+    assert d.started("a2b") is None
+    assert d.start_time("a2b") == 2105.0
+
+
+# ------------------------------------------------------------------------------------------------
+# CooRMv2 Fig. 6: updates inside a pre-allocation
+# ------------------------------------------------------------------------------------------------
+def _nea(d: Driver, nodes: int = 4) -> None:
+    d.open(0.0, "nea")
+    d.submit(0.0, "nea", rq("pa", "c0", 10, 10_000, type="pre-allocation"), rq("r1", "c0", nodes, 10_000))
+    d.run_until(1.0)
+
+
+def test_coormv2_fig6a_initial_state():
+    d = Driver({"c0": 16})
+    _nea(d)
+    assert d.started("pa").at == 0.0 and d.started("r1").at == 0.0
+    assert d.policy.requests["r1"].container == "pa"
+    assert len(d.nodes_of("r1")) == 4
+    # the pre-allocation's unused part is not offered non-preemptively to anybody else
+    d.open(1.0, "other")
+    d.run_until(2.0)
+    assert d.np_view("other", "c0").value_at(2.0) == 6
+
+
+def test_coormv2_fig6b_spontaneous_update_keeps_nodes_and_grows_now():
+    d = Driver({"c0": 16})
+    _nea(d)
+    before = d.nodes_of("r1")
+    d.submit(50.0, "nea", rq("r2", "c0", 7, 9_000, to="r1", how="NEXT"))
+    d.done(50.0, "nea", "r1")
+    d.run_until(51.0)
+    start = d.started("r2")
+    assert start.at == 50.0 and start.carry_from == "r1" and start.carried == 4
+    assert d.ended("r1").successor == "r2" and d.ended("r1").hold_nodes == 0
+    after = d.nodes_of("r2")
+    assert after[:4] == before and len(after) == 7
+    assert d.policy.requests["r2"].container == "pa"
+
+
+def test_coormv2_fig6b_spontaneous_shrink_releases_exactly_the_named_nodes():
+    d = Driver({"c0": 16})
+    _nea(d, nodes=6)
+    before = d.nodes_of("r1")
+    released = (before[1], before[4])
+    d.submit(50.0, "nea", rq("r2", "c0", 4, 9_000, to="r1", how="NEXT"))
+    d.done(50.0, "nea", "r1", released=released)
+    d.run_until(51.0)
+    assert set(d.nodes_of("r2")) == set(before) - set(released)
+    assert set(d.of("freed", request="r1")[0].nodes) == set(released)
+
+
+def test_coormv2_fig6c_announced_update():
+    d = Driver({"c0": 16})
+    _nea(d)
+    # announce: keep 4 nodes for 300 s more, then 9 nodes
+    d.submit(50.0, "nea", rq("r2", "c0", 4, 300, to="r1", how="NEXT"), rq("r3", "c0", 9, 5_000, to="r2", how="NEXT"))
+    d.done(50.0, "nea", "r1")
+    d.run_until(51.0)
+    assert d.started("r2").at == 50.0 and d.started("r2").carried == 4
+    assert d.start_time("r3") == 350.0  # announced: known 300 s ahead
+    d.run_until(400.0)
+    assert d.started("r3").at == 350.0 and d.started("r3").carry_from == "r2"
+    assert d.ended("r2").reason == "next"  # reaching its end handed its nodes over, no walltime kill
+    assert d.nodes_of("r3")[:4] == d.of("assigned", request="r2")[0].nodes
+
+
+# ------------------------------------------------------------------------------------------------
+# CooRMv2 Fig. 8: NEA + malleable application, step by step
+# ------------------------------------------------------------------------------------------------
+def test_coormv2_fig8_nea_and_malleable_interaction():
+    d = Driver({"c0": 20}, reschedule_interval=1.0, preempt_grace=5.0, fair_start=5.0)
+    # (1-2) the NEA connects and receives its views
+    d.open(0.0, "nea")
+    assert d.np_view("nea", "c0").value_at(0.0) == 20
+    # (3-5) pre-allocation of 12 and a first non-preemptible request of 4 inside it
+    d.submit(0.5, "nea", rq("pa", "c0", 12, 10_000, type="pre-allocation"), rq("n1", "c0", 4, 5_000))
+    d.run_until(1.0)
+    assert len(d.nodes_of("n1")) == 4
+    # (6-9) the malleable application connects; its preemptive view counts the pre-allocated but unused
+    # nodes (8) and the free ones (8)
+    d.open(2.0, "mal")
+    d.run_until(3.0)
+    assert d.p_view("mal", "c0").value_at(3.0) == 16
+    assert d.np_view("mal", "c0").value_at(3.0) == 8
+    d.submit(3.0, "mal", rq("m1", "c0", 16, None, type="preemptible"))
+    d.run_until(4.0)
+    assert len(d.nodes_of("m1")) == 16
+    # (10-11) spontaneous update: the NEA grows to 10 nodes inside its pre-allocation
+    d.submit(100.0, "nea", rq("n2", "c0", 10, 4_000, to="n1", how="NEXT"))
+    d.done(100.0, "nea", "n1")
+    d.run_until(101.0)  # the done is coalesced into the pass one interval later
+    # (12) the malleable application's preemptive view drops now, with a deadline
+    assert d.p_view("mal", "c0").value_at(101.0) == 10
+    deadline = d.of("preempt", app="mal")[0]
+    assert deadline.held == 16 and deadline.allowed == 10 and deadline.deadline == 106.0
+    assert d.started("n2") is None and d.policy.requests["n2"].blocked  # nodes still held preemptibly
+    # (13-14) the malleable application frees 6 nodes: update to 10, releasing the chosen node IDs
+    victims = d.nodes_of("m1")[-6:]
+    d.submit(101.5, "mal", rq("m2", "c0", 10, None, type="preemptible", to="m1", how="NEXT"))
+    d.done(101.5, "mal", "m1", released=victims)
+    d.run_until(102.0)
+    # (15) the RMS allocates those nodes to the NEA
+    start = d.started("n2")
+    assert start is not None and start.at == 102.0
+    assert set(victims) <= set(d.nodes_of("n2"))
+    assert d.started("m2").carried == 10
+    assert not d.of("end", reason="violation")
+
+
+def test_a_malleable_app_that_ignores_its_shrink_is_killed_after_the_grace():
+    d = Driver({"c0": 10}, preempt_grace=5.0)
+    d.open(0.0, "nea")
+    d.open(0.0, "mal")
+    d.submit(0.0, "nea", rq("pa", "c0", 10, 10_000, type="pre-allocation"), rq("n1", "c0", 2, 5_000))
+    d.submit(0.0, "mal", rq("m1", "c0", 8, None, type="preemptible"))
+    d.run_until(1.0)
+    d.submit(50.0, "nea", rq("n2", "c0", 6, 4_000, to="n1", how="NEXT"))
+    d.done(50.0, "nea", "n1")
+    d.run_until(54.0)
+    assert d.ended("m1") is None
+    d.run_until(56.0)
+    end = d.ended("m1")
+    assert end.reason == "violation" and end.at == 55.0
+    assert d.of("session_ended", app="mal")[0].reason == "protocol violation"
+    assert d.started("n2").at == 55.0
+
+
+# ------------------------------------------------------------------------------------------------
+# CooRMv2 §IV: malleable power-of-two; NEAs whose pre-allocations cannot run side by side
+# ------------------------------------------------------------------------------------------------
+def _power_of_two(extra: int) -> Driver:
+    d = Driver({"c0": 40})
+    d.open(0.0, "rigid")
+    d.submit(0.0, "rigid", rq("r", "c0", 4, 10_000))
+    d.open(1.0, "mal")
+    d.run_until(2.0)
+    view = d.p_view("mal", "c0").value_at(2.0)
+    assert view == 36
+    size = 1 << (view.bit_length() - 1)  # the largest power of two in the view
+    assert size == 32
+    d.submit(2.0, "mal", rq("min", "c0", 1, 10_000), rq("extra", "c0", size - 1, None, type="preemptible",
+                                                         to="min", how="COALLOC"))
+    d.run_until(3.0)
+    assert d.started("extra") is not None
+    d.open(4.0, "filler")
+    d.submit(4.0, "filler", rq("f", "c0", extra, None, type="preemptible"))
+    d.run_until(6.0)
+    return d
+
+
+def test_malleable_power_of_two_leaves_the_rest_to_another_application():
+    d = _power_of_two(extra=4)
+    assert d.started("f") is not None  # the 4 nodes the power-of-two app left are filled
+    assert not d.of("preempt")  # ... without taking anything from it
+
+
+def test_filling_beyond_the_leftover_preempts_down_to_the_fair_share():
+    d = _power_of_two(extra=5)
+    deadline = d.of("preempt", app="mal")[0]
+    assert deadline.held == 31 and deadline.allowed == 30  # max-min: filler 5, mal 30 of 35
+
+
+def test_nea_preallocations_too_big_to_fit_together_are_queued():
+    d = Driver({"c0": 10})
+    d.open(0.0, "nea1")
+    d.open(0.0, "nea2")
+    d.submit(0.0, "nea1", rq("p1", "c0", 7, 1_000, type="pre-allocation"), rq("x1", "c0", 2, 1_000))
+    d.submit(0.0, "nea2", rq("p2", "c0", 6, 1_000, type="pre-allocation"), rq("x2", "c0", 2, 1_000))
+    d.run_until(1.0)
+    assert d.started("p1").at == 0.0
+    assert d.start_time("p2") == 1_000.0 and d.start_time("x2") == 1_000.0
+    # nea1 can grow to its whole pre-allocation at once: it is guaranteed
+    d.submit(10.0, "nea1", rq("y1", "c0", 7, 900, to="x1", how="NEXT"))
+    d.done(10.0, "nea1", "x1")
+    d.run_until(11.0)
+    assert d.started("y1").at == 10.0
+
+
+def test_nea_preallocations_that_fit_together_run_together():
+    d = Driver({"c0": 10})
+    d.open(0.0, "nea1")
+    d.open(0.0, "nea2")
+    d.submit(0.0, "nea1", rq("p1", "c0", 5, 1_000, type="pre-allocation"), rq("x1", "c0", 2, 1_000))
+    d.submit(0.0, "nea2", rq("p2", "c0", 5, 1_000, type="pre-allocation"), rq("x2", "c0", 2, 1_000))
+    d.run_until(1.0)
+    assert d.started("x1").at == 0.0 and d.started("x2").at == 0.0
+
+
+def test_a_request_larger_than_the_platform_waits_forever_visibly():
+    d = Driver({"c0": 8})
+    d.open(0.0, "big")
+    d.submit(0.0, "big", rq("huge", "c0", 9, 100))
+    d.run_until(10.0)
+    assert d.start_time("huge") == math.inf
+    assert not d.of("rejected")
+    assert d.policy.next_wakeup() is None  # nothing to wake up for
+    d.open(1.0, "small")
+    d.submit(11.0, "small", rq("s", "c0", 8, 100))
+    d.run_until(12.0)
+    assert d.started("s").at == 11.0  # the impossible request blocks nobody
+
+
+def test_multi_cluster_coallocation_starts_together():
+    d = Driver({"c0": 8, "c1": 8})
+    d.open(0.0, "busy")
+    d.submit(0.0, "busy", rq("b", "c1", 6, 500))
+    d.open(0.0, "cem")
+    d.submit(0.0, "cem", rq("g0", "c0", 8, 1_000), rq("g1", "c1", 8, 1_000, to="g0", how="COALLOC"))
+    d.run_until(1.0)
+    assert d.start_time("g0") == d.start_time("g1") == 500.0
+    d.run_until(600.0)
+    assert d.started("g0").at == d.started("g1").at == 500.0
+
+
+def test_next_chain_keeps_its_nodes():
+    d = Driver({"c0": 16})
+    d.open(0.0, "wf")
+    d.submit(0.0, "wf", rq("s1", "c0", 4, 100), rq("s2", "c0", 8, 100, to="s1", how="NEXT"),
+             rq("s3", "c0", 2, 100, to="s2", how="NEXT"))
+    d.run_until(1.0)
+    assert [d.start_time(r) for r in ("s2", "s3")] == [100.0, 200.0]
+    first = d.of("assigned", request="s1")[0].nodes
+    d.run_until(150.0)
+    second = d.of("assigned", request="s2")[0].nodes
+    assert second[:4] == first and len(second) == 8
+    d.run_until(350.0)
+    third = d.of("assigned", request="s3")[0].nodes
+    assert set(third) <= set(second) and len(third) == 2
+    assert [d.ended(r).reason for r in ("s1", "s2", "s3")] == ["next", "next", "walltime"]
+
+
+def test_node_loss_ends_the_request_on_it_and_reschedules():
+    d = Driver({"c0": 4})
+    d.open(0.0, "a")
+    d.open(0.0, "b")
+    d.submit(0.0, "a", rq("ra", "c0", 2, 1_000))
+    d.submit(0.0, "b", rq("rb", "c0", 4, 100))
+    d.run_until(1.0)
+    assert d.start_time("rb") == 1_000.0
+    victim = d.nodes_of("ra")[0]
+    d.node_down(10.0, victim)
+    d.run_until(11.0)
+    assert d.ended("ra").reason == "node_failure"
+    assert d.start_time("rb") == math.inf  # only 3 nodes are up now
+    d.register(20.0, "c0", [victim])
+    d.run_until(21.0)
+    assert d.started("rb").at == 20.0
+
+
+def test_done_on_a_waiting_request_cancels_it():
+    d = Driver({"c0": 4})
+    d.open(0.0, "a")
+    d.submit(0.0, "a", rq("r0", "c0", 4, 1_000), rq("r1", "c0", 4, 1_000))
+    d.run_until(1.0)
+    d.done(5.0, "a", "r1")
+    d.run_until(6.0)
+    assert d.ended("r1").reason == "cancelled" and not d.ended("r1").started
+    assert "r1" not in d.policy.requests
