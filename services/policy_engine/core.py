@@ -193,6 +193,7 @@ class PolicyCore:
         except ValidationError as e:
             raise CommandError(ErrorCode.BAD_REQUEST, describe(e)) from None
         batch: dict[str, Request] = {}
+        followed: set[str] = set()
         for spec in ev.requests:
             if spec.cluster not in self.clusters:
                 known = ", ".join(sorted(self.clusters)) or "none"
@@ -203,6 +204,12 @@ class PolicyCore:
                 raise CommandError(ErrorCode.DUPLICATE, f"request id {spec.id} is already used")
             if spec.related_how is not Relation.FREE:
                 self._check_relation(app, spec, batch)
+            if spec.related_how is Relation.NEXT:
+                if spec.related_to in followed:
+                    raise CommandError(
+                        ErrorCode.BAD_RELATION, f"request {spec.id}: {spec.related_to} already has a NEXT successor"
+                    )
+                followed.add(spec.related_to)
             self._seq += 1
             batch[spec.id] = Request(
                 id=spec.id,

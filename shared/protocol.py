@@ -1,0 +1,211 @@
+"""The wire protocol: one pydantic model per message of DESIGN §3 (JSON over NATS).
+
+Names follow the papers: ``subscribe`` is :class:`SessionOpen`, ``changeNotify`` :class:`ChangeNotify`,
+``startNotify`` :class:`StartNotify`, CAPs are step functions sent as ``[[t, nodes], ...]`` (absolute
+seconds; the last step lasts forever). Every request gets a reply: :class:`Ack` or :class:`ErrorReply`.
+:func:`json_schemas` exports the JSON Schema of every model for launchers written in other languages.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.events import EndReason, ErrorCode
+from shared.requests import MAX_BATCH, Identifier, RequestSpec
+
+Steps = list[tuple[float, int]]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Filter(_Msg):
+    """FILTER: which clusters an application can use."""
+
+    clusters: list[Identifier] | None = None
+    min_nodes: int = Field(default=0, ge=0)
+    min_cores_per_node: int = Field(default=0, ge=0)
+    min_memory_mb_per_node: int = Field(default=0, ge=0)
+
+
+class SessionOpen(_Msg):
+    filter: Filter = Field(default_factory=Filter)
+    user: str = Field(default="", max_length=64)
+    name: str = Field(default="", max_length=128)
+    kind: str = Field(default="", max_length=32)
+
+
+class SessionSubjects(_Msg):
+    request: str
+    done: str
+    close: str
+    heartbeat: str
+    change: str
+    start: str
+    kill: str
+
+
+class SessionOpenReply(_Msg):
+    app: Identifier
+    token: str
+    subjects: SessionSubjects
+    heartbeat_interval: float
+
+
+class ClusterInfo(_Msg):
+    """CINFO."""
+
+    id: Identifier
+    nodes: int = Field(ge=0)
+    cores_per_node: int = Field(ge=0)
+    memory_mb_per_node: int = Field(ge=0)
+    speed: float = Field(default=1.0, gt=0)
+
+
+class ClustersInfoReply(_Msg):
+    clusters: list[ClusterInfo]
+
+
+class Link(_Msg):
+    """ICINFO between two clusters."""
+
+    a: Identifier
+    b: Identifier
+    latency_ms: float = Field(ge=0)
+    bandwidth_mbps: float = Field(gt=0)
+
+
+class InterClusterInfoReply(_Msg):
+    links: list[Link]
+
+
+class Authenticated(_Msg):
+    token: str = Field(min_length=1)
+
+
+class RequestMsg(Authenticated):
+    requests: list[RequestSpec] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class DoneMsg(Authenticated):
+    request: Identifier
+    released: list[Identifier] = Field(default_factory=list)
+
+
+class CloseMsg(Authenticated):
+    pass
+
+
+class HeartbeatMsg(Authenticated):
+    pass
+
+
+class Ack(_Msg):
+    ok: Literal[True] = True
+    requests: list[str] = Field(default_factory=list)
+
+
+class ErrorBody(_Msg):
+    code: ErrorCode
+    message: str
+
+
+class ErrorReply(_Msg):
+    ok: Literal[False] = False
+    error: ErrorBody
+
+
+class ChangeType(StrEnum):
+    INFO = "info"
+    INTERINFO = "interinfo"
+    NON_PREEMPTIVE = "non_preemptive"
+    PREEMPTIVE = "preemptive"
+
+
+class Change(_Msg):
+    """CHANGE {CID, type, CAP}: for info changes the launcher pulls the info again; CAP is absent."""
+
+    cluster: Identifier
+    type: ChangeType
+    cap: Steps | None = None
+
+
+class ChangeNotify(_Msg):
+    app: Identifier
+    epoch: int = Field(ge=0)
+    now: float
+    changes: list[Change]
+
+
+class StartNotify(_Msg):
+    app: Identifier
+    request: Identifier
+    cluster: Identifier
+    nodes: list[Identifier]
+    kept: list[Identifier] = Field(default_factory=list)
+    end: float | None = None
+
+
+class KillNotify(_Msg):
+    app: Identifier
+    request: Identifier
+    reason: EndReason
+    nodes: list[Identifier] = Field(default_factory=list)
+
+
+class LaunchMsg(Authenticated):
+    app: Identifier
+    request: Identifier
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+
+class LaunchReply(_Msg):
+    ok: Literal[True] = True
+    pids: list[int]
+
+
+class KillMsg(_Msg):
+    request: Identifier
+    grace: float = Field(default=5.0, ge=0)
+
+
+class NodeInfo(_Msg):
+    id: Identifier
+    cores: int = Field(ge=1)
+    memory_mb: int = Field(ge=1)
+
+
+class AgentRegister(_Msg):
+    agent: Identifier
+    cluster: Identifier
+    nodes: list[NodeInfo] = Field(min_length=1)
+
+
+class AgentHeartbeat(_Msg):
+    agent: Identifier
+    nodes: list[Identifier]
+    processes: int = Field(ge=0)
+
+
+class ProcessExited(_Msg):
+    node: Identifier
+    request: Identifier
+    pid: int
+    code: int
+
+
+WIRE_MODELS: tuple[type[BaseModel], ...] = (
+    SessionOpen, SessionOpenReply, ClustersInfoReply, InterClusterInfoReply, RequestMsg, DoneMsg, CloseMsg,
+    HeartbeatMsg, Ack, ErrorReply, ChangeNotify, StartNotify, KillNotify, LaunchMsg, LaunchReply, KillMsg,
+    AgentRegister, AgentHeartbeat, ProcessExited,
+)
+
+
+def json_schemas() -> dict[str, dict]:
+    return {m.__name__: m.model_json_schema() for m in WIRE_MODELS}

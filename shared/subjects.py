@@ -1,0 +1,61 @@
+"""Every NATS subject of the protocol, defined once (DESIGN §3). Versioned: ``coorm.v1``."""
+
+from __future__ import annotations
+
+PREFIX = "coorm.v1"
+
+# launcher -> RMS (request/reply)
+SESSION_OPEN = f"{PREFIX}.session.open"
+CLUSTERS_INFO = f"{PREFIX}.clusters.info"
+CLUSTERS_INTERINFO = f"{PREFIX}.clusters.interinfo"
+
+
+def app_request(app: str) -> str:
+    return f"{PREFIX}.app.{app}.request"
+
+
+def app_done(app: str) -> str:
+    return f"{PREFIX}.app.{app}.done"
+
+
+def app_close(app: str) -> str:
+    return f"{PREFIX}.app.{app}.close"
+
+
+def app_heartbeat(app: str) -> str:
+    return f"{PREFIX}.app.{app}.heartbeat"
+
+
+# RMS -> launcher (notifications)
+def notify_change(app: str) -> str:
+    return f"{PREFIX}.app.{app}.notify.change"
+
+
+def notify_start(app: str) -> str:
+    return f"{PREFIX}.app.{app}.notify.start"
+
+
+def notify_kill(app: str) -> str:
+    return f"{PREFIX}.app.{app}.notify.kill"
+
+
+# launcher or allocator -> agent (request/reply)
+def node_launch(node: str) -> str:
+    return f"{PREFIX}.node.{node}.launch"
+
+
+def node_kill(node: str) -> str:
+    return f"{PREFIX}.node.{node}.kill"
+
+
+# agent -> RMS
+AGENT_REGISTER = f"{PREFIX}.agent.register"
+AGENT_HEARTBEAT = f"{PREFIX}.agent.heartbeat"
+AGENT_EXITED = f"{PREFIX}.agent.exited"
+
+# service <-> service
+SCHEDULE_EPOCH = f"{PREFIX}.internal.schedule"
+DECISIONS = f"{PREFIX}.internal.decisions"
+CAPACITY = f"{PREFIX}.internal.capacity"
+LIFECYCLE = f"{PREFIX}.lifecycle"  # captured by the durable JetStream stream below
+LIFECYCLE_STREAM = "COORM_LIFECYCLE"

@@ -1,0 +1,87 @@
+"""The node allocator core on its own: node IDs, NEXT keep/release, fair-start holds, node loss."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.node_allocator.core import AllocationError, NodeAllocator
+from shared.events import EndReason, EndRequest, NodeDown, RegisterNodes, StartRequest, Tick
+from shared.requests import RequestType
+
+NP = RequestType.NON_PREEMPTIBLE
+
+
+def start(rid, nodes, at=0.0, carry_from=None, carried=0, type=NP):
+    return StartRequest(stimulus_id="t", app="a", request=rid, type=type, cluster="c0", nodes=nodes, at=at,
+                        end=None, carry_from=carry_from, carried=carried)
+
+
+def end(rid, nodes, at=0.0, successor=None, released=(), hold=0, until=None, reason=EndReason.DONE):
+    return EndRequest(stimulus_id="t", app="a", request=rid, type=NP, cluster="c0", nodes=nodes, started=True,
+                      reason=reason, at=at, successor=successor, released=released, hold_nodes=hold,
+                      hold_until=until)
+
+
+@pytest.fixture
+def alloc() -> NodeAllocator:
+    a = NodeAllocator(validate=True)
+    out = a.handle(RegisterNodes(at=0.0, cluster="c0", nodes=tuple(f"n{i}" for i in range(8))))
+    assert out[0].up == 8
+    return a
+
+
+def test_lowest_free_nodes_first_and_never_twice(alloc):
+    a1 = alloc.handle(start("r1", 3))[0]
+    a2 = alloc.handle(start("r2", 3))[0]
+    assert a1.nodes == ("n0", "n1", "n2") and a2.nodes == ("n3", "n4", "n5")
+    with pytest.raises(AllocationError, match="3 nodes wanted, 2 free"):
+        alloc.handle(start("r3", 3))
+
+
+def test_next_successor_keeps_nodes_and_grows(alloc):
+    alloc.handle(start("r1", 3))
+    alloc.handle(end("r1", 3, successor="r2"))
+    out = alloc.handle(start("r2", 5, carry_from="r1", carried=3))
+    assert out[-1].nodes == ("n0", "n1", "n2", "n3", "n4") and out[-1].kept == ("n0", "n1", "n2")
+
+
+def test_next_successor_shrinks_releasing_the_named_nodes(alloc):
+    alloc.handle(start("r1", 4))
+    freed = alloc.handle(end("r1", 4, successor="r2", released=("n1", "n2")))
+    assert freed[0].nodes == ("n1", "n2")
+    out = alloc.handle(start("r2", 2, carry_from="r1", carried=2))
+    assert out[-1].nodes == ("n0", "n3")
+    assert alloc.free_count("c0") == 6
+
+
+def test_fair_start_hold_keeps_freed_nodes_out_of_the_pool_until_it_ends(alloc):
+    alloc.handle(start("r1", 8))
+    freed = alloc.handle(end("r1", 8, at=10.0, hold=8, until=15.0))
+    assert len(freed[0].held) == 8 and alloc.free_count("c0") == 0
+    assert alloc.next_wakeup() == 15.0
+    alloc.handle(Tick(at=14.9))
+    assert alloc.free_count("c0") == 0
+    alloc.handle(Tick(at=15.0))
+    assert alloc.free_count("c0") == 8
+
+
+def test_node_down_reports_the_request_that_held_it(alloc):
+    alloc.handle(start("r1", 2))
+    out = alloc.handle(NodeDown(at=1.0, node="n1"))
+    assert out[0].lost_requests == ("r1",) and out[0].up == 7
+    assert alloc.nodes_of("r1") == ("n0",)
+    out = alloc.handle(NodeDown(at=1.0, node="n5"))
+    assert out[0].lost_requests == () and out[0].up == 6 and alloc.free_count("c0") == 5
+    alloc.handle(RegisterNodes(at=2.0, cluster="c0", nodes=("n5",)))
+    assert alloc.free_count("c0") == 6
+
+
+def test_preallocations_get_no_node_ids(alloc):
+    assert alloc.handle(start("p", 8, type=RequestType.PRE_ALLOCATION)) == []
+    assert alloc.free_count("c0") == 8
+
+
+def test_release_check(alloc):
+    alloc.handle(start("r1", 2))
+    assert alloc.check_release("r1", ("n0",)) is None
+    assert "does not hold node(s) n7" in alloc.check_release("r1", ("n7",))

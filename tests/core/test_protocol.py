@@ -1,0 +1,51 @@
+"""The wire models: schemas export, round trips, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from shared import subjects
+from shared.protocol import WIRE_MODELS, ChangeNotify, DoneMsg, RequestMsg, json_schemas
+from shared.stepfn import StepFunction
+
+
+def test_every_wire_model_has_a_json_schema():
+    schemas = json_schemas()
+    assert set(schemas) == {m.__name__ for m in WIRE_MODELS}
+    assert schemas["RequestMsg"]["properties"]["requests"]["maxItems"] == 1000
+    json.dumps(schemas)  # serialisable as is
+
+
+def test_change_notify_carries_a_view_as_steps():
+    view = StepFunction.from_steps([(10.0, 4), (100.0, 16)])
+    msg = ChangeNotify(app="a1", epoch=3, now=10.0, changes=[{"cluster": "c0", "type": "non_preemptive",
+                                                               "cap": view.to_wire()}])
+    back = ChangeNotify.model_validate_json(msg.model_dump_json())
+    assert StepFunction.from_wire(back.changes[0].cap) == view
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{not json",
+        '{"token": "t", "requests": []}',
+        '{"token": "t", "requests": [{"id": "r", "cluster": "c0", "nodes": "2"}]}',
+        '{"requests": [{"id": "r", "cluster": "c0", "nodes": 2, "duration": 5}]}',
+    ],
+)
+def test_malformed_request_messages_are_refused(raw):
+    with pytest.raises(ValidationError):
+        RequestMsg.model_validate_json(raw)
+
+
+def test_done_message():
+    msg = DoneMsg.model_validate_json('{"token": "t", "request": "r1", "released": ["n1"]}')
+    assert msg.released == ["n1"]
+
+
+def test_subjects_are_versioned_and_per_application():
+    assert subjects.app_request("a7") == "coorm.v1.app.a7.request"
+    assert subjects.notify_change("a7").startswith("coorm.v1.app.a7.")
