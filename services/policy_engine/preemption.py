@@ -74,11 +74,14 @@ def _capacity_now(core, sched: Schedule, cluster: str) -> int:
     return core.clusters[cluster] - used
 
 
-def _wants_now(core, cluster: str) -> list[tuple[str, int, int]]:
+def _wants_now(core, sched: Schedule, cluster: str) -> list[tuple[str, int, int]]:
     """(app, held, wanted) at now for each application with preemptible requests on ``cluster``."""
     now = core.now
     out = []
-    for app in core.priority_order():
+    for demand in sched.demands.get(cluster, ()):
+        app = core.apps.get(demand.app)
+        if app is None:
+            continue
         held = wanted = 0
         for r in app.requests.values():
             if r.preemptible and r.cluster == cluster:
@@ -97,7 +100,7 @@ def start_preemptible(core, sched: Schedule, free: dict[str, int], stimulus: str
     policy = core.settings.preemptible
     for cluster in sched.demands:
         capacity = _capacity_now(core, sched, cluster)
-        ranked = _wants_now(core, cluster)
+        ranked = _wants_now(core, sched, cluster)
         wants = [w for _, _, w in ranked]
         for idx, (app_id, held, _) in enumerate(ranked):
             view = preemptive_share(capacity, wants, idx, policy)
@@ -122,7 +125,7 @@ def enforce(core, sched: Schedule, stimulus: str) -> tuple[list, list[str]]:
     holding: set[tuple[str, str]] = set()
     for cluster in sched.demands:
         capacity = _capacity_now(core, sched, cluster)
-        ranked = _wants_now(core, cluster)
+        ranked = _wants_now(core, sched, cluster)
         wants = [w for _, _, w in ranked]
         for idx, (app_id, held, _) in enumerate(ranked):
             if held == 0:
