@@ -124,6 +124,15 @@ class Placer:
         t: float,
         containers: dict[str, list[Container]],
     ) -> list[Placement]:
+        if len(group) == 1:
+            # a lone request fits where earliest_fit says: no need to try again there
+            (m,) = group
+            s, container = self._fit(m, t, containers)
+            placement = Placement(m, s, container if s < INF else None)
+            if s < INF:
+                self._reserve(m, s, container, 1)
+                self._commit(placement, containers)
+            return [placement]
         for _ in range(_MAX_ATTEMPTS):
             if t == INF:
                 break
