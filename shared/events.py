@@ -164,6 +164,7 @@ class EndRequest(_Decision):
     reason: EndReason
     at: float
     successor: str | None = None
+    carried: int = 0  # nodes the successor keeps; the others are freed now
     released: tuple[str, ...] = ()
     hold_nodes: int = 0
     hold_until: float | None = None

@@ -182,11 +182,19 @@ class Profile:
     amount added to all of them, and the raw min and max, so that :meth:`earliest_fit` can skip blocks
     that cannot start or cannot stop a hole, and :meth:`reserve` touches only the two blocks at its
     ends element by element.
+
+    During a pass a profile only loses capacity, so what one search learnt stays true for the next ones.
+    Per number of nodes, a staircase of bounds ``(D, x)`` says "no hole for a duration >= D starts before
+    x". A search starts from the bound of its duration instead of from the profile's start; on its way it
+    records, each time it steps over a too-short hole longer than all the previous ones, that a request
+    longer than all of them cannot start before the next hole. Without this, conservative backfilling of
+    small, long requests over a packed profile walks every short gap again and again (quadratic). Giving
+    capacity back (a negative reservation: a rolled-back tentative placement) forgets the staircases.
     """
 
-    __slots__ = ("_ts", "_vs", "_add", "_mn", "_mx", "_first", "_block", "start")
+    __slots__ = ("_ts", "_vs", "_add", "_mn", "_mx", "_first", "_block", "_lbs", "start")
 
-    def __init__(self, start: float, value: int, block: int = 48) -> None:
+    def __init__(self, start: float, value: int, block: int = 32) -> None:
         self.start = float(start)
         self._block = block
         self._ts: list[list[float]] = [[self.start]]
@@ -195,6 +203,9 @@ class Profile:
         self._mn: list[int] = [int(value)]
         self._mx: list[int] = [int(value)]
         self._first: list[float] = [self.start]
+        # nodes -> (durations, bounds), both ascending: no hole for a duration >= durations[k] starts
+        # before bounds[k]
+        self._lbs: dict[int, tuple[list[float], list[float]]] = {}
 
     @classmethod
     def from_stepfunction(cls, fn: StepFunction, start: float | None = None) -> Profile:
@@ -202,8 +213,6 @@ class Profile:
         p = cls(fn.times[0], fn.values[0])
         p._ts = [list(fn.times)]
         p._vs = [list(fn.values)]
-        p._mn = [min(fn.values)]
-        p._mx = [max(fn.values)]
         p._rebalance_all()
         return p
 
@@ -226,78 +235,51 @@ class Profile:
             return 0, 0
         return b, bisect_right(self._ts[b], t) - 1
 
-    def _split(self, t: float) -> None:
-        """Make ``t`` a breakpoint (no-op at or before start, or at infinity)."""
-        if t <= self.start or t == INF:
-            return
-        b, i = self._locate(t)
+    def _split(self, t: float) -> tuple[int, int]:
+        """Make ``t`` (> start, finite) a breakpoint; its (block, index)."""
+        first = self._first
+        b = bisect_right(first, t) - 1
         ts = self._ts[b]
+        i = bisect_right(ts, t) - 1
         if ts[i] == t:
-            return
+            return b, i
+        i += 1
         vs = self._vs[b]
-        ts.insert(i + 1, t)
-        vs.insert(i + 1, vs[i])
+        ts.insert(i, t)
+        vs.insert(i, vs[i - 1])
         if len(ts) > 2 * self._block:
             half = len(ts) // 2
+            lo, hi = vs[:half], vs[half:]
             self._ts[b : b + 1] = [ts[:half], ts[half:]]
-            self._vs[b : b + 1] = [vs[:half], vs[half:]]
+            self._vs[b : b + 1] = [lo, hi]
             a = self._add[b]
             self._add[b : b + 1] = [a, a]
-            self._mn[b : b + 1] = [min(vs[:half]), min(vs[half:])]
-            self._mx[b : b + 1] = [max(vs[:half]), max(vs[half:])]
-            self._first[b : b + 1] = [ts[0], ts[half]]
+            self._mn[b : b + 1] = [min(lo), min(hi)]
+            self._mx[b : b + 1] = [max(lo), max(hi)]
+            first[b : b + 1] = [ts[0], ts[half]]
+            if i >= half:
+                return b + 1, i - half
+        return b, i
 
-    def _find(self, b: int, i: int, nodes: int, want_ge: bool) -> tuple[int, int] | None:
-        """First position at or after (b, i) whose value is ``>= nodes`` (want_ge) or ``< nodes``."""
-        nb = len(self._ts)
-        vs_all, add, mn, mx = self._vs, self._add, self._mn, self._mx
-        while b < nb:
-            thr = nodes - add[b]
-            vs = vs_all[b]
-            if want_ge:
-                if mx[b] >= thr:
-                    if i == 0 and mn[b] >= thr:
-                        return b, 0
-                    for j in range(i, len(vs)):
-                        if vs[j] >= thr:
-                            return b, j
-            else:
-                if mn[b] < thr:
-                    if i == 0 and mx[b] < thr:
-                        return b, 0
-                    for j in range(i, len(vs)):
-                        if vs[j] < thr:
-                            return b, j
-            b += 1
-            i = 0
-        return None
-
-    def _add_range(self, b0: int, i0: int, b1: int, i1: int, delta: int) -> None:
-        """Add ``delta`` to positions from (b0, i0) up to, not including, (b1, i1); b1 may be nb."""
-        vs_all = self._vs
-        if b0 == b1:
-            vs = vs_all[b0]
-            for j in range(i0, i1):
-                vs[j] += delta
-            self._mn[b0] = min(vs)
-            self._mx[b0] = max(vs)
-            return
-        vs = vs_all[b0]
-        if i0 == 0:
-            self._add[b0] += delta
-        else:
-            for j in range(i0, len(vs)):
-                vs[j] += delta
-            self._mn[b0] = min(vs)
-            self._mx[b0] = max(vs)
-        for b in range(b0 + 1, min(b1, len(vs_all))):
-            self._add[b] += delta
-        if b1 < len(vs_all) and i1 > 0:
-            vs = vs_all[b1]
-            for j in range(i1):
-                vs[j] += delta
-            self._mn[b1] = min(vs)
-            self._mx[b1] = max(vs)
+    def _learn(self, nodes: int, floor: float, points: list[tuple[float, float]]) -> None:
+        """Merge the bounds ``(d, x)``, "no hole longer than d before x" (d < 0: no hole at all), valid for
+        durations >= ``floor``, into the staircase of ``nodes``."""
+        stair = self._lbs.get(nodes)
+        if stair is None:
+            stair = self._lbs[nodes] = ([], [])
+        ds, xs = stair
+        for d, x in points:
+            d = floor if d < 0 else max(math.nextafter(d, INF), floor)
+            k = bisect_right(ds, d)
+            if k and xs[k - 1] >= x:
+                continue  # already known
+            j = k - 1 if k and ds[k - 1] == d else k
+            m = j
+            n = len(ds)
+            while m < n and xs[m] <= x:
+                m += 1
+            ds[j:m] = [d]
+            xs[j:m] = [x]
 
     # -- public API ---------------------------------------------------------------------------------
     def value_at(self, t: float) -> int:
@@ -309,50 +291,135 @@ class Profile:
 
     def earliest_fit(self, nodes: int, duration: float, not_before: float) -> float:
         """First ``t >= not_before`` with at least ``nodes`` on ``[t, t + duration)``, else ``inf``."""
-        t0 = max(not_before, self.start)
+        start = self.start
+        t0 = not_before if not_before > start else start
         if nodes <= 0 or duration <= 0:
             return t0
+        # where the search may start: the staircase's bound for the longest D <= duration
+        floor, bound = 0.0, start
+        stair = self._lbs.get(nodes)
+        if stair is not None:
+            k = bisect_right(stair[0], duration) - 1
+            if k >= 0:
+                floor = stair[0][k]
+                bound = stair[1][k]
+        learn = t0 <= bound  # then nothing before t0 fits either: what the walk sees is worth keeping
+        if learn:
+            t0 = bound
         if t0 == INF:
             return INF
-        pos = self._locate(t0)
-        ts_all = self._ts
+        ts_all, vs_all, add, mn, mx = self._ts, self._vs, self._add, self._mn, self._mx
         nb = len(ts_all)
+        b = bisect_right(self._first, t0) - 1
+        i = bisect_right(ts_all[b], t0) - 1
+        longest = -1.0  # the longest too-short hole stepped over so far
+        points: list[tuple[float, float]] = []
         while True:
-            found = self._find(pos[0], pos[1], nodes, True)
-            if found is None:
-                return INF
-            b, i = found
-            s = max(t0, ts_all[b][i])
-            # the hole lasts until the next breakpoint whose value drops below ``nodes``
+            # the next position whose value is >= nodes: where a hole starts
+            while b < nb:
+                thr = nodes - add[b]
+                if mx[b] >= thr:
+                    if mn[b] >= thr:
+                        break
+                    vs = vs_all[b]
+                    for i in range(i, len(vs)):  # noqa: B020 -- resumes the scan in place
+                        if vs[i] >= thr:
+                            break
+                    else:
+                        i = len(vs)
+                    if i < len(vs):
+                        break
+                b += 1
+                i = 0
+            else:
+                found = INF
+                break
+            s = ts_all[b][i]
+            if s < t0:
+                s = t0
+            # the next position whose value is < nodes: where the hole ends
             i += 1
-            if i == len(ts_all[b]):
-                b, i = b + 1, 0
-            if b >= nb:
-                return s
-            end_pos = self._find(b, i, nodes, False)
-            if end_pos is None:
-                return s
-            e = ts_all[end_pos[0]][end_pos[1]]
-            if e >= s + duration:
-                return s
-            pos = end_pos
+            while b < nb:
+                thr = nodes - add[b]
+                if mn[b] < thr:
+                    if mx[b] < thr:
+                        break
+                    vs = vs_all[b]
+                    for i in range(i, len(vs)):  # noqa: B020
+                        if vs[i] < thr:
+                            break
+                    else:
+                        i = len(vs)
+                    if i < len(vs):
+                        break
+                b += 1
+                i = 0
+            else:
+                found = s
+                break
+            length = ts_all[b][i] - s
+            if length >= duration:
+                found = s
+                break
+            if length > longest:
+                # a request longer than every hole so far cannot start before this one
+                points.append((longest, s))
+                longest = length
+        if learn and (points or found != t0):
+            points.append((longest, found))
+            self._learn(nodes, floor, points)
+        return found
 
     def fits_at(self, t: float, nodes: int, duration: float) -> bool:
         return self.earliest_fit(nodes, duration, t) == max(t, self.start)
 
     def reserve(self, begin: float, end: float, nodes: int) -> None:
         """Subtract ``nodes`` over ``[begin, end)`` (clipped to the profile's start)."""
-        begin = max(begin, self.start)
+        start = self.start
+        if begin < start:
+            begin = start
         if nodes == 0 or end <= begin:
             return
-        self._split(begin)
-        self._split(end)
-        b0, i0 = self._locate(begin)
-        if end == INF:
-            b1, i1 = len(self._ts), 0
+        if nodes < 0:
+            self._lbs.clear()  # capacity comes back: the bounds learnt may no longer hold
+        finite = end != INF
+        if finite:
+            b1, i1 = self._split(end)
+        nb = len(self._ts)
+        if begin == start:
+            b0, i0 = 0, 0
         else:
-            b1, i1 = self._locate(end)
-        self._add_range(b0, i0, b1, i1, -nodes)
+            b0, i0 = self._split(begin)
+            if len(self._ts) != nb:  # a block was cut in two: find the end again
+                nb += 1
+                if finite:
+                    b1, i1 = self._locate(end)
+            elif finite and b1 == b0 and self._ts[b1][i1] != end:  # begin went in before it
+                i1 += 1
+        if not finite:
+            b1, i1 = nb, 0
+        delta = -nodes
+        vs_all, add, mn, mx = self._vs, self._add, self._mn, self._mx
+        if b0 == b1:
+            vs = vs_all[b0]
+            vs[i0:i1] = map(delta.__add__, vs[i0:i1])
+            mn[b0] = min(vs)
+            mx[b0] = max(vs)
+            return
+        if i0 == 0:
+            add[b0] += delta
+        else:
+            vs = vs_all[b0]
+            vs[i0:] = map(delta.__add__, vs[i0:])
+            mn[b0] = min(vs)
+            mx[b0] = max(vs)
+        if b1 > b0 + 1:
+            add[b0 + 1 : b1] = map(delta.__add__, add[b0 + 1 : b1])
+        if b1 < nb and i1 > 0:
+            vs = vs_all[b1]
+            vs[:i1] = map(delta.__add__, vs[:i1])
+            mn[b1] = min(vs)
+            mx[b1] = max(vs)
 
     def release(self, begin: float, end: float, nodes: int) -> None:
         self.reserve(begin, end, -nodes)

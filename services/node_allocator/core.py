@@ -192,10 +192,12 @@ class NodeAllocator:
         rest = [n for n in nodes if n not in released]
         freed = list(nodes)
         if ev.successor is not None:
-            self._parked[ev.request] = rest
-            for nid in rest:
+            # only what the successor keeps is parked: the rest is free for the starts that follow
+            kept = rest[: ev.carried]
+            self._parked[ev.request] = kept
+            for nid in kept:
                 self.nodes[nid].state = PARKED
-            freed = released
+            freed = released + rest[ev.carried :]
         held: list[str] = []
         if ev.hold_nodes and ev.hold_until is not None and ev.hold_until > self.now:
             held = (released + [n for n in freed if n not in released])[: ev.hold_nodes]

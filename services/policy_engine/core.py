@@ -380,16 +380,19 @@ class PolicyCore:
         self.holds = [h for h in self.holds if h.until > now]
 
     def _run_pass(self, stimulus: str) -> list:
-        out: list = []
-        starts: list[StartRequest] = []
+        # decisions leave in causal order: what ended, then what started in view of it; a violator killed
+        # at the end of an iteration (possibly right after one of its requests started) gets its ends in
+        # the next iteration, after those starts
+        decisions: list = []
         while True:
             self._expire()
             placer, containers_of = self._place_all()
             schedule = self._schedule(placer)
             started = self._start_due(placer, containers_of, schedule, stimulus)
-            starts.extend(started)
+            decisions.extend(self._end_decisions(stimulus))
+            decisions.extend(started)
             deadlines, violators = preemption.enforce(self, schedule, stimulus)
-            out.extend(deadlines)
+            decisions.extend(deadlines)
             if not violators:
                 break
             for app_id in violators:
@@ -399,7 +402,6 @@ class PolicyCore:
         self.epoch += 1
         schedule.epoch = self.epoch
         self.schedule = schedule
-        decisions = self._end_decisions(stimulus) + starts + out
         for app_id, reason in self._pending_sessions:
             decisions.append(SessionEnded(stimulus_id=stimulus, app=app_id, reason=reason))
         self._pending_sessions.clear()
@@ -555,6 +557,7 @@ class PolicyCore:
             h = holds.get(r.id)
             started = r.end_reason is not EndReason.CANCELLED
             succ = r.successor if started and self._carried_to(r) else None
+            carried = min(r.nodes - len(r.released), self.requests[succ].nodes) if succ else 0
             out.append(
                 EndRequest(
                     stimulus_id=stimulus,
@@ -567,6 +570,7 @@ class PolicyCore:
                     reason=r.end_reason,
                     at=r.end if started else self.now,
                     successor=succ,
+                    carried=carried,
                     released=r.released,
                     hold_nodes=h.nodes if h else 0,
                     hold_until=h.until if h else None,

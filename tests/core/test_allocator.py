@@ -16,9 +16,9 @@ def start(rid, nodes, at=0.0, carry_from=None, carried=0, type=NP):
                         end=None, carry_from=carry_from, carried=carried)
 
 
-def end(rid, nodes, at=0.0, successor=None, released=(), hold=0, until=None, reason=EndReason.DONE):
+def end(rid, nodes, at=0.0, successor=None, carried=0, released=(), hold=0, until=None, reason=EndReason.DONE):
     return EndRequest(stimulus_id="t", app="a", request=rid, type=NP, cluster="c0", nodes=nodes, started=True,
-                      reason=reason, at=at, successor=successor, released=released, hold_nodes=hold,
+                      reason=reason, at=at, successor=successor, carried=carried, released=released, hold_nodes=hold,
                       hold_until=until)
 
 
@@ -40,14 +40,14 @@ def test_lowest_free_nodes_first_and_never_twice(alloc):
 
 def test_next_successor_keeps_nodes_and_grows(alloc):
     alloc.handle(start("r1", 3))
-    alloc.handle(end("r1", 3, successor="r2"))
+    alloc.handle(end("r1", 3, successor="r2", carried=3))
     out = alloc.handle(start("r2", 5, carry_from="r1", carried=3))
     assert out[-1].nodes == ("n0", "n1", "n2", "n3", "n4") and out[-1].kept == ("n0", "n1", "n2")
 
 
 def test_next_successor_shrinks_releasing_the_named_nodes(alloc):
     alloc.handle(start("r1", 4))
-    freed = alloc.handle(end("r1", 4, successor="r2", released=("n1", "n2")))
+    freed = alloc.handle(end("r1", 4, successor="r2", carried=2, released=("n1", "n2")))
     assert freed[0].nodes == ("n1", "n2")
     out = alloc.handle(start("r2", 2, carry_from="r1", carried=2))
     assert out[-1].nodes == ("n0", "n3")
@@ -85,3 +85,12 @@ def test_release_check(alloc):
     alloc.handle(start("r1", 2))
     assert alloc.check_release("r1", ("n0",)) is None
     assert "does not hold node(s) n7" in alloc.check_release("r1", ("n7",))
+
+
+def test_next_successor_smaller_than_what_is_left_frees_the_surplus_at_once(alloc):
+    alloc.handle(start("r1", 4))
+    freed = alloc.handle(end("r1", 4, successor="r2", carried=1))
+    assert freed[0].nodes == ("n1", "n2", "n3")
+    alloc.handle(start("other", 7))  # a start earlier in the same batch can use them
+    out = alloc.handle(start("r2", 1, carry_from="r1", carried=1))
+    assert out[-1].nodes == ("n0",) and out[-1].kept == ("n0",)
