@@ -389,6 +389,7 @@ class PolicyCore:
             placer, containers_of = self._place_all()
             schedule = self._schedule(placer)
             started = self._start_due(placer, containers_of, schedule, stimulus)
+            schedule.settle({s.request for s in started})
             decisions.extend(self._end_decisions(stimulus))
             decisions.extend(started)
             deadlines, violators = preemption.enforce(self, schedule, stimulus)
@@ -482,6 +483,7 @@ class PolicyCore:
             up=dict(self.clusters),
             base=self._base_items,
             log=placer.log,
+            log_ids=placer.log_ids,
             marks=self._marks,
             np_signature=self._np_sigs,
             np_usage=placer.np_usage,

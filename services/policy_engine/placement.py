@@ -51,6 +51,7 @@ class Placer:
     now: float
     profiles: dict[str, Profile]
     log: list[tuple[str, float, float, int]] = field(default_factory=list)
+    log_ids: list[str] = field(default_factory=list)
     signature: int = 0
     np_usage: dict[str, list[Interval]] = field(default_factory=dict)
 
@@ -161,6 +162,7 @@ class Placer:
         if p.container is None:
             item = (r.cluster, p.start, end, r.nodes)
             self.log.append(item)
+            self.log_ids.append(r.id)
             self.signature = (self.signature + interval_hash(r.cluster, item[1:])) & ((1 << 64) - 1)
         if r.is_preallocation:
             containers.setdefault(r.cluster, []).append(self.container_for(r, p.start, []))

@@ -42,6 +42,7 @@ class Schedule:
     up: dict[str, int]
     base: dict[str, list[Interval]]
     log: list[tuple[str, float, float, int]] = field(default_factory=list)
+    log_ids: list[str] = field(default_factory=list)
     marks: dict[str, int] = field(default_factory=dict)
     np_signature: dict[str, int] = field(default_factory=dict)
     # preemptible capacity: what is used non-preemptibly (running + placed) and physically held
@@ -49,6 +50,34 @@ class Schedule:
     demands: dict[str, list[PreemptibleDemand]] = field(default_factory=dict)
     p_signature: int = 0
     priorities: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def settle(self, started: set[str]) -> None:
+        """Requests placed at "now" that started in this pass are running work: every application,
+        their own included, sees them in its view."""
+        if not started:
+            return
+        moved = [i for i, rid in enumerate(self.log_ids) if rid in started]
+        if not moved:
+            return
+        gone = set(moved)
+        extra = 0
+        for i in moved:
+            c, b, e, n = self.log[i]
+            self.base[c].append((b, e, n))
+            extra += interval_hash(c, (b, e, n))
+        # each application's mark shifts by the moved entries before it, and its signature gains those
+        # after it (they were not in its view before)
+        removed_before = [0] * (len(self.log) + 1)
+        hash_from = [0] * (len(self.log) + 1)
+        for i in range(len(self.log)):
+            removed_before[i + 1] = removed_before[i] + (i in gone)
+        for i in range(len(self.log) - 1, -1, -1):
+            hash_from[i] = hash_from[i + 1] + (interval_hash(self.log[i][0], self.log[i][1:]) if i in gone else 0)
+        for app, mark in self.marks.items():
+            self.marks[app] = mark - removed_before[mark]
+            self.np_signature[app] = (self.np_signature[app] + hash_from[mark]) & _MASK
+        self.log = [x for i, x in enumerate(self.log) if i not in gone]
+        self.log_ids = [x for i, x in enumerate(self.log_ids) if i not in gone]
 
     # -- non-preemptive views ---------------------------------------------------------------------
     def np_view(self, app: str, cluster: str) -> StepFunction:
