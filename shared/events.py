@@ -76,6 +76,7 @@ class NodesChanged(_Event):
     cluster: Identifier
     up: int = Field(ge=0)
     lost_requests: tuple[str, ...] = ()
+    lost_held: int = Field(default=0, ge=0)  # nodes held for fair-start that went down
 
 
 class Tick(_Event):
@@ -264,8 +265,10 @@ class CapacityChanged(_Decision):
     cluster: str
     up: int
     lost_requests: tuple[str, ...] = ()
+    lost_held: int = 0
 
     def as_event(self, at: float) -> NodesChanged:
         return NodesChanged(
-            at=at, stimulus_id=self.stimulus_id, cluster=self.cluster, up=self.up, lost_requests=self.lost_requests
+            at=at, stimulus_id=self.stimulus_id, cluster=self.cluster, up=self.up,
+            lost_requests=self.lost_requests, lost_held=self.lost_held,
         )

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from math import nextafter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 INF = math.inf
+_UNDO = 8  # reservations a Profile can roll back without forgetting what its searches learnt
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +194,7 @@ class Profile:
     capacity back (a negative reservation: a rolled-back tentative placement) forgets the staircases.
     """
 
-    __slots__ = ("_ts", "_vs", "_add", "_mn", "_mx", "_first", "_block", "_lbs", "start")
+    __slots__ = ("_ts", "_vs", "_add", "_mn", "_mx", "_first", "_block", "_lbs", "_undo", "start")
 
     def __init__(self, start: float, value: int, block: int = 32) -> None:
         self.start = float(start)
@@ -205,7 +207,10 @@ class Profile:
         self._first: list[float] = [self.start]
         # nodes -> (durations, bounds), both ascending: no hole for a duration >= durations[k] starts
         # before bounds[k]
-        self._lbs: dict[int, tuple[list[float], list[float]]] = {}
+        self._lbs: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}
+        # the last reservations with the bounds known before each: a rolled-back tentative placement
+        # (the release of the last reservation) brings those bounds back
+        self._undo: list[tuple[float, float, int, dict]] = []
 
     @classmethod
     def from_stepfunction(cls, fn: StepFunction, start: float | None = None) -> Profile:
@@ -263,13 +268,11 @@ class Profile:
 
     def _learn(self, nodes: int, floor: float, points: list[tuple[float, float]]) -> None:
         """Merge the bounds ``(d, x)``, "no hole longer than d before x" (d < 0: no hole at all), valid for
-        durations >= ``floor``, into the staircase of ``nodes``."""
-        stair = self._lbs.get(nodes)
-        if stair is None:
-            stair = self._lbs[nodes] = ([], [])
-        ds, xs = stair
+        durations >= ``floor``, into the staircase of ``nodes``. Staircases are tuples, replaced rather
+        than changed: the undo log shares them."""
+        ds, xs = self._lbs.get(nodes, ((), ()))
         for d, x in points:
-            d = floor if d < 0 else max(math.nextafter(d, INF), floor)
+            d = floor if d < 0 else max(nextafter(d, INF), floor)
             k = bisect_right(ds, d)
             if k and xs[k - 1] >= x:
                 continue  # already known
@@ -278,8 +281,9 @@ class Profile:
             n = len(ds)
             while m < n and xs[m] <= x:
                 m += 1
-            ds[j:m] = [d]
-            xs[j:m] = [x]
+            ds = ds[:j] + (d,) + ds[m:]
+            xs = xs[:j] + (x,) + xs[m:]
+        self._lbs[nodes] = (ds, xs)
 
     # -- public API ---------------------------------------------------------------------------------
     def value_at(self, t: float) -> int:
@@ -287,7 +291,7 @@ class Profile:
         return self._vs[b][i] + self._add[b]
 
     def max_value(self) -> int:
-        return max(m + a for m, a in zip(self._mx, self._add, strict=True))
+        return max(max(vs) + a for vs, a in zip(self._vs, self._add, strict=True))
 
     def earliest_fit(self, nodes: int, duration: float, not_before: float) -> float:
         """First ``t >= not_before`` with at least ``nodes`` on ``[t, t + duration)``, else ``inf``."""
@@ -322,12 +326,13 @@ class Profile:
                     if mn[b] >= thr:
                         break
                     vs = vs_all[b]
-                    for i in range(i, len(vs)):  # noqa: B020 -- resumes the scan in place
+                    n = len(vs)
+                    for i in range(i, n):  # noqa: B020 -- resumes the scan in place
                         if vs[i] >= thr:
                             break
                     else:
-                        i = len(vs)
-                    if i < len(vs):
+                        i = n
+                    if i < n:
                         break
                 b += 1
                 i = 0
@@ -345,12 +350,13 @@ class Profile:
                     if mx[b] < thr:
                         break
                     vs = vs_all[b]
-                    for i in range(i, len(vs)):  # noqa: B020
+                    n = len(vs)
+                    for i in range(i, n):  # noqa: B020
                         if vs[i] < thr:
                             break
                     else:
-                        i = len(vs)
-                    if i < len(vs):
+                        i = n
+                    if i < n:
                         break
                 b += 1
                 i = 0
@@ -380,8 +386,18 @@ class Profile:
             begin = start
         if nodes == 0 or end <= begin:
             return
-        if nodes < 0:
-            self._lbs.clear()  # capacity comes back: the bounds learnt may no longer hold
+        undo = self._undo
+        if nodes > 0:
+            # the bounds hold before and after: keep them to go back to if this is rolled back
+            undo.append((begin, end, nodes, self._lbs))
+            if len(undo) > _UNDO:
+                del undo[0]
+            self._lbs = self._lbs.copy()
+        elif undo and undo[-1][0] == begin and undo[-1][1] == end and undo[-1][2] == -nodes:
+            self._lbs = undo.pop()[3]  # exactly as before that reservation: so are the bounds
+        else:
+            self._lbs = {}  # capacity comes back: the bounds learnt may no longer hold
+            undo.clear()
         finite = end != INF
         if finite:
             b1, i1 = self._split(end)
@@ -399,27 +415,30 @@ class Profile:
         if not finite:
             b1, i1 = nb, 0
         delta = -nodes
-        vs_all, add, mn, mx = self._vs, self._add, self._mn, self._mx
+        vs_all, add = self._vs, self._add
+        # a block's min and max are only kept exact in the direction the change goes: a reservation can
+        # leave a max too high, a release a min too low -- bounds that only make a search look closer
+        bound, keep = (self._mn, min) if delta < 0 else (self._mx, max)
         if b0 == b1:
             vs = vs_all[b0]
-            vs[i0:i1] = map(delta.__add__, vs[i0:i1])
-            mn[b0] = min(vs)
-            mx[b0] = max(vs)
+            new = list(map(delta.__add__, vs[i0:i1]))
+            vs[i0:i1] = new
+            bound[b0] = keep(bound[b0], keep(new))
             return
         if i0 == 0:
             add[b0] += delta
         else:
             vs = vs_all[b0]
-            vs[i0:] = map(delta.__add__, vs[i0:])
-            mn[b0] = min(vs)
-            mx[b0] = max(vs)
+            new = list(map(delta.__add__, vs[i0:]))
+            vs[i0:] = new
+            bound[b0] = keep(bound[b0], keep(new))
         if b1 > b0 + 1:
             add[b0 + 1 : b1] = map(delta.__add__, add[b0 + 1 : b1])
         if b1 < nb and i1 > 0:
             vs = vs_all[b1]
-            vs[:i1] = map(delta.__add__, vs[:i1])
-            mn[b1] = min(vs)
-            mx[b1] = max(vs)
+            new = list(map(delta.__add__, vs[:i1]))
+            vs[:i1] = new
+            bound[b1] = keep(bound[b1], keep(new))
 
     def release(self, begin: float, end: float, nodes: int) -> None:
         self.reserve(begin, end, -nodes)

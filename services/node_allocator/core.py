@@ -143,7 +143,10 @@ class NodeAllocator:
         if node is None or node.state == DOWN:
             return []
         lost: tuple[str, ...] = ()
-        if node.state == FREE:
+        lost_held = 0
+        if node.state == HELD:
+            lost_held = 1
+        elif node.state == FREE:
             self._free[node.cluster].remove((node.order, node.id))
         elif node.state == ALLOCATED:
             lost = (node.owner,)
@@ -151,7 +154,8 @@ class NodeAllocator:
         elif node.state == PARKED:
             self._parked[node.owner].remove(node.id)
         node.state, node.owner = DOWN, None
-        return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=node.cluster, up=self.up(node.cluster), lost_requests=lost)]
+        return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=node.cluster, up=self.up(node.cluster),
+                                lost_requests=lost, lost_held=lost_held)]
 
     def _start(self, ev: StartRequest) -> list:
         if ev.type is RequestType.PRE_ALLOCATION:

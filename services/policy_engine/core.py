@@ -297,10 +297,14 @@ class PolicyCore:
 
     def _nodes_changed(self, ev: NodesChanged) -> None:
         self.clusters[ev.cluster] = ev.up
+        self._shrink_holds(ev.cluster, ev.lost_held)
         for rid in ev.lost_requests:
             r = self.requests.get(rid)
             if r is not None and r.state is STARTED and r.cluster == ev.cluster:
                 self._end(r, EndReason.NODE_FAILURE, self.now)
+            else:
+                # it ended (done) but the allocator has not freed its nodes yet: its hold loses the node
+                self._shrink_holds(ev.cluster, 1, request=rid)
         self.dirty = True
 
     # ============================================================================================
@@ -335,6 +339,20 @@ class PolicyCore:
             self.holds.append(Hold(r.cluster, self.now, until, physical, True, r.id))
         if nodes - physical:
             self.holds.append(Hold(r.cluster, self.now, until, nodes - physical, False, r.id))
+
+    def _shrink_holds(self, cluster: str, lost: int, request: str | None = None) -> None:
+        """Held nodes that went down are no longer held: the latest holds give them back first."""
+        for i in range(len(self.holds) - 1, -1, -1):
+            h = self.holds[i]
+            if lost <= 0:
+                break
+            if h.cluster == cluster and h.physical and request in (None, h.request):
+                take = min(lost, h.nodes)
+                lost -= take
+                if take == h.nodes:
+                    del self.holds[i]
+                else:
+                    self.holds[i] = Hold(h.cluster, h.begin, h.until, h.nodes - take, True, h.request)
 
     def _end(self, r: Request, reason: EndReason, at: float) -> None:
         was_started = r.state is STARTED
