@@ -8,10 +8,10 @@ Two representations live here, both in this one module so that the arithmetic ex
 * :class:`StepFunction` -- immutable, hashable, what a view is and what travels on the wire
   (``[[t0, v0], [t1, v1], ...]``). Launchers run their selection on it.
 * :class:`Profile` -- mutable, used by the policy core while it places requests in one pass. It is a
-  list of blocks of breakpoints with a lazy additive tag and the min/max of each block, so that finding
-  the first hole that fits skips whole packed blocks instead of walking every breakpoint (sqrt
-  decomposition; a pass over *n* requests costs about n*sqrt(n) list operations done in C rather than
-  n^2 done in Python).
+  list of blocks of breakpoints with a lazy additive tag and bounds on the min/max of each block, so
+  that finding the first hole that fits skips whole packed blocks instead of walking every breakpoint
+  (sqrt decomposition), and it remembers, per number of nodes, where earlier searches proved no hole
+  starts, so that a pass does not walk the same short gaps for every request (see the class).
 
 Rules both keep:
 * times are floats in seconds, ``math.inf`` means "never"; values are ints (nodes);
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from math import nextafter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -181,17 +180,20 @@ class Profile:
     """Mutable availability profile of one cluster (or one pre-allocation) during a pass.
 
     Breakpoints are kept in blocks of at most ``2 * block`` entries. Each block stores raw values, a lazy
-    amount added to all of them, and the raw min and max, so that :meth:`earliest_fit` can skip blocks
-    that cannot start or cannot stop a hole, and :meth:`reserve` touches only the two blocks at its
-    ends element by element.
+    amount added to all of them, and a lower bound on its raw min and an upper bound on its raw max
+    (exact after a split; a reservation keeps the min exact and may leave the max high, a release the
+    reverse), so that :meth:`earliest_fit` can skip blocks that cannot start or cannot stop a hole, and
+    :meth:`reserve` touches only the two blocks at its ends element by element.
 
-    During a pass a profile only loses capacity, so what one search learnt stays true for the next ones.
-    Per number of nodes, a staircase of bounds ``(D, x)`` says "no hole for a duration >= D starts before
-    x". A search starts from the bound of its duration instead of from the profile's start; on its way it
-    records, each time it steps over a too-short hole longer than all the previous ones, that a request
-    longer than all of them cannot start before the next hole. Without this, conservative backfilling of
-    small, long requests over a packed profile walks every short gap again and again (quadratic). Giving
-    capacity back (a negative reservation: a rolled-back tentative placement) forgets the staircases.
+    During a pass a profile mostly loses capacity, and then what one search learnt stays true for the
+    next ones. Per number of nodes, a staircase of bounds ``(D, x)`` says "no hole for a duration >= D
+    starts before x". A search starts from the bound of its duration instead of from the profile's start;
+    on its way it records, each time it steps over a too-short hole longer than all the previous ones,
+    that a request longer than all of them cannot start before the next hole. Without this, conservative
+    backfilling of small, long requests over a packed profile walks every short gap again and again
+    (quadratic in the queue length). Capacity that comes back (a negative reservation) makes the
+    staircases forget, unless it exactly rolls back one of the last reservations (a failed tentative
+    placement of a group): then the staircases known before that reservation hold again.
     """
 
     __slots__ = ("_ts", "_vs", "_add", "_mn", "_mx", "_first", "_block", "_lbs", "_undo", "start")
@@ -272,7 +274,7 @@ class Profile:
         than changed: the undo log shares them."""
         ds, xs = self._lbs.get(nodes, ((), ()))
         for d, x in points:
-            d = floor if d < 0 else max(nextafter(d, INF), floor)
+            d = floor if d < 0 else max(math.nextafter(d, INF), floor)
             k = bisect_right(ds, d)
             if k and xs[k - 1] >= x:
                 continue  # already known
@@ -292,6 +294,11 @@ class Profile:
 
     def max_value(self) -> int:
         return max(max(vs) + a for vs, a in zip(self._vs, self._add, strict=True))
+
+    def horizon(self) -> float:
+        """The last breakpoint: from then on the profile is constant, so what does not fit at a time
+        after it never will."""
+        return self._ts[-1][-1]
 
     def earliest_fit(self, nodes: int, duration: float, not_before: float) -> float:
         """First ``t >= not_before`` with at least ``nodes`` on ``[t, t + duration)``, else ``inf``."""

@@ -226,6 +226,8 @@ class PolicyCore:
         for r in batch.values():
             self.requests[r.id] = r
             app.requests[r.id] = r
+            if r.preemptible:
+                app.preemptible[r.id] = r
             if r.related_how is Relation.NEXT:
                 self._get(r.related_to).successor = r.id
             self._tell(r.id, "submitted", f"{r.type.value} {r.nodes} nodes on {r.cluster}")
@@ -364,6 +366,7 @@ class PolicyCore:
         app = self.apps.get(r.app)
         if app is not None:
             app.requests.pop(r.id, None)
+            app.preemptible.pop(r.id, None)
         self.ended[r.id] = (r.app, reason, at)
         self._pending_ends.append(r)
         self._tell(r.id, "ended", reason.value)
@@ -473,6 +476,7 @@ class PolicyCore:
         self._np_sigs: dict[str, int] = {}
         containers_of: dict[str, dict[str, list[Container]]] = {}
         lookup = self.requests.get
+        self._due = due = []  # waiting requests placed at now, in priority then submission order
         for app in self.priority_order():
             self._marks[app.id] = len(placer.log)
             self._np_sigs[app.id] = placer.signature
@@ -489,6 +493,7 @@ class PolicyCore:
                 for p in placer.place_app(waiting, containers, lookup):
                     p.request.start = p.start
                     p.request.placed_in = p.container.request.id if p.container else None
+                due.extend(r for r in waiting if r.start <= now)
             containers_of[app.id] = containers
         self._np_sigs["\x00final"] = placer.signature
         return placer, containers_of
@@ -511,7 +516,6 @@ class PolicyCore:
         return sched
 
     def _start_due(self, placer: Placer, containers_of, schedule: Schedule, stimulus: str) -> list:
-        now = self.now
         free = {c: up for c, up in self.clusters.items()}
         for r in self.requests.values():
             if r.state is STARTED and not r.is_preallocation:
@@ -520,10 +524,8 @@ class PolicyCore:
             if h.physical:
                 free[h.cluster] -= h.nodes
         starts: list[StartRequest] = []
-        for app in self.priority_order():
-            for r in list(app.requests.values()):
-                if r.state is not WAITING or r.preemptible or r.start > now:
-                    continue
+        for r in self._due:
+            if r.state is WAITING:
                 if not r.is_preallocation:
                     if r.nodes > free[r.cluster]:
                         if not r.blocked:

@@ -45,10 +45,10 @@ def collect_demands(core, sched: Schedule) -> None:
     per_cluster: dict[str, list[PreemptibleDemand]] = {}
     sig = 0
     for app in core.priority_order():
+        if not app.preemptible:
+            continue
         mine: dict[str, list] = {}
-        for r in app.requests.values():
-            if not r.preemptible:
-                continue
+        for r in app.preemptible.values():
             if r.state is STARTED:
                 mine.setdefault(r.cluster, []).append((r.start, r.end, r.nodes))
             else:
@@ -69,8 +69,10 @@ def collect_demands(core, sched: Schedule) -> None:
 
 
 def _capacity_now(core, sched: Schedule, cluster: str) -> int:
-    now = core.now
-    used = sum(n for b, e, n in sched.np_usage.get(cluster, ()) if b <= now < e)
+    used = sched.used_now.get(cluster)
+    if used is None:  # once per pass and cluster: start_preemptible and enforce both ask
+        now = core.now
+        used = sched.used_now[cluster] = sum(n for b, e, n in sched.np_usage.get(cluster, ()) if b <= now < e)
     return core.clusters[cluster] - used
 
 
@@ -83,8 +85,8 @@ def _wants_now(core, sched: Schedule, cluster: str) -> list[tuple[str, int, int]
         if app is None:
             continue
         held = wanted = 0
-        for r in app.requests.values():
-            if r.preemptible and r.cluster == cluster:
+        for r in app.preemptible.values():
+            if r.cluster == cluster:
                 if r.state is STARTED:
                     held += r.nodes
                     wanted += r.nodes
@@ -159,7 +161,8 @@ def enforce(core, sched: Schedule, stimulus: str) -> tuple[list, list[str]]:
 def next_change(core, sched: Schedule) -> float:
     """The earliest future time a waiting preemptible request may become startable."""
     t = INF
-    for r in core.requests.values():
-        if r.preemptible and r.state is WAITING and core.now < r.start < t:
-            t = r.start
+    for app in core.apps.values():
+        for r in app.preemptible.values():
+            if r.state is WAITING and core.now < r.start < t:
+                t = r.start
     return t

@@ -14,6 +14,7 @@ from "placed at now" to "running" with the same times does not count as a change
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from services.policy_engine.shares import preemptive_share
@@ -50,6 +51,7 @@ class Schedule:
     demands: dict[str, list[PreemptibleDemand]] = field(default_factory=dict)
     p_signature: int = 0
     priorities: dict[str, tuple[float, int]] = field(default_factory=dict)
+    used_now: dict[str, int] = field(default_factory=dict)  # cluster -> nodes used non-preemptibly now
 
     def settle(self, started: set[str]) -> None:
         """Requests placed at "now" that started in this pass are running work: every application,
@@ -66,16 +68,15 @@ class Schedule:
             self.base[c].append((b, e, n))
             extra += interval_hash(c, (b, e, n))
         # each application's mark shifts by the moved entries before it, and its signature gains those
-        # after it (they were not in its view before)
-        removed_before = [0] * (len(self.log) + 1)
-        hash_from = [0] * (len(self.log) + 1)
-        for i in range(len(self.log)):
-            removed_before[i + 1] = removed_before[i] + (i in gone)
-        for i in range(len(self.log) - 1, -1, -1):
-            hash_from[i] = hash_from[i + 1] + (interval_hash(self.log[i][0], self.log[i][1:]) if i in gone else 0)
+        # after it (they were not in its view before); moved is sorted, so both come from bisecting it
+        suffix = [0] * (len(moved) + 1)
+        for k in range(len(moved) - 1, -1, -1):
+            c, b, e, n = self.log[moved[k]]
+            suffix[k] = suffix[k + 1] + interval_hash(c, (b, e, n))
         for app, mark in self.marks.items():
-            self.marks[app] = mark - removed_before[mark]
-            self.np_signature[app] = (self.np_signature[app] + hash_from[mark]) & _MASK
+            k = bisect_left(moved, mark)
+            self.marks[app] = mark - k
+            self.np_signature[app] = (self.np_signature[app] + suffix[k]) & _MASK
         self.log = [x for i, x in enumerate(self.log) if i not in gone]
         self.log_ids = [x for i, x in enumerate(self.log_ids) if i not in gone]
 

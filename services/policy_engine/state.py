@@ -64,6 +64,8 @@ class App:
     kind: str = ""
     # live (waiting or started) requests in submission order
     requests: dict[str, Request] = field(default_factory=dict)
+    # the preemptible ones among them, same order (the preemptible phase of a pass reads only these)
+    preemptible: dict[str, Request] = field(default_factory=dict)
     # cluster -> time by which preemptible nodes above the preemptive view must be released
     deadlines: dict[str, float] = field(default_factory=dict)
 

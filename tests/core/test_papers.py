@@ -256,16 +256,30 @@ def test_nea_preallocations_too_big_to_fit_together_are_queued():
     d = Driver({"c0": 10})
     d.open(0.0, "nea1")
     d.open(0.0, "nea2")
-    d.submit(0.0, "nea1", rq("p1", "c0", 7, 1_000, type="pre-allocation"), rq("x1", "c0", 2, 1_000))
-    d.submit(0.0, "nea2", rq("p2", "c0", 6, 1_000, type="pre-allocation"), rq("x2", "c0", 2, 1_000))
+    # an NEA ties its first request to its pre-allocation (COALLOC) so that it runs inside it
+    d.submit(0.0, "nea1", rq("p1", "c0", 7, 1_000, type="pre-allocation"),
+             rq("x1", "c0", 2, 1_000, to="p1", how="COALLOC"))
+    d.submit(0.0, "nea2", rq("p2", "c0", 6, 1_000, type="pre-allocation"),
+             rq("x2", "c0", 2, 1_000, to="p2", how="COALLOC"))
     d.run_until(1.0)
     assert d.started("p1").at == 0.0
     assert d.start_time("p2") == 1_000.0 and d.start_time("x2") == 1_000.0
+    assert d.policy.requests["x2"].placed_in == "p2"
     # nea1 can grow to its whole pre-allocation at once: it is guaranteed
     d.submit(10.0, "nea1", rq("y1", "c0", 7, 900, to="x1", how="NEXT"))
     d.done(10.0, "nea1", "x1")
     d.run_until(11.0)
     assert d.started("y1").at == 10.0
+
+
+def test_a_free_request_of_a_queued_nea_starts_where_its_view_says():
+    d = Driver({"c0": 10})
+    d.open(0.0, "nea1")
+    d.open(0.0, "nea2")
+    d.submit(0.0, "nea1", rq("p1", "c0", 7, 1_000, type="pre-allocation"))
+    d.submit(0.0, "nea2", rq("p2", "c0", 6, 1_000, type="pre-allocation"), rq("x2", "c0", 2, 1_000))
+    d.run_until(1.0)
+    assert d.started("x2").at == 0.0 and d.policy.requests["x2"].container is None
 
 
 def test_nea_preallocations_that_fit_together_run_together():
