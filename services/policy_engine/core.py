@@ -331,16 +331,17 @@ class PolicyCore:
         nodes = r.nodes - self._carry_potential(r)
         if nodes <= 0:
             return
-        physical = 0
-        if r.is_preallocation:
-            inner = sum(i.nodes for i in self.apps[r.app].requests.values() if i.container == r.id)
-            physical = min(inner, nodes)
-        else:
-            physical = nodes
-        if physical:
-            self.holds.append(Hold(r.cluster, self.now, until, physical, True, r.id))
-        if nodes - physical:
-            self.holds.append(Hold(r.cluster, self.now, until, nodes - physical, False, r.id))
+        if not r.is_preallocation:
+            self.holds.append(Hold(r.cluster, self.now, until, nodes, True, r.id))
+            return
+        # a pre-allocation's node IDs belong to the requests running inside it: hold theirs
+        for inner in [i for i in self.apps[r.app].requests.values() if i.container == r.id]:
+            take = min(inner.nodes, nodes)
+            if take > 0:
+                self.holds.append(Hold(r.cluster, self.now, until, take, True, inner.id))
+                nodes -= take
+        if nodes > 0:
+            self.holds.append(Hold(r.cluster, self.now, until, nodes, False, r.id))
 
     def _shrink_holds(self, cluster: str, lost: int, request: str | None = None) -> None:
         """Held nodes that went down are no longer held: the latest holds give them back first."""
@@ -396,9 +397,27 @@ class PolicyCore:
         due = [r for r in self.requests.values() if r.state is STARTED and r.end <= now]
         # a request inside a pre-allocation that ends with it reached its own walltime
         for r in sorted(due, key=lambda r: (r.end, r.is_preallocation, r.seq)):
-            if r.state is STARTED:  # may have ended as a container's inner request meanwhile
+            if r.state is STARTED and self._successor_waiting(r) is None:
+                # (state: it may have ended as a container's inner request meanwhile)
                 self._end(r, EndReason.WALLTIME, r.end)
         self.holds = [h for h in self.holds if h.until > now]
+
+    def _successor_waiting(self, r: Request) -> Request | None:
+        """The waiting NEXT successor that will take ``r``'s nodes over. Until it starts -- it may wait
+        for preemptible holders to release -- ``r`` keeps running past its end, so that the chain keeps
+        its nodes (CooRMv2 §III-A2)."""
+        if r.successor is None or r.type is not RequestType.NON_PREEMPTIBLE:
+            return None
+        succ = self.requests.get(r.successor)
+        return succ if succ is not None and succ.state is WAITING else None
+
+    def _end_overdue(self) -> None:
+        """Requests kept past their end for a successor that is not starting now after all."""
+        now = self.now
+        for r in [r for r in self.requests.values() if r.state is STARTED and r.end <= now]:
+            succ = self._successor_waiting(r)
+            if succ is None or not (succ.blocked and succ.start <= now):
+                self._end(r, EndReason.WALLTIME, r.end)
 
     def _run_pass(self, stimulus: str) -> list:
         # decisions leave in causal order: what ended, then what started in view of it; a violator killed
@@ -527,16 +546,31 @@ class PolicyCore:
         for r in self._due:
             if r.state is WAITING:
                 if not r.is_preallocation:
-                    if r.nodes > free[r.cluster]:
+                    pred = self._running_predecessor(r)
+                    kept = min(pred.nodes - len(pred.released), r.nodes) if pred else 0
+                    need = r.nodes - kept
+                    if need > free[r.cluster]:
                         if not r.blocked:
                             self._tell(r.id, "blocked", "nodes still held preemptibly")
                         r.blocked = True
-                        free[r.cluster] -= min(r.nodes, max(free[r.cluster], 0))
+                        free[r.cluster] -= min(need, max(free[r.cluster], 0))
                         continue
-                    free[r.cluster] -= r.nodes
+                    free[r.cluster] -= need
+                    if pred is not None:
+                        free[r.cluster] += pred.nodes - kept
                 starts.append(self._start(r, stimulus))
+        self._end_overdue()
         starts.extend(preemption.start_preemptible(self, schedule, free, stimulus))
         return starts
+
+    def _running_predecessor(self, r: Request) -> Request | None:
+        """The NEXT predecessor still running (kept past its end) whose nodes ``r`` takes over."""
+        if r.related_how is not Relation.NEXT:
+            return None
+        pred = self.requests.get(r.related_to)
+        if pred is not None and pred.state is STARTED and pred.end <= self.now and pred.successor == r.id:
+            return pred
+        return None
 
     def _start(self, r: Request, stimulus: str) -> StartRequest:
         r.state = STARTED
@@ -545,6 +579,9 @@ class PolicyCore:
         r.blocked = False
         r.container = r.placed_in
         carry_from, carried = None, 0
+        running = self._running_predecessor(r)
+        if running is not None:
+            self._end(running, EndReason.NEXT, running.end)
         pred = self.ended.get(r.related_to) if r.related_how is Relation.NEXT else None
         if pred is not None and r.type is not RequestType.PRE_ALLOCATION:
             pred_req = next((p for p in self._pending_ends if p.id == r.related_to), None)

@@ -362,3 +362,19 @@ def test_done_on_a_waiting_request_cancels_it():
     d.run_until(6.0)
     assert d.ended("r1").reason == "cancelled" and not d.ended("r1").started
     assert "r1" not in d.policy.requests
+
+
+def test_next_chain_keeps_its_nodes_while_its_successor_waits_for_preemptible_holders():
+    d = Driver({"c0": 16}, preempt_grace=5.0)
+    d.open(0.0, "wf")
+    d.submit(0.0, "wf", rq("s1", "c0", 4, 100), rq("s2", "c0", 12, 100, to="s1", how="NEXT"))
+    d.open(1.0, "mal")
+    d.submit(1.0, "mal", rq("m1", "c0", 12, None, type="preemptible"))
+    d.run_until(2.0)
+    assert len(d.nodes_of("m1")) == 12
+    d.run_until(103.0)  # s2 is due at 100 but m1 ignores its shrink
+    assert d.ended("s1") is None and d.policy.requests["s2"].blocked  # s1 runs on past its end
+    d.run_until(106.0)  # m1 is killed at 105: s2 takes s1's nodes over
+    assert d.ended("m1").reason == "violation"
+    assert d.ended("s1").reason == "next" and d.ended("s1").at == 100.0
+    assert d.started("s2").at == 105.0 and d.started("s2").carried == 4

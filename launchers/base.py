@@ -1,0 +1,146 @@
+"""The launcher contract: the application side of CooRM, as a pure decision object.
+
+A launcher reacts to what the RMS tells it -- views (``changeNotify``), starts (``startNotify``), ends
+(walltime, kill) -- and to its own timers, and answers with protocol commands: submit requests, ``done``
+(with released node IDs), close the session, set a timer. It never does I/O and never reads a clock:
+``now`` is passed in. The simulator and the live SDK drive the very same objects.
+
+Rules every launcher keeps:
+* request ids are ``<app>.<n>``, never reused;
+* a launcher only names requests it submitted and node IDs it was given;
+* ``finished`` becomes true once it has nothing running or waiting and has asked to close.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.requests import RequestSpec
+from shared.stepfn import StepFunction
+
+
+@dataclass(frozen=True, slots=True)
+class Views:
+    """An application's two views, per cluster."""
+
+    now: float
+    non_preemptive: dict[str, StepFunction]
+    preemptive: dict[str, StepFunction]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterProps:
+    """What ``listClustersInfo`` / ``listInterClusterInfo`` tell a launcher (CINFO / ICINFO)."""
+
+    nodes: dict[str, int]
+    speed: dict[str, float] = field(default_factory=dict)
+    latency_ms: dict[tuple[str, str], float] = field(default_factory=dict)
+    bandwidth_mbps: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def speed_of(self, cluster: str) -> float:
+        return self.speed.get(cluster, 1.0)
+
+    def latency(self, a: str, b: str) -> float:
+        if a == b:
+            return 0.0
+        return self.latency_ms.get((a, b), self.latency_ms.get((b, a), 10.0))
+
+
+# -- commands ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Submit:
+    requests: tuple[RequestSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    request: str
+    released: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    at: float
+    key: str
+
+
+Command = Submit | Done | Close | Timer
+
+
+class Launcher:
+    """Base class: bookkeeping shared by every shipped launcher."""
+
+    kind = "launcher"
+    background = False  # True: runs for as long as there is room (a PSA); a simulation does not wait for it
+    wants_preemptive = False  # the RMS sends preemptive views too
+    views_after_start = False  # keeps following its views once running (malleable, evolving)
+
+    def __init__(self, app: str) -> None:
+        self.app = app
+        self._n = 0
+        self.finished = False
+        self.closed = False
+        self.running: dict[str, tuple[str, ...]] = {}  # request -> node IDs
+        self.waiting: set[str] = set()
+        self.computed_configurations = 0  # distinct views the selection ran on (CooRM §II)
+        self._seen_views: set[tuple] = set()
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def new_id(self) -> str:
+        self._n += 1
+        return f"{self.app}.{self._n}"
+
+    def submit(self, *specs: RequestSpec) -> Submit:
+        for s in specs:
+            self.waiting.add(s.id)
+        return Submit(tuple(specs))
+
+    def cancel(self, request: str) -> Done:
+        self.waiting.discard(request)
+        return Done(request)
+
+    def finish(self, request: str, released: tuple[str, ...] = ()) -> Done:
+        self.running.pop(request, None)
+        self.waiting.discard(request)
+        return Done(request, released)
+
+    def close(self) -> list[Command]:
+        if self.closed:
+            return []
+        self.closed = True
+        self.finished = True
+        return [Close()]
+
+    def count_configuration(self, key: tuple) -> bool:
+        """Memoisation as in CooRM: a selection is computed once per distinct input."""
+        if key in self._seen_views:
+            return False
+        self._seen_views.add(key)
+        self.computed_configurations += 1
+        return True
+
+    # -- events (override what the launcher cares about) ----------------------------------------------
+    def on_open(self, now: float, props: ClusterProps) -> list[Command]:
+        return []
+
+    def on_views(self, views: Views) -> list[Command]:
+        return []
+
+    def on_start(self, now: float, request: str, nodes: tuple[str, ...]) -> list[Command]:
+        self.waiting.discard(request)
+        self.running[request] = nodes
+        return []
+
+    def on_end(self, now: float, request: str, reason: str) -> list[Command]:
+        """The RMS ended ``request`` (walltime, node failure, violation, NEXT handover...)."""
+        self.running.pop(request, None)
+        self.waiting.discard(request)
+        return []
+
+    def on_timer(self, now: float, key: str) -> list[Command]:
+        return []

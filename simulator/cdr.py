@@ -1,0 +1,46 @@
+"""Message sizes encoded the way CooRM §IV-B measured them: like CORBA's CDR (GIOP header, 4-byte
+lengths, strings with their NUL, doubles aligned on 8). Only sizes are computed: nothing is encoded."""
+
+from __future__ import annotations
+
+HEADER = 12 + 24  # GIOP header + a request header with an object key and operation name
+
+
+def _align(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def string(s: str) -> int:
+    return _align(4 + len(s) + 1, 4)
+
+
+def cap(steps: int) -> int:
+    """A CAP: a sequence of (double time, long nodes), 16 bytes per step with alignment."""
+    return 8 + 16 * steps
+
+
+def change_notify(changes: list[tuple[str, int]]) -> int:
+    """``changes``: (cluster id, number of steps) per CHANGE."""
+    return HEADER + 4 + sum(string(c) + 4 + cap(n) for c, n in changes)
+
+
+def request(app: str, requests: list[tuple[str, str, str | None]]) -> int:
+    """``requests``: (request id, cluster id, related_to) each; type, nodes, duration, how are fixed."""
+    body = sum(string(rid) + string(c) + 4 + 4 + 8 + 4 + string(rel or "") for rid, c, rel in requests)
+    return HEADER + string(app) + 4 + _align(body, 8)
+
+
+def done(app: str, request_id: str, released: int, node_id_len: int = 8) -> int:
+    return HEADER + string(app) + string(request_id) + 4 + released * string("x" * node_id_len)
+
+
+def start_notify(request_id: str, nodes: list[str]) -> int:
+    return HEADER + string(request_id) + 4 + sum(string(n) for n in nodes)
+
+
+def subscribe(app: str) -> int:
+    return HEADER + string(app) + 32
+
+
+def close(app: str) -> int:
+    return HEADER + string(app)
