@@ -22,6 +22,49 @@ def demo(nodes: int = typer.Option(32, min=24, help="nodes of the demo cluster")
     run(Console(), nodes)
 
 
+@app.command()
+def simulate(
+    scenario: Path = typer.Argument(..., exists=True, dir_okay=False, help="scenario YAML file"),
+    out: Path = typer.Option(Path("out"), "--out", help="folder for summary.json and the plots"),
+    validate: bool = typer.Option(False, help="check the cores' invariants after every event (slower)"),
+) -> None:
+    """Run SCENARIO in virtual time through the real cores and launchers; write summary.json and PNGs."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from simulator.run import run_scenario
+    from simulator.scenario import load
+
+    console = Console()
+    try:
+        spec = load(scenario)
+    except Exception as e:  # a readable refusal, not a traceback
+        console.print(f"[red]invalid scenario {scenario}:[/red] {e}")
+        raise typer.Exit(2) from None
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("simulating", total=None, state="")
+
+        def progress(sim) -> None:
+            done = sum(1 for lau in sim.launchers.values() if lau.finished)
+            bar.update(task, state=f"t={sim.now:,.0f}s, {done}/{len(sim.launchers)} apps done")
+
+        summary = run_scenario(spec, out, progress=progress, validate=validate)
+    table = Table(title=f"{scenario.name}: {len(summary['apps'])} applications")
+    for col in ("app", "kind", "submitted", "started", "ended", "NP node·s", "P node·s", "waste"):
+        table.add_column(col, justify="right" if col not in ("app", "kind") else "left")
+    for a in summary["apps"][:40]:
+        ns = a["node_seconds"]
+        table.add_row(a["name"], a["kind"], f"{a['submitted']:g}", "-" if a["started"] is None else f"{a['started']:g}",
+                      "-" if a["ended"] is None else f"{a['ended']:g}", f"{ns['non_preemptible']:,.0f}",
+                      f"{ns['preemptible']:,.0f}", f"{a['waste']:,.0f}")
+    console.print(table)
+    t = summary["totals"]
+    console.print(f"makespan {t['makespan']:,.0f} s, utilisation {t['utilisation']:.1%}, {t['messages']:,} messages "
+                  f"({t['bytes']:,} bytes), {t['passes']:,} passes, scheduling CPU {t['scheduling_cpu_s']:.2f} s")
+    console.print(f"wrote {out / 'summary.json'}, {out / 'utilisation.png'}, {out / 'allocations.png'}")
+
+
 @protocol.command("schema")
 def schema(out: Path | None = typer.Option(None, help="write one NAME.json per message into this folder")) -> None:
     """Print (or write) the JSON Schema of every wire message, for launchers in other languages."""

@@ -1,0 +1,234 @@
+"""Scenario files (YAML) for ``coorm simulate``: the platform, the policy settings, the applications or a
+workload trace. The format is documented in README ("Simulator"); names are fixed so scenarios stay
+portable:
+
+    clusters: {c0: 128, c1: 128}            # or a list: [{name: c0, nodes: 128, speed: 1.0}, ...]
+    wan: {latency_ms: 10}                   # optional: latency between clusters (or per pair: [[a, b, ms]])
+    policy: {fair_start: 5, reschedule_interval: 1, preempt_grace: 5, preemptible: filling}
+    apps:
+      - {kind: rigid, at: 0, cluster: c0, nodes: 16, duration: 3600, runtime: 1800, name: job}
+      - {kind: moldable, at: 5, cluster: c0, configs: [[8, 7200], [16, 3600]], adaptation_delay: 0}
+      - {kind: cem, at: 10, work: 1.0e6, adaptation_delay: 0}
+      - {kind: psa, at: 0, cluster: c0, task_duration: 600}
+      - {kind: amr, at: 0, cluster: c0, overcommit: 1.0, target_efficiency: 0.75, announce_interval: 0,
+         static: false, seed: 1}
+      - {kind: next, at: 0, cluster: c0, phases: [[4, 600], [8, 600]]}
+    trace: {file: ../shared/workloads/LLNL-Atlas-2006-2.1-cln.swf.gz, jobs: 200, skip: 0,
+            moldable_fraction: 0.2, arrival_interval: 1.0, seed: 1}
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from launchers.base import ClusterProps, Launcher
+from services.policy_engine.core import PolicySettings
+from simulator.trace import read_swf
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClusterSpec(_M):
+    name: str
+    nodes: int = Field(ge=1)
+    speed: float = Field(default=1.0, gt=0)
+
+
+class WanSpec(_M):
+    latency_ms: float = Field(default=10.0, ge=0)
+    bandwidth_mbps: float = Field(default=1000.0, gt=0)
+    pairs: list[tuple[str, str, float]] = Field(default_factory=list)
+
+
+class _App(_M):
+    at: float = Field(default=0.0, ge=0)
+    name: str | None = None
+
+
+class RigidApp(_App):
+    kind: Literal["rigid"]
+    cluster: str | None = None
+    nodes: int = Field(ge=1)
+    duration: float = Field(gt=0)
+    runtime: float | None = Field(default=None, gt=0)
+
+
+class MoldableApp(_App):
+    kind: Literal["moldable"]
+    cluster: str | None = None
+    configs: list[tuple[int, float]] = Field(min_length=1)
+    adaptation_delay: float = Field(default=0.0, ge=0)
+
+
+class CemApp(_App):
+    kind: Literal["cem"]
+    adaptation_delay: float = Field(default=0.0, ge=0)
+    params: dict = Field(default_factory=dict)
+
+
+class PsaApp(_App):
+    kind: Literal["psa"]
+    cluster: str | None = None
+    task_duration: float = Field(gt=0)
+    total_tasks: int | None = Field(default=None, ge=1)
+
+
+class AmrApp(_App):
+    kind: Literal["amr"]
+    cluster: str | None = None
+    overcommit: float = Field(default=1.0, gt=0)
+    target_efficiency: float = Field(default=0.75, gt=0, le=1)
+    announce_interval: float = Field(default=0.0, ge=0)
+    static: bool = False
+    seed: int = 0
+    steps: int = Field(default=1000, ge=1)
+
+
+class NextApp(_App):
+    kind: Literal["next"]
+    cluster: str | None = None
+    phases: list[tuple[int, float]] = Field(min_length=1)
+
+
+AppSpec = Annotated[RigidApp | MoldableApp | CemApp | PsaApp | AmrApp | NextApp, Field(discriminator="kind")]
+
+
+class TraceSpec(_M):
+    file: str
+    jobs: int = Field(default=200, ge=1)
+    skip: int = Field(default=0, ge=0)
+    moldable_fraction: float = Field(default=0.0, ge=0, le=1)
+    cem_fraction: float = Field(default=0.0, ge=0, le=1)
+    arrival_interval: float | None = Field(default=1.0, ge=0)  # None: the trace's own submit times
+    serial_fraction: float = Field(default=0.05, ge=0, le=1)
+    seed: int = 0
+
+
+class Scenario(_M):
+    clusters: list[ClusterSpec]
+    wan: WanSpec = Field(default_factory=WanSpec)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    apps: list[AppSpec] = Field(default_factory=list)
+    trace: TraceSpec | None = None
+    until: float | None = Field(default=None, gt=0)
+
+    @field_validator("clusters", mode="before")
+    @classmethod
+    def _clusters(cls, v):
+        if isinstance(v, dict):
+            return [{"name": k, "nodes": n} for k, n in v.items()]
+        return v
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {c.name: c.nodes for c in self.clusters}
+
+    def props(self) -> ClusterProps:
+        latency: dict[tuple[str, str], float] = {}
+        bandwidth: dict[tuple[str, str], float] = {}
+        names = [c.name for c in self.clusters]
+        for a in names:
+            for b in names:
+                if a < b:
+                    latency[(a, b)] = self.wan.latency_ms
+                    bandwidth[(a, b)] = self.wan.bandwidth_mbps
+        for a, b, ms in self.wan.pairs:
+            latency[(min(a, b), max(a, b))] = ms
+        return ClusterProps(nodes=self.sizes, speed={c.name: c.speed for c in self.clusters},
+                            latency_ms=latency, bandwidth_mbps=bandwidth)
+
+
+def load(path: str | Path) -> Scenario:
+    data = yaml.safe_load(Path(path).read_text())
+    scenario = Scenario.model_validate(data)
+    if scenario.trace is not None and not Path(scenario.trace.file).is_absolute():
+        scenario.trace.file = str((Path(path).parent / scenario.trace.file).resolve())
+    return scenario
+
+
+def build_launchers(scenario: Scenario) -> list[tuple[float, Launcher, str]]:
+    """(arrival time, launcher, name) for every application of the scenario, trace jobs included."""
+    first = scenario.clusters[0].name
+    props = scenario.props()
+    out: list[tuple[float, Launcher, str]] = []
+    for i, spec in enumerate(scenario.apps):
+        app_id = f"a{i + 1}"
+        out.append((spec.at, make_launcher(app_id, spec, first, props), spec.name or app_id))
+    if scenario.trace is not None:
+        out.extend(trace_launchers(scenario, start=len(out)))
+    return out
+
+
+def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) -> Launcher:
+    cluster = getattr(spec, "cluster", None) or default_cluster
+    if isinstance(spec, RigidApp):
+        from launchers.rigid import RigidLauncher
+
+        return RigidLauncher(app_id, cluster, spec.nodes, spec.duration, spec.runtime)
+    if isinstance(spec, MoldableApp):
+        from launchers.moldable import MoldableLauncher
+
+        return MoldableLauncher(app_id, cluster, list(spec.configs), adaptation_delay=spec.adaptation_delay)
+    if isinstance(spec, CemApp):
+        from launchers.cem import CEMLauncher
+
+        return CEMLauncher(app_id, adaptation_delay=spec.adaptation_delay, **spec.params)
+    if isinstance(spec, PsaApp):
+        from launchers.psa import PSALauncher
+
+        return PSALauncher(app_id, cluster, spec.task_duration, total_tasks=spec.total_tasks)
+    if isinstance(spec, AmrApp):
+        from launchers.amr import AMRLauncher
+
+        return AMRLauncher(app_id, cluster, overcommit=spec.overcommit, target_efficiency=spec.target_efficiency,
+                           announce_interval=spec.announce_interval, static=spec.static, seed=spec.seed,
+                           steps=spec.steps)
+    if isinstance(spec, NextApp):
+        from launchers.next_chain import NextChainLauncher
+
+        return NextChainLauncher(app_id, cluster, list(spec.phases))
+    raise ValueError(f"unknown application kind {spec!r}")
+
+
+def trace_launchers(scenario: Scenario, start: int = 0) -> list[tuple[float, Launcher, str]]:
+    """A trace's jobs as rigid (and a fraction moldable, Amdahl speed-up, CooRM §IV-A) applications.
+    A rigid job goes to a cluster drawn at random; its run time shrinks with the cluster's speed."""
+    from launchers.rigid import RigidLauncher
+
+    t = scenario.trace
+    jobs, _ = read_swf(t.file, skip=t.skip, count=t.jobs)
+    rng = random.Random(t.seed)
+    biggest = max(c.nodes for c in scenario.clusters)
+    out: list[tuple[float, Launcher, str]] = []
+    first_submit = jobs[0].submit if jobs else 0.0
+    for k, job in enumerate(jobs):
+        app_id = f"a{start + k + 1}"
+        at = k * t.arrival_interval if t.arrival_interval is not None else job.submit - first_submit
+        nodes = min(job.nodes, biggest)
+        draw = rng.random()
+        if draw < t.cem_fraction:
+            from launchers.cem import CEMLauncher
+
+            launcher: Launcher = CEMLauncher(app_id)
+        elif draw < t.cem_fraction + t.moldable_fraction:
+            from launchers.moldable import MoldableLauncher, amdahl_configs
+
+            cluster = rng.choice(scenario.clusters)
+            # the trace's run on ``nodes`` nodes tells the sequential time under Amdahl's law
+            sequential = job.runtime / (t.serial_fraction + (1 - t.serial_fraction) / nodes)
+            configs = amdahl_configs(cluster.nodes, sequential / cluster.speed, t.serial_fraction)
+            launcher = MoldableLauncher(app_id, cluster.name, configs)
+        else:
+            cluster = rng.choice([c for c in scenario.clusters if c.nodes >= nodes])
+            launcher = RigidLauncher(app_id, cluster.name, nodes, max(math.ceil(job.walltime / cluster.speed), 1),
+                                     max(job.runtime / cluster.speed, 1.0))
+        out.append((at, launcher, f"job{job.id}"))
+    return out
