@@ -27,3 +27,28 @@ def test_protocol_schema_writes_one_file_per_message(tmp_path):
     files = {p.stem for p in tmp_path.glob("*.json")}
     assert {"RequestMsg", "ChangeNotify", "StartNotify", "ErrorReply"} <= files
     assert json.loads((tmp_path / "RequestMsg.json").read_text())["title"] == "RequestMsg"
+
+
+def test_simulate_writes_the_summary_and_plots(tmp_path):
+    scenario = Path(__file__).parents[2] / "scenarios" / "mixed.yaml"
+    run = subprocess.run(_coorm() + ["simulate", str(scenario), "--out", str(tmp_path), "--validate"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    apps = {a["name"]: a for a in summary["apps"]}
+    assert set(apps) == {"sweep", "cfd", "workflow", "big"}
+    assert apps["cfd"]["node_seconds"]["non_preemptible"] == 16 * 1800  # finished early, by done
+    assert apps["workflow"]["ended"] - apps["workflow"]["started"] == 1800  # three NEXT phases, no gap
+    assert apps["sweep"]["node_seconds"]["preemptible"] > 0 and apps["sweep"]["waste"] > 0
+    assert summary["totals"]["rejected_commands"] == 0
+    for png in ("utilisation.png", "allocations.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_refuses_a_bad_scenario_readably(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("clusters: {c0: 8}\napps:\n  - {kind: rigid, at: 0, nodes: -3, duration: 10}\n")
+    run = subprocess.run(_coorm() + ["simulate", str(bad), "--out", str(tmp_path / "o")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "invalid scenario" in run.stdout and "nodes" in run.stdout
