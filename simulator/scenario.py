@@ -219,12 +219,11 @@ def trace_launchers(scenario: Scenario, start: int = 0) -> list[tuple[float, Lau
 
             launcher: Launcher = CEMLauncher(app_id)
         elif draw < t.cem_fraction + t.moldable_fraction:
-            from launchers.moldable import MoldableLauncher, amdahl_configs
+            from launchers.moldable import MoldableLauncher, amdahl_configs, amdahl_seq_time
 
             cluster = rng.choice(scenario.clusters)
-            # the trace's run on ``nodes`` nodes tells the sequential time under Amdahl's law
-            sequential = job.runtime / (t.serial_fraction + (1 - t.serial_fraction) / nodes)
-            configs = amdahl_configs(cluster.nodes, sequential / cluster.speed, t.serial_fraction)
+            sequential = amdahl_seq_time(nodes, job.runtime, t.serial_fraction)
+            configs = amdahl_configs(cluster.nodes, sequential, t.serial_fraction, speed=cluster.speed)
             launcher = MoldableLauncher(app_id, cluster.name, configs)
         else:
             cluster = rng.choice([c for c in scenario.clusters if c.nodes >= nodes])

@@ -290,6 +290,12 @@ class PolicyCore:
             )
         if r.state is WAITING:
             self._end(r, EndReason.CANCELLED, self.now)
+        elif self._successor_waiting(r) is not None:
+            # an update (request NEXT r, then done r): r keeps its nodes until the successor takes them
+            # over, possibly after preemptible holders released theirs; it ends as done, at this time
+            r.released = tuple(ev.released)
+            r.done_at = self.now
+            r.end = min(r.end, self.now)
         else:
             r.released = tuple(ev.released)
             self._hold_on_done(r)
@@ -336,7 +342,7 @@ class PolicyCore:
             return
         # a pre-allocation's node IDs belong to the requests running inside it: hold theirs
         for inner in [i for i in self.apps[r.app].requests.values() if i.container == r.id]:
-            take = min(inner.nodes, nodes)
+            take = min(inner.nodes - self._carry_potential(inner), nodes)
             if take > 0:
                 self.holds.append(Hold(r.cluster, self.now, until, take, True, inner.id))
                 nodes -= take
@@ -399,7 +405,7 @@ class PolicyCore:
         for r in sorted(due, key=lambda r: (r.end, r.is_preallocation, r.seq)):
             if r.state is STARTED and self._successor_waiting(r) is None:
                 # (state: it may have ended as a container's inner request meanwhile)
-                self._end(r, EndReason.WALLTIME, r.end)
+                self._end(r, *self._natural_end(r))
         self.holds = [h for h in self.holds if h.until > now]
 
     def _successor_waiting(self, r: Request) -> Request | None:
@@ -417,7 +423,11 @@ class PolicyCore:
         for r in [r for r in self.requests.values() if r.state is STARTED and r.end <= now]:
             succ = self._successor_waiting(r)
             if succ is None or not (succ.blocked and succ.start <= now):
-                self._end(r, EndReason.WALLTIME, r.end)
+                self._end(r, *self._natural_end(r))
+
+    @staticmethod
+    def _natural_end(r: Request) -> tuple[EndReason, float]:
+        return (EndReason.DONE, r.done_at) if r.done_at is not None else (EndReason.WALLTIME, r.end)
 
     def _run_pass(self, stimulus: str) -> list:
         # decisions leave in causal order: what ended, then what started in view of it; a violator killed
@@ -581,7 +591,8 @@ class PolicyCore:
         carry_from, carried = None, 0
         running = self._running_predecessor(r)
         if running is not None:
-            self._end(running, EndReason.NEXT, running.end)
+            reason = EndReason.DONE if running.done_at is not None else EndReason.NEXT
+            self._end(running, reason, running.end)
         pred = self.ended.get(r.related_to) if r.related_how is Relation.NEXT else None
         if pred is not None and r.type is not RequestType.PRE_ALLOCATION:
             pred_req = next((p for p in self._pending_ends if p.id == r.related_to), None)

@@ -38,6 +38,7 @@ class Request:
     placed_in: str | None = None  # the pre-allocation a waiting request is placed inside, this pass
     successor: str | None = None  # the NEXT request that follows this one
     released: tuple[str, ...] = ()  # node IDs named in done
+    done_at: float | None = None  # done, but kept running until its NEXT successor takes its nodes over
     end_reason: EndReason | None = None
     blocked: bool = False  # due, but its nodes are still held preemptibly
 
