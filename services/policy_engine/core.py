@@ -340,8 +340,11 @@ class PolicyCore:
         if not r.is_preallocation:
             self.holds.append(Hold(r.cluster, self.now, until, nodes, True, r.id))
             return
-        # a pre-allocation's node IDs belong to the requests running inside it: hold theirs
-        for inner in [i for i in self.apps[r.app].requests.values() if i.container == r.id]:
+        # a pre-allocation's node IDs belong to the requests running inside it: hold theirs, but not
+        # those their NEXT successors keep
+        inside = [i for i in self.apps[r.app].requests.values() if i.container == r.id]
+        nodes -= sum(self._carry_potential(i) for i in inside)
+        for inner in inside:
             take = min(inner.nodes - self._carry_potential(inner), nodes)
             if take > 0:
                 self.holds.append(Hold(r.cluster, self.now, until, take, True, inner.id))

@@ -378,3 +378,16 @@ def test_next_chain_keeps_its_nodes_while_its_successor_waits_for_preemptible_ho
     assert d.ended("m1").reason == "violation"
     assert d.ended("s1").reason == "next" and d.ended("s1").at == 100.0
     assert d.started("s2").at == 105.0 and d.started("s2").carried == 4
+
+
+def test_a_preallocations_fair_start_hold_spares_the_nodes_a_successor_keeps():
+    d = Driver({"c0": 3}, fair_start=5.0)
+    d.open(0.0, "a1")
+    d.submit(0.0, "a1", rq("P", "c0", 2, 10, type="pre-allocation"), rq("x", "c0", 1, 5, to="P", how="COALLOC"))
+    d.submit(0.5, "a1", rq("y", "c0", 1, 5, to="x", how="NEXT"))
+    d.done(1.0, "a1", "P")
+    assert d.started("y").at == 1.0 and d.started("y").carried == 1
+    d.open(1.0, "a2")
+    d.submit(1.0, "a2", rq("z", "c0", 1, 5))
+    # P's other node is held until 6; x's node went on with y; the third node is free
+    assert d.started("z") is not None and d.started("z").at == 1.0

@@ -17,7 +17,9 @@ A :class:`Monitor` watches every event and checks, after EVERY event:
   violation, session close or its pre-allocation ending, and every end reason is backed by the event
   that justifies it (a ``done`` at that time, the planned end, a lost node, a ``PreemptionDeadline``
   already past, ...); nothing starts twice or after its end;
-* after a pass, every waiting request's start time is >= now (or infinity).
+* the nodes the policy keeps occupied for fair-start are the node IDs the allocator holds;
+* after a pass, every waiting request's start time is >= now (or infinity);
+* a bad command gets an error reply (DESIGN §5).
 
 The properties that need a comparison or a probe (inv. 3 to 6) have their own tests below. On failure
 the shrunk event sequence is printed as Python (see ``repro``) so that it can be replayed by hand.
@@ -417,55 +419,7 @@ class Driver:
         return self.tick(max(w, self.t))
 
     def submit(self, app: str, specs: list[RequestSpec]) -> list:
-        return self.feed(Submit(at=self.t, app=app, requests=self.feasible(app, specs)))
-
-    def feasible(self, app: str, specs: list[RequestSpec]) -> list[RequestSpec]:
-        """Shrink requests that would make a waiting COALLOC/NEXT group need, at some instant, more nodes
-        of a cluster than are up. Such a group can never be placed, and ``Placer._place_group`` finds that
-        out only after ``_MAX_ATTEMPTS`` (10,000) fixed-point attempts, in every pass (about 0.5 s a pass
-        on 7 nodes), which would blow the time budget of these tests. A single oversized request still
-        exercises "an application asking for more than exists waits forever"."""
-        specs = list(specs)
-        for i in range(len(specs)):
-            while self._group_overflows(app, specs) and specs[i].nodes > 1 and specs[i].type is not PRE:
-                specs[i] = specs[i].model_copy(update={"nodes": max(1, specs[i].nodes // 2)})
-        return specs
-
-    def _group_overflows(self, app: str, specs: list[RequestSpec], lost: str | None = None) -> bool:
-        """Would a waiting group of ``app`` (with ``specs`` added, and a node of ``lost`` down) need more
-        nodes of a cluster at once than are up?"""
-        members = {
-            r.id: (r.related_to if r.constrained else None, r.related_how, r.cluster, r.nodes, r.duration)
-            for r in self.live(app, WAITING)
-            if not r.preemptible
-        }
-        for sp in specs:
-            if sp.type is not PRE:
-                to = sp.related_to if sp.related_how is not Relation.FREE else None
-                members[sp.id] = (to, sp.related_how, sp.cluster, sp.nodes, sp.duration)
-        placed: dict[str, tuple[str, float]] = {}  # id -> (root, offset)
-
-        def where(rid: str) -> tuple[str, float]:
-            if rid not in placed:
-                to, how, _, _, _ = members[rid]
-                if to is None or to not in members:
-                    placed[rid] = (rid, 0.0)
-                else:
-                    root, off = where(to)
-                    placed[rid] = (root, off + (members[to][4] if how is Relation.NEXT else 0.0))
-            return placed[rid]
-
-        groups: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
-        for rid, (_, _, cluster, nodes, duration) in members.items():
-            root, off = where(rid)
-            groups[root, cluster].append((off, off + duration, nodes))
-        for (_, cluster), items in groups.items():
-            if len(items) < 2:
-                continue
-            up = self.cores.allocator.up(cluster) - (cluster == lost)
-            if any(sum(n for b, e, n in items if b <= t < e) > up for t, _, _ in items):
-                return True
-        return False
+        return self.feed(Submit(at=self.t, app=app, requests=specs))
 
     def open(self, prefix: str = "a") -> str:
         self._app += 1
@@ -657,9 +611,7 @@ class Driver:
 
     def op_down(self) -> None:
         al = self.cores.allocator
-        # not a cluster where the loss would leave a waiting group unplaceable (see ``feasible``)
-        ok = [c for c in self.nodes if not any(self._group_overflows(a, [], lost=c) for a in self.apps())]
-        up = [n for c in ok for n in self.nodes[c] if al.nodes[n].state != DOWN]
+        up = [n for ns in self.nodes.values() for n in ns if al.nodes[n].state != DOWN]
         if not up:
             return self.op_wake()
         self.feed(NodeDown(at=self.t, node=self.pick(up)))
