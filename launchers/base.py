@@ -144,3 +144,30 @@ class Launcher:
 
     def on_timer(self, now: float, key: str) -> list[Command]:
         return []
+
+
+class SelectingLauncher(Launcher):
+    """A launcher that runs its resource selection on each new view until it starts (CooRM §III-B,
+    steps 6-7). With an ``adaptation_delay`` (CooRM §IV-C) each view arms a timer and the selection then
+    runs on the latest view: a slow selection. Subclasses say when they are still selecting and how."""
+
+    def __init__(self, app: str, adaptation_delay: float = 0.0) -> None:
+        super().__init__(app)
+        if adaptation_delay < 0:
+            raise ValueError("adaptation_delay must be >= 0")
+        self.adaptation_delay = adaptation_delay
+        self._latest: Views | None = None
+
+    def selecting(self) -> bool:
+        return not self.closed
+
+    def _reselect(self, now: float) -> list[Command]:
+        raise NotImplementedError
+
+    def on_views(self, views: Views) -> list[Command]:
+        if not self.selecting():
+            return []
+        self._latest = views
+        if self.adaptation_delay > 0:
+            return [Timer(views.now + self.adaptation_delay, "select")]
+        return self._reselect(views.now)

@@ -78,7 +78,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from launchers.base import ClusterProps, Command, Launcher, Timer, Views
+from launchers.base import ClusterProps, Command, SelectingLauncher, Timer, Views
 from shared.requests import Relation, RequestSpec
 from shared.stepfn import INF, StepFunction
 
@@ -324,7 +324,7 @@ class Selector:
 # ------------------------------------------------------------------------------------------------
 # the launcher
 # ------------------------------------------------------------------------------------------------
-class CEMLauncher(Launcher):
+class CEMLauncher(SelectingLauncher):
     kind = "cem"
 
     def __init__(
@@ -338,15 +338,12 @@ class CEMLauncher(Launcher):
         max_starts: int = 32,
         fixpoint_rounds: int = 4,
     ) -> None:
-        super().__init__(app)
+        super().__init__(app, adaptation_delay)
         if not 0 < runtime_fraction <= 1.0:
             raise ValueError("runtime_fraction must be in (0, 1]: a run longer than its walltime is killed")
-        if adaptation_delay < 0:
-            raise ValueError("adaptation_delay must be >= 0")
         self.model = model or CEMModel()
         self.only = clusters  # the FILTER: clusters it may use (None: every cluster it sees)
         self.runtime_fraction = runtime_fraction
-        self.adaptation_delay = adaptation_delay
         self.max_starts = max_starts
         self.fixpoint_rounds = fixpoint_rounds
         self.props: ClusterProps | None = None
@@ -357,7 +354,6 @@ class CEMLauncher(Launcher):
         self.ended_at: float | None = None
         self.runtime: float | None = None
         self.resubmissions = 0
-        self._latest: Views | None = None
         self._memo: dict[tuple, Selection | None] = {}
         self._selector: Selector | None = None
 
@@ -412,13 +408,8 @@ class CEMLauncher(Launcher):
         self.props = props
         return []
 
-    def on_views(self, views: Views) -> list[Command]:
-        if self.started_members or self.closed:
-            return []
-        self._latest = views
-        if self.adaptation_delay > 0:
-            return [Timer(views.now + self.adaptation_delay, "select")]
-        return self._reselect(views.now)
+    def selecting(self) -> bool:
+        return not self.started_members and not self.closed
 
     def on_timer(self, now: float, key: str) -> list[Command]:
         if key == "select":

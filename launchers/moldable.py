@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from launchers.base import Command, Launcher, Timer, Views
+from launchers.base import Command, SelectingLauncher, Timer, Views
 from shared.requests import RequestSpec
 from shared.stepfn import INF, StepFunction
 
@@ -105,7 +105,7 @@ class Choice:
     end: float
 
 
-class MoldableLauncher(Launcher):
+class MoldableLauncher(SelectingLauncher):
     kind = "moldable"
 
     def __init__(
@@ -117,7 +117,7 @@ class MoldableLauncher(Launcher):
         runtime_fraction: float = 1.0,
         adaptation_delay: float = 0.0,
     ) -> None:
-        super().__init__(app)
+        super().__init__(app, adaptation_delay)
         norm: list[Config] = []
         for cfg in configs:
             if len(cfg) == 2:
@@ -133,19 +133,15 @@ class MoldableLauncher(Launcher):
             raise ValueError("a moldable launcher needs at least one configuration")
         if not 0 < runtime_fraction <= 1.0:
             raise ValueError("runtime_fraction must be in (0, 1]: a job longer than its walltime is killed")
-        if adaptation_delay < 0:
-            raise ValueError("adaptation_delay must be >= 0")
         self.configs: tuple[Config, ...] = tuple(norm)
         self._by_duration = tuple(sorted(norm, key=lambda cfg: (cfg[2], cfg[1], cfg[0])))
         self.clusters: tuple[str, ...] = tuple(sorted({c for c, _, _ in norm}))
         self.runtime_fraction = runtime_fraction
-        self.adaptation_delay = adaptation_delay
         self.current: str | None = None  # the waiting (or running) request
         self.choice: Choice | None = None
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.resubmissions = 0
-        self._latest: Views | None = None
         self._memo: dict[tuple, Choice] = {}
 
     # -- selection ------------------------------------------------------------------------------------
@@ -190,13 +186,8 @@ class MoldableLauncher(Launcher):
         return out
 
     # -- events ---------------------------------------------------------------------------------------
-    def on_views(self, views: Views) -> list[Command]:
-        if self.started_at is not None or self.closed:
-            return []
-        self._latest = views
-        if self.adaptation_delay > 0:
-            return [Timer(views.now + self.adaptation_delay, "select")]
-        return self._reselect(views.now)
+    def selecting(self) -> bool:
+        return self.started_at is None and not self.closed
 
     def on_timer(self, now: float, key: str) -> list[Command]:
         if key == "select":

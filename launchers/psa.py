@@ -30,7 +30,9 @@ class PSALauncher(Launcher):
     wants_preemptive = True
     views_after_start = True
 
-    def __init__(self, app: str, cluster: str, task_duration: float, *, total_tasks: int | None = None) -> None:
+    def __init__(
+        self, app: str, cluster: str, task_duration: float, *, total_tasks: int | None = None
+    ) -> None:
         super().__init__(app)
         self.cluster = cluster
         self.task_duration = float(task_duration)

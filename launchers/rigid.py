@@ -9,7 +9,9 @@ from shared.requests import RequestSpec
 class RigidLauncher(Launcher):
     kind = "rigid"
 
-    def __init__(self, app: str, cluster: str, nodes: int, duration: float, runtime: float | None = None) -> None:
+    def __init__(
+        self, app: str, cluster: str, nodes: int, duration: float, runtime: float | None = None
+    ) -> None:
         super().__init__(app)
         self.cluster = cluster
         self.nodes = nodes
