@@ -65,6 +65,46 @@ def simulate(
     console.print(f"wrote {out / 'summary.json'}, {out / 'utilisation.png'}, {out / 'allocations.png'}")
 
 
+EXPERIMENTS = ("coorm_fig6", "coorm_fig7", "coormv2_fig3_4", "coormv2_fig9", "coormv2_fig10", "coormv2_fig11")
+
+
+def _experiments() -> dict:
+    import importlib
+
+    found = {}
+    for module in EXPERIMENTS:
+        try:
+            mod = importlib.import_module(f"experiments.{module}")
+        except ModuleNotFoundError:
+            continue
+        found[mod.NAME] = mod
+    return found
+
+
+@app.command()
+def experiment(
+    name: str = typer.Argument(..., help="an experiment's name, or 'all'; 'list' shows them"),
+    out: Path = typer.Option(Path("out/experiments"), "--out", help="folder for the CSV and PNG files"),
+    quick: bool = typer.Option(False, "--quick", help="fewer seeds and points (minutes instead of more)"),
+) -> None:
+    """Reproduce a paper's experiment: writes NAME.csv and NAME.png (medians and quartiles over seeds)."""
+    import time
+
+    known = _experiments()
+    if name == "list":
+        for n, mod in sorted(known.items()):
+            typer.echo(f"{n}: {(mod.__doc__ or '').strip().splitlines()[0]}")
+        return
+    chosen = sorted(known) if name == "all" else [name]
+    for n in chosen:
+        if n not in known:
+            typer.echo(f"unknown experiment {n}; known: {', '.join(sorted(known))}", err=True)
+            raise typer.Exit(2)
+        t0 = time.perf_counter()
+        rows = known[n].run(out, quick=quick)
+        typer.echo(f"{n}: {len(rows)} points in {time.perf_counter() - t0:.1f} s -> {out / (n + '.csv')}")
+
+
 @protocol.command("schema")
 def schema(out: Path | None = typer.Option(None, help="write one NAME.json per message into this folder")) -> None:
     """Print (or write) the JSON Schema of every wire message, for launchers in other languages."""
