@@ -75,7 +75,9 @@ def _experiments() -> dict:
     for module in EXPERIMENTS:
         try:
             mod = importlib.import_module(f"experiments.{module}")
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as e:
+            if e.name != f"experiments.{module}":
+                raise  # a real import error inside the experiment, not a missing experiment
             continue
         found[mod.NAME] = mod
     return found

@@ -13,7 +13,9 @@ launcher follows its preemptive view of one cluster with one preemptible request
 
 Rules: it never asks for more than its view shows now; it has at most one update in flight (a NEXT
 successor not started yet) and re-reads the view once that update started; it sets a timer at the next
-time its view drops below what it holds, since a drop announced earlier brings no new view then.
+time its view leaves what it holds, since a change announced earlier brings no new view then; a request
+still waiting when the view no longer holds it (another application asked at the same time) is cancelled
+and asked again within the view.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class PSALauncher(Launcher):
         self.total_tasks = total_tasks
         self.current: str | None = None  # the started preemptible request
         self.pending: str | None = None  # its NEXT successor, asked for, not started yet
+        self.pending_nodes = 0
         self.tasks: dict[str, float] = {}  # node -> start time of its task
         self.views: Views | None = None
         self.waste = 0.0
@@ -69,12 +72,12 @@ class PSALauncher(Launcher):
             out.append(self.submit(RequestSpec(id=rid, type=RequestType.PREEMPTIBLE, cluster=self.cluster,
                                                nodes=nodes, related_to=self.current, related_how="NEXT")))
             out.append(self.finish(self.current, released))
-            self.current, self.pending = None, rid
+            self.current, self.pending, self.pending_nodes = None, rid, nodes
         elif nodes > 0 and self.pending is None:
             rid = self.new_id()
             out.append(self.submit(RequestSpec(id=rid, type=RequestType.PREEMPTIBLE, cluster=self.cluster,
                                                nodes=nodes)))
-            self.pending = rid
+            self.pending, self.pending_nodes = rid, nodes
         return out
 
     def _kill(self, now: float, node: str) -> None:
@@ -88,7 +91,14 @@ class PSALauncher(Launcher):
 
     def _adapt(self, now: float) -> list[Command]:
         view = self._view()
-        if view is None or self.pending is not None or self.finished:
+        if view is None or self.finished:
+            return []
+        if self.pending is not None:
+            if max(view.value_at(now), 0) < self.pending_nodes:
+                # our waiting request no longer fits the view (another application asked too): ask again
+                out: list[Command] = [self.cancel(self.pending)]
+                self.pending, self.pending_nodes = None, 0
+                return out + self._adapt(now)
             return []
         now_value = max(view.value_at(now), 0)
         held = self._held()
@@ -107,9 +117,10 @@ class PSALauncher(Launcher):
         return out + self._watch(now, view, max(offered, held))
 
     def _watch(self, now: float, view, keep: int) -> list[Command]:
-        """A timer at the next time the view drops below ``keep`` nodes."""
+        """A timer at the next time the view drops below ``keep`` nodes, or rises above (a change
+        announced earlier brings no new view when it happens)."""
         for t in view.breakpoints_after(now):
-            if view.value_at(t) < keep:
+            if view.value_at(t) != keep:
                 if t in self._watching:
                     return []
                 self._watching.add(t)
@@ -128,8 +139,10 @@ class PSALauncher(Launcher):
 
     def on_start(self, now: float, request: str, nodes: tuple[str, ...]) -> list[Command]:
         super().on_start(now, request, nodes)
-        self.current, self.pending = request, None
+        self.current, self.pending, self.pending_nodes = request, None, 0
         self._lost_current = False
+        for node in [n for n in self.tasks if n not in nodes]:
+            self._kill(now, node)  # its predecessor ended a pass before this start: that task died
         fresh = [n for n in nodes if n not in self.tasks]
         for node in fresh:
             self.tasks[node] = now

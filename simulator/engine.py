@@ -214,7 +214,9 @@ class Simulation:
             elif kind == "end":
                 rec = self.requests.get(d.request)
                 if rec is not None:
-                    rec.end = d.at
+                    # the nodes stay with the application until the RMS frees them, at this pass (a
+                    # done is coalesced; a request handing over to its NEXT successor runs on)
+                    rec.end = self.now if d.started else d.at
                 if d.started:
                     if d.reason.value not in ("done", "next"):
                         self._count(cdr.close(d.request))  # a kill notification

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from simulator.engine import Result
 
 TYPES = ("pre-allocation", "non-preemptible", "preemptible")
@@ -22,6 +24,8 @@ def summarize(result: Result) -> dict:
     for app_id, rec in result.apps.items():
         launcher = result.launchers.get(app_id)
         stats = launcher.stats() if launcher is not None and hasattr(launcher, "stats") else {}
+        if dataclasses.is_dataclass(stats):
+            stats = dataclasses.asdict(stats)
         apps.append({
             "id": app_id,
             "name": rec.name,

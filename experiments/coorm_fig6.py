@@ -1,0 +1,458 @@
+"""CooRM Fig. 6: scalability -- computed configurations, CPU time and message size, OAR-SIM (W0) and CooRM
+(W0..W3) on 1 to 8 clusters; minimum, quartiles and maximum over packs of the LLNL Atlas trace.
+
+Set-up (CooRM §IV-A):
+
+* **resources**: :func:`launchers.cem.paper_platform` -- ``nC`` clusters of 128 hosts, the i-th
+  ``1 + 0.1 (i - 1)`` times faster than the first, hierarchical WAN; re-policy interval 1 s, fair-start 5 s;
+* **W0**: a pack of consecutive usable jobs of the Atlas trace (200 in full mode), one arrival per second.
+  Exactly 20% of them (drawn per pack) are simple-moldable with an Amdahl speed-up (serial fraction
+  :data:`launchers.moldable.SERIAL_FRACTION`, the sequential time that makes the trace's runtime on the
+  trace's host count), the others rigid: the trace's host count (capped at 128) on a cluster drawn at random,
+  walltime and runtime divided by that cluster's speed. A moldable job's configurations are OAR's full
+  enumeration, :func:`launchers.moldable.oar_configs`: every cluster, 2..128 hosts (``nC x 127``); under
+  CooRM its :class:`~launchers.moldable.MoldableLauncher` makes OAR's earliest-completion choice itself from
+  its views, among those very configurations -- so both systems produce the same schedule;
+* **W1**: W0 with one CEM application (:class:`launchers.cem.CEMLauncher`, default model) inserted in the
+  middle of the pack (the jobs after it arrive one second later); **W2**: W0 with 50% of the jobs (drawn per
+  pack) replaced by CEM applications; **W3**: only CEM applications.
+
+Packs are the repetitions: ``packs`` packs spread evenly over the trace (pack ``i`` of ``P`` is the
+``round((i + 0.5) * 183 / P)``-th pack of 200 jobs; in quick mode only its first ``jobs`` jobs). The random
+draws (moldable jobs, clusters, replaced jobs) are seeded with the pack number: everything but CPU times is
+deterministic.
+
+Measured, per run, for CooRM:
+
+* ``computed_configurations``: the simulator's count -- the distinct inputs (views) on which a launcher ran its
+  selection (memoised), summed over moldable and CEM launchers; rigid launchers select nothing;
+* ``sched_cpu_s``: the scheduling CPU the brief asks for, ``cores_cpu_s + launcher_cpu_s``: the policy and
+  allocator cores (``Result.scheduling_cpu``) plus every launcher callback (``on_views``, ``on_timer``, ...,
+  i.e. the resource selections), timed with ``time.process_time`` around each call;
+* ``sim_cpu_s``: the CPU time of the whole simulation (``Simulation.run``), the paper's "simulation time". It
+  also holds the views the RMS computes for every waiting application at every pass (``np_view`` in the
+  engine, not counted in ``Result.scheduling_cpu``), the CDR sizing and the event loop (``other_cpu_s``);
+* ``bytes``, ``messages``: the simulator's total, messages encoded like CORBA's CDR (``simulator.cdr``);
+  ``bytes_per_app`` divides by the number of applications.
+
+OAR-SIM (W0 only) is not a second simulation: the CooRM run *is* its schedule (the same CBF policy and the
+same earliest-completion choice among the same configurations), and only what OAR would have computed and sent
+differs. "OARSIM: applications enumerate all the possible configurations and let the RMS choose" (§IV-A), so
+at every scheduling pass, OAR evaluates the whole list of every waiting moldable job:
+
+* ``computed_configurations`` = sum over moldable jobs of ``len(oar_configs) x passes``, ``passes`` being the
+  scheduling passes from the first one that saw the job (the one that sent it its first view) to the one that
+  started it, both included (recorded from the policy core's pass counter). Rigid jobs are not counted, as
+  for CooRM (they have one configuration and select nothing);
+* ``sched_cpu_s`` = ``sim_cpu_s`` = ``cores_cpu_s`` of the run (the CBF passes) + sum over moldable jobs of
+  ``passes x`` the measured CPU time of one full enumeration of its configurations (``earliest_fit`` of
+  every configuration, no pruning) on the view of its first selection. That one timing per job is done
+  outside the CooRM timings (it is subtracted from them), and its result is checked against the CooRM choice
+  (``enumeration_mismatches`` must be 0: the pruned choice is the exhaustive one);
+* ``bytes`` / ``messages``: per job a subscribe, one submission listing all its configurations (each a
+  cluster id, a host count and a walltime; a rigid job: one), its startNotify with its node IDs, a done and
+  a close, sized with the same CDR rules (:func:`oar_request`) -- no views.
+
+W3 (200 CEM applications, all with the same model, one per second) does not depend on the trace: it is run
+once per ``nC`` (its ``packs`` column says 1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.common import TRACE, quartiles, write_csv
+from launchers.base import ClusterProps, Launcher
+from launchers.cem import CEMLauncher, paper_platform
+from launchers.moldable import SERIAL_FRACTION, MoldableLauncher, amdahl_seq_time, oar_configs
+from launchers.rigid import RigidLauncher
+from services.policy_engine.core import PolicySettings
+from shared.stepfn import INF
+from simulator import cdr
+from simulator.engine import Simulation
+from simulator.trace import TraceJob, read_swf
+
+NAME = "coorm-fig6"
+
+PACK = 200  # jobs per pack (§IV-A)
+TRACE_PACKS = 183  # usable Atlas jobs (36 600) // PACK
+MOLDABLE_FRACTION = 0.2
+W2_CEM_FRACTION = 0.5
+FAIR_START = 5.0  # §IV-A
+REPOLICY = 1.0  # §IV-A
+HOSTS = 128
+
+WORKLOADS = ("W0", "W1", "W2", "W3")
+FULL = dict(clusters=tuple(range(1, 9)), packs=3, jobs=PACK)
+QUICK = dict(clusters=(1, 2, 4), packs=2, jobs=50)
+
+
+# ======================================================================================================
+# the trace and the workloads (shared with Fig. 7)
+# ======================================================================================================
+def require_trace() -> Path:
+    if not TRACE.exists():
+        raise FileNotFoundError(
+            f"CooRM Fig. 6/7 need the LLNL Atlas trace, not found at {TRACE} "
+            "(expected in ../shared/workloads beside the repository)"
+        )
+    return TRACE
+
+
+_JOBS: list[TraceJob] | None = None
+
+
+def trace_jobs() -> list[TraceJob]:
+    global _JOBS
+    if _JOBS is None:
+        _JOBS, _ = read_swf(require_trace())
+    return _JOBS
+
+
+def pack_numbers(packs: int) -> list[int]:
+    """``packs`` pack numbers spread evenly over the trace's packs of 200 jobs."""
+    return [min(TRACE_PACKS - 1, round((i + 0.5) * TRACE_PACKS / packs)) for i in range(packs)]
+
+
+def pack_jobs(number: int, jobs: int) -> list[TraceJob]:
+    all_jobs = trace_jobs()
+    start = number * PACK
+    return all_jobs[start : start + jobs]
+
+
+def platform(n_clusters: int) -> tuple[dict[str, int], ClusterProps]:
+    props = paper_platform(n_clusters, hosts=HOSTS)
+    return dict(props.nodes), props
+
+
+def build_workload(
+    jobs: Sequence[TraceJob],
+    props: ClusterProps,
+    workload: str,
+    seed: int,
+    *,
+    cem_position: int | None = None,
+    cem_delay: float = 0.0,
+    moldable_cls: type[MoldableLauncher] = MoldableLauncher,
+) -> list[Launcher]:
+    """The launchers of one workload, in arrival order (one arrival per second). W1's CEM is ``"cem"``,
+    inserted before job ``cem_position`` (default: the middle), with ``cem_delay`` as adaptation delay."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; one of {WORKLOADS}")
+    names = sorted(props.nodes)
+    clusters = dict(props.nodes)
+    n = len(jobs)
+    rng = random.Random(seed)
+    moldable = set(rng.sample(range(n), round(MOLDABLE_FRACTION * n)))
+    where = [rng.choice(names) for _ in range(n)]
+    replaced: set[int] = set()
+    if workload == "W2":
+        replaced = set(random.Random(f"W2-{seed}").sample(range(n), round(W2_CEM_FRACTION * n)))
+    elif workload == "W3":
+        replaced = set(range(n))
+    out: list[Launcher] = []
+    for k, job in enumerate(jobs):
+        app = f"a{k + 1}"
+        nodes = min(job.nodes, max(clusters.values()))
+        if k in replaced:
+            out.append(CEMLauncher(app))
+        elif k in moldable:
+            seq = amdahl_seq_time(nodes, job.runtime, SERIAL_FRACTION)
+            out.append(moldable_cls(app, None, oar_configs(clusters, seq, SERIAL_FRACTION, speeds=props.speed)))
+        else:
+            c = where[k]
+            s = props.speed_of(c)
+            out.append(RigidLauncher(app, c, nodes, max(math.ceil(job.walltime / s), 1), max(job.runtime / s, 1.0)))
+    if workload == "W1":
+        pos = n // 2 if cem_position is None else cem_position
+        out.insert(pos, CEMLauncher("cem", adaptation_delay=cem_delay))
+    return out
+
+
+def new_simulation(props: ClusterProps, fair_start: float = FAIR_START) -> Simulation:
+    return Simulation(dict(props.nodes), PolicySettings(fair_start=fair_start, reschedule_interval=REPOLICY), props)
+
+
+# ======================================================================================================
+# instrumentation
+# ======================================================================================================
+class LauncherClock:
+    """Process CPU time spent inside launcher callbacks (their resource selections)."""
+
+    CALLBACKS = ("on_open", "on_views", "on_timer", "on_start", "on_end")
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+
+    def wrap(self, launcher: Launcher) -> None:
+        for name in self.CALLBACKS:
+            setattr(launcher, name, self._timed(getattr(launcher, name)))
+
+    def _timed(self, fn):
+        def timed(*args):
+            t0 = time.process_time()
+            try:
+                return fn(*args)
+            finally:
+                self.cpu += time.process_time() - t0
+
+        return timed
+
+
+class OarTrackedMoldable(MoldableLauncher):
+    """A CooRM moldable launcher that also records what OAR-SIM would have computed for the same job: the
+    scheduling passes it waited through, and the CPU time of one full enumeration of its configurations."""
+
+    sim: Simulation | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.first_pass: int | None = None
+        self.start_pass: int | None = None
+        self.enumeration_cpu: float | None = None
+        self.enumeration_mismatch = False
+
+    def _epoch(self) -> int:
+        assert self.sim is not None
+        return self.sim.cores.policy.epoch
+
+    def on_views(self, views):
+        if self.first_pass is None and self.started_at is None:
+            self.first_pass = self._epoch()
+        return super().on_views(views)
+
+    def on_start(self, now, request, nodes):
+        out = super().on_start(now, request, nodes)
+        if self.started_at is not None and self.start_pass is None:
+            self.start_pass = self._epoch()
+        return out
+
+    def select(self, views, now):
+        choice = super().select(views, now)
+        if self.enumeration_cpu is None:
+            t0 = time.process_time()
+            best = full_enumeration(self.configs, views, now)
+            self.enumeration_cpu = time.process_time() - t0
+            self.enumeration_mismatch = best != choice.config
+        return choice
+
+    @property
+    def oar_passes(self) -> int:
+        if self.first_pass is None or self.start_pass is None:
+            return 0
+        return self.start_pass - self.first_pass + 1
+
+
+def full_enumeration(configs, views, now: float):
+    """OAR's choice, the exhaustive way: every configuration's completion, the earliest (same ties as the
+    launcher: fewer nodes, then the cluster's name)."""
+    best = None
+    for c, n, d in configs:
+        view = views.get(c)
+        start = INF if view is None else view.earliest_fit(n, d, now)
+        rank = (start + d, n, c, d)
+        if best is None or rank < best[0]:
+            best = (rank, (c, n, d))
+    return best[1]
+
+
+def oar_request(app: str, configs: Sequence[tuple[str, int, float]]) -> int:
+    """An OAR-SIM submission: the application and its list of configurations, each (cluster id, long hosts,
+    double walltime), CDR-aligned."""
+    body = sum(cdr._align(cdr.string(c) + 4, 8) + 8 for c, _, _ in configs)
+    return cdr.HEADER + cdr.string(app) + 4 + body
+
+
+def oar_messages(sim_result, launchers: Sequence[Launcher]) -> tuple[int, int]:
+    """(messages, bytes) OAR-SIM exchanges for the same schedule: per job a subscribe, one submission with
+    every configuration (a rigid job: its one), startNotify with its node IDs, done, close; no views."""
+    started = {}
+    for r in sim_result.requests:
+        if r.type != "pre-allocation" and r.app not in started:
+            started[r.app] = r
+    messages = total = 0
+    for lau in launchers:
+        rec = started[lau.app]
+        configs = getattr(lau, "configs", None) or [(rec.cluster, rec.nodes, 1.0)]
+        node_ids = [f"{rec.cluster}n{i}" for i in range(rec.nodes)]
+        rid = f"{lau.app}.1"
+        total += (cdr.subscribe(lau.app) + oar_request(lau.app, configs) + cdr.start_notify(rid, node_ids)
+                  + cdr.done(lau.app, rid, 0) + cdr.close(lau.app))
+        messages += 5
+    return messages, total
+
+
+# ======================================================================================================
+# one run
+# ======================================================================================================
+@dataclass(frozen=True)
+class Task:
+    workload: str
+    clusters: int
+    pack: int
+    jobs: tuple[TraceJob, ...]
+
+
+def run_one(task: Task) -> dict:
+    _, props = platform(task.clusters)
+    sim = new_simulation(props)
+    launchers = build_workload(task.jobs, props, task.workload, seed=task.pack, moldable_cls=OarTrackedMoldable)
+    clock = LauncherClock()
+    for k, lau in enumerate(launchers):
+        if isinstance(lau, OarTrackedMoldable):
+            lau.sim = sim
+        clock.wrap(lau)
+        sim.add(float(k), lau)
+    t0 = time.process_time()
+    result = sim.run()
+    sim_cpu = time.process_time() - t0
+    moldables = [lau for lau in launchers if isinstance(lau, OarTrackedMoldable)]
+    sample = sum(m.enumeration_cpu or 0.0 for m in moldables)  # OAR timing, not CooRM's
+    ends = [rec.ended for rec in result.apps.values()]
+    if any(e is None for e in ends):
+        raise RuntimeError(f"{task}: some application never ended")
+    row = {
+        "workload": task.workload,
+        "clusters": task.clusters,
+        "pack": task.pack,
+        "apps": len(launchers),
+        "cem_apps": sum(isinstance(lau, CEMLauncher) for lau in launchers),
+        "moldable_apps": len(moldables),
+        "computed_configurations": result.computed_configurations,
+        "cores_cpu_s": result.scheduling_cpu,
+        "launcher_cpu_s": clock.cpu - sample,
+        "sched_cpu_s": result.scheduling_cpu + clock.cpu - sample,
+        "sim_cpu_s": sim_cpu - sample,
+        "other_cpu_s": sim_cpu - clock.cpu - result.scheduling_cpu,
+        "messages": result.messages,
+        "bytes": result.bytes,
+        "bytes_per_app": result.bytes / len(launchers),
+        "passes": result.passes,
+        "makespan": max(ends),
+    }
+    if task.workload == "W0":
+        oar_cc = sum(len(m.configs) * m.oar_passes for m in moldables)
+        oar_cpu = result.scheduling_cpu + sum(m.oar_passes * (m.enumeration_cpu or 0.0) for m in moldables)
+        msgs, size = oar_messages(result, launchers)
+        row.update({
+            "oar_computed_configurations": oar_cc,
+            "oar_cpu_s": oar_cpu,
+            "oar_messages": msgs,
+            "oar_bytes": size,
+            "oar_bytes_per_app": size / len(launchers),
+            "oar_mean_passes_waited": sum(m.oar_passes for m in moldables) / max(len(moldables), 1),
+            "enumeration_mismatches": sum(m.enumeration_mismatch for m in moldables),
+            "enumeration_cpu_s": sample,
+        })
+    return row
+
+
+def workers(n_tasks: int) -> int:
+    env = os.environ.get("COORM_EXPERIMENT_WORKERS")
+    n = int(env) if env else (os.cpu_count() or 1)
+    return max(1, min(n, n_tasks))
+
+
+def run_tasks(fn, tasks: list) -> list:
+    """``fn`` over ``tasks`` on a process pool (one process per core), results in task order."""
+    n = workers(len(tasks))
+    if n == 1:
+        return [fn(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(fn, tasks))
+
+
+# ======================================================================================================
+# the figure
+# ======================================================================================================
+COST = {"W2": 0, "W0": 1, "W1": 2, "W3": 3}  # most expensive first, for load balancing
+METRICS = (
+    ("computed_configurations", "computed configurations"),
+    ("sched_cpu_s", "scheduling CPU (s): cores + launchers"),
+    ("sim_cpu_s", "simulation CPU (s)"),
+    ("bytes", "total message size (bytes)"),
+    ("bytes_per_app", "message size per application (bytes)"),
+    ("messages", "messages"),
+)
+OAR_KEYS = {
+    "computed_configurations": "oar_computed_configurations",
+    "sched_cpu_s": "oar_cpu_s",
+    "sim_cpu_s": "oar_cpu_s",
+    "bytes": "oar_bytes",
+    "bytes_per_app": "oar_bytes_per_app",
+    "messages": "oar_messages",
+}
+
+
+def aggregate(runs: list[dict], clusters: Sequence[int]) -> list[dict]:
+    rows: list[dict] = []
+    series = [("OAR-SIM", "W0")] + [("CooRM", w) for w in WORKLOADS]
+    for system, w in series:
+        for nc in clusters:
+            sel = [r for r in runs if r["workload"] == w and r["clusters"] == nc]
+            if not sel:
+                continue
+            for metric, _ in METRICS:
+                key = OAR_KEYS[metric] if system == "OAR-SIM" else metric
+                q = quartiles([float(r[key]) for r in sel])
+                rows.append({"system": system, "workload": w, "clusters": nc, "metric": metric, **q,
+                             "mean": sum(float(r[key]) for r in sel) / len(sel), "packs": len(sel),
+                             "apps": sel[0]["apps"]})
+    return rows
+
+
+def plot(path: Path, rows: list[dict], jobs: int) -> None:
+    import matplotlib.pyplot as plt
+
+    panels = (("computed_configurations", "computed configurations"), ("sim_cpu_s", "simulation CPU time (s)"),
+              ("bytes", "total size of messages (bytes)"))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    series = [("OAR-SIM", "W0")] + [("CooRM", w) for w in WORKLOADS]
+    for ax, (metric, label) in zip(axes, panels, strict=True):
+        for i, (system, w) in enumerate(series):
+            pts = sorted((r for r in rows if r["system"] == system and r["workload"] == w and r["metric"] == metric),
+                         key=lambda r: r["clusters"])
+            if not pts:
+                continue
+            x = [r["clusters"] + (i - 2) * 0.08 for r in pts]
+            med = [r["median"] for r in pts]
+            ax.errorbar(x, med, yerr=[[m - r["min"] for m, r in zip(med, pts, strict=True)],
+                                      [r["max"] - m for m, r in zip(med, pts, strict=True)]],
+                        marker="o", ms=4, capsize=3, label=f"{system} {w}", linestyle="-" if system == "CooRM" else "--")
+            ax.fill_between(x, [r["q1"] for r in pts], [r["q3"] for r in pts], alpha=0.15)
+        ax.set_yscale("log")
+        ax.set_xlabel("clusters (nC)")
+        ax.set_title(label)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"CooRM Fig. 6: packs of {jobs} Atlas jobs (median, q1-q3 band, min-max bars)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(out: Path, quick: bool = False) -> list[dict]:
+    cfg = QUICK if quick else FULL
+    require_trace()
+    numbers = pack_numbers(cfg["packs"])
+    packs = {p: tuple(pack_jobs(p, cfg["jobs"])) for p in numbers}
+    # W3 (only CEM applications, all alike, one per second) does not depend on the pack: one run per nC
+    tasks = [Task(w, nc, p, packs[p]) for w in WORKLOADS for nc in cfg["clusters"]
+             for p in (numbers[:1] if w == "W3" else numbers)]
+    tasks.sort(key=lambda t: (COST[t.workload], -t.clusters, t.pack))
+    runs = run_tasks(run_one, tasks)
+    runs.sort(key=lambda r: (WORKLOADS.index(r["workload"]), r["clusters"], r["pack"]))
+    out = Path(out)
+    write_csv(out / f"{NAME}-runs.csv", runs)
+    rows = aggregate(runs, cfg["clusters"])
+    write_csv(out / f"{NAME}.csv", rows)
+    plot(out / f"{NAME}.png", rows, cfg["jobs"])
+    return rows

@@ -1,0 +1,159 @@
+"""The CooRMv2 experiments (Fig. 3/4, 9, 10, 11) in quick mode: each writes its CSV and PNG, and its
+quick result shows the paper's trend."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from experiments import coormv2_fig3_4, coormv2_fig9, coormv2_fig10, coormv2_fig11
+from experiments.coormv2_fig9 import simulate
+
+
+def _run(module, tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp(module.NAME)
+    rows = module.run(out, quick=True)
+    with (out / f"{module.NAME}.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert (out / f"{module.NAME}.png").stat().st_size > 0
+    return rows
+
+
+@pytest.fixture(scope="module")
+def fig3_4(tmp_path_factory):
+    return _run(coormv2_fig3_4, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fig9(tmp_path_factory):
+    return _run(coormv2_fig9, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fig10(tmp_path_factory):
+    return _run(coormv2_fig10, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fig11(tmp_path_factory):
+    return _run(coormv2_fig11, tmp_path_factory)
+
+
+def _by(rows, key, **match):
+    return {r[key]: r for r in rows if all(r[k] == v for k, v in match.items())}
+
+
+# ======================================================================================================
+# the scenario runner
+# ======================================================================================================
+def test_a_run_is_deterministic_and_ends_with_the_amr():
+    a = simulate(1, steps=80)
+    assert a == simulate(1, steps=80)
+    assert a["end_time"] == a["amr_end_time"]  # the PSA (background) does not keep the run going
+    assert a != simulate(2, steps=80)
+
+
+def test_what_the_allocator_gave_the_amr_is_what_it_counted_itself():
+    for kw in ({}, {"announce_interval": 200.0}, {"static": True, "overcommit": 1.5}):
+        r = simulate(3, steps=120, **kw)
+        # the AMR stops counting released nodes at its done; the allocator frees them at the next pass
+        assert r["amr_node_seconds"] <= r["amr_allocated"] <= 1.01 * r["amr_node_seconds"]
+        assert 0 < r["used_pct"] <= 100.0
+
+
+# ======================================================================================================
+# Fig. 3 and 4: the model alone
+# ======================================================================================================
+def test_fig3_static_ends_a_little_later_and_n_eq_exists_below_0_8(fig3_4):
+    f3 = _by(fig3_4, "target_efficiency", figure="fig3")
+    for target, r in f3.items():
+        if target < 0.8:
+            assert r["missing"] == 0
+            assert r["increase_pct_min"] >= 0.0
+    assert f3[0.85]["missing"] == f3[0.85]["profiles"]
+    assert f3[0.75]["increase_pct_max"] <= 2.5  # the paper: at most 2.5% (ours: for e >= 0.7, NOTES)
+    assert f3[0.5]["increase_pct_median"] <= 2.5
+    assert f3[0.3]["increase_pct_median"] > f3[0.5]["increase_pct_median"] > f3[0.75]["increase_pct_median"]
+
+
+def test_fig4_the_choice_narrows_then_vanishes_as_smax_grows(fig3_4):
+    f4 = _by(fig3_4, "smax_tib", figure="fig4")
+    small, paper, huge = f4[0.5], f4[3.16], f4[16.0]
+    assert small["memory_min_nodes"] < paper["memory_min_nodes"] < huge["memory_min_nodes"]
+    for r in (small, paper):
+        assert r["no_choice"] == 0 and r["safe_hi"] is not None
+        assert r["memory_min_nodes"] < r["max_nodes_min"] <= r["max_nodes_median"] <= r["max_nodes_max"]
+    assert (paper["max_nodes_median"] / paper["memory_min_nodes"]
+            < small["max_nodes_median"] / small["memory_min_nodes"])
+    assert huge["no_choice"] == huge["profiles"] and huge["safe_hi"] is None
+
+
+# ======================================================================================================
+# Fig. 9
+# ======================================================================================================
+def test_fig9_static_uses_more_as_overcommit_grows_dynamic_stays_flat(fig9):
+    assert all(r["failed_runs"] == 0 for r in fig9)
+    static = {k: r["amr_used_nh_median"] for k, r in _by(fig9, "overcommit", mode="static").items()}
+    dynamic = {k: r["amr_used_nh_median"] for k, r in _by(fig9, "overcommit", mode="dynamic").items()}
+    assert static[0.6] < static[1.0] < static[2.0]
+    assert static[2.0] > 1.2 * static[1.0]
+    assert dynamic[2.0] < 1.1 * dynamic[1.0]
+    for phi in (1.0, 2.0):
+        assert dynamic[phi] < static[phi]
+
+
+def test_fig9_psa_waste_grows_up_to_overcommit_1_and_stays_below_what_static_wastes(fig9):
+    static = _by(fig9, "overcommit", mode="static")
+    dynamic = _by(fig9, "overcommit", mode="dynamic")
+    assert all(r["psa_waste_nh_max"] == 0 for r in static.values())  # nothing to preempt: no kills
+    assert 0 < dynamic[0.6]["psa_waste_nh_median"] < dynamic[1.0]["psa_waste_nh_median"]
+    assert dynamic[2.0]["psa_waste_nh_median"] < (static[2.0]["amr_used_nh_median"]
+                                                  - dynamic[2.0]["amr_used_nh_median"])
+
+
+# ======================================================================================================
+# Fig. 10
+# ======================================================================================================
+def test_fig10_psa_waste_decreases_with_the_interval_and_is_zero_from_d_task(fig10):
+    assert all(r["failed_runs"] == 0 for r in fig10)
+    rows = _by(fig10, "announce_interval")
+    waste = [rows[i]["psa_waste_nh_median"] for i in sorted(rows)]
+    assert waste[0] > 0
+    assert all(a >= b for a, b in zip(waste, waste[1:], strict=False))
+    for interval, r in rows.items():
+        if interval >= r["d_task"]:
+            assert r["psa_waste_nh_max"] == 0
+    assert rows[300]["psa_waste_nh_median"] < rows[0]["psa_waste_nh_median"]
+
+
+def test_fig10_announcing_later_delays_the_amr(fig10):
+    rows = _by(fig10, "announce_interval")
+    assert rows[0]["amr_end_increase_pct_max"] == 0
+    inc = [rows[i]["amr_end_increase_pct_median"] for i in sorted(rows)]
+    assert all(a < b for a, b in zip(inc, inc[1:], strict=False))
+    for r in rows.values():
+        assert 50 < r["used_pct_median"] <= 100
+
+
+# ======================================================================================================
+# Fig. 11
+# ======================================================================================================
+def test_fig11_strict_splits_the_leftover_evenly_between_the_two_psas(fig11):
+    assert all(r["seeds"] >= 2 for r in fig11)  # a run a launcher's bug broke is left out (NOTES)
+    for interval, r in _by(fig11, "announce_interval", policy="strict").items():
+        p1, p2 = r["psa1_allocated_pct_median"], r["psa2_allocated_pct_median"]
+        assert p1 > 5 and p2 > 5, interval
+        assert math.isclose(p1, p2, rel_tol=0.1), interval
+        assert r["used_pct_median"] > r["amr_allocated_pct_median"] + 10  # the PSAs do fill
+
+
+@pytest.mark.xfail(strict=True, reason="the shipped PSA launcher never revises a waiting request that its "
+                   "view no longer holds: under filling both PSAs ask for the same freed nodes in one pass, "
+                   "neither update starts and both hold nothing from then on (NOTES_coormv2.md, Fig. 11)")
+def test_fig11_filling_uses_more_than_strict(fig11):
+    strict = _by(fig11, "announce_interval", policy="strict")
+    filling = _by(fig11, "announce_interval", policy="filling")
+    for interval in strict:
+        assert filling[interval]["used_pct_median"] > strict[interval]["used_pct_median"], interval
