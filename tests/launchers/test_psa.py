@@ -1,0 +1,79 @@
+"""The PSA launcher's decisions (CooRMv2 §V-A2), driven by hand with made-up views."""
+
+from __future__ import annotations
+
+from launchers.base import Done, Submit, Timer, Views
+from launchers.psa import PSALauncher
+from shared.stepfn import StepFunction
+
+
+def views(now: float, steps) -> Views:
+    return Views(now, {"c0": StepFunction.from_steps([(now, 0)])}, {"c0": StepFunction.from_steps(steps)})
+
+
+def started(psa: PSALauncher, now: float, nodes: int) -> list:
+    """Answer its request as the RMS would and return its commands."""
+    (rid,) = [c.requests[0].id for c in psa._last if isinstance(c, Submit)]
+    return psa.on_start(now, rid, tuple(f"n{i}" for i in range(nodes)))
+
+
+def ask(psa: PSALauncher, v: Views) -> list:
+    psa._last = psa.on_views(v)
+    return psa._last
+
+
+def test_asks_what_the_view_keeps_for_a_whole_task():
+    psa = PSALauncher("p", "c0", 600)
+    out = ask(psa, views(0, [(0, 10), (300, 4), (900, 8)]))  # 10 now, but only 4 for a whole 600 s task
+    (submit,) = [c for c in out if isinstance(c, Submit)]
+    assert submit.requests[0].nodes == 4 and submit.requests[0].type.value == "preemptible"
+    # no new view comes when an announced change happens: it wakes itself up when the view leaves 4
+    assert [c.at for c in out if isinstance(c, Timer)] == [900]
+
+
+def test_an_immediate_drop_kills_the_youngest_tasks_and_counts_the_waste():
+    psa = PSALauncher("p", "c0", 600)
+    ask(psa, views(0, [(0, 4)]))
+    started(psa, 0, 4)
+    psa.tasks["n0"] = 0.0
+    psa.tasks["n1"] = 50.0  # the youngest two: n1 and n3
+    psa.tasks["n3"] = 80.0
+    out = ask(psa, views(100, [(100, 2)]))
+    done = [c for c in out if isinstance(c, Done)][0]
+    assert set(done.released) == {"n3", "n1"}
+    assert psa.waste == (100 - 80) + (100 - 50) and psa.killed == 2
+    successor = [c for c in out if isinstance(c, Submit)][0].requests[0]
+    assert successor.nodes == 2 and successor.related_how.value == "NEXT" and successor.related_to == done.request
+
+
+def test_an_announced_drop_lets_tasks_finish_and_releases_their_nodes():
+    psa = PSALauncher("p", "c0", 600)
+    ask(psa, views(0, [(0, 4)]))
+    started(psa, 0, 4)
+    psa.views = views(500, [(500, 4), (1000, 1)])  # announced at 500: only 1 node from 1000 on
+    out = psa.on_timer(600, "tasks")
+    done = [c for c in out if isinstance(c, Done)][0]
+    assert len(done.released) == 3 and psa.waste == 0 and psa.completed == 4
+    assert len(psa.tasks) == 1  # one task restarted: the view keeps one node for its whole run
+
+
+def test_a_waiting_request_the_view_no_longer_holds_is_asked_again_smaller():
+    psa = PSALauncher("p", "c0", 60)
+    out = ask(psa, views(0, [(0, 10)]))
+    first = [c for c in out if isinstance(c, Submit)][0].requests[0]
+    out = psa.on_views(views(1, [(1, 5)]))  # another application asked too: our share is 5
+    assert [c.request for c in out if isinstance(c, Done)] == [first.id]
+    again = [c for c in out if isinstance(c, Submit)][0].requests[0]
+    assert again.nodes == 5
+
+
+def test_tasks_on_nodes_not_given_back_are_counted_lost():
+    psa = PSALauncher("p", "c0", 600)
+    ask(psa, views(0, [(0, 4)]))
+    started(psa, 0, 4)
+    out = ask(psa, views(100, [(100, 2)]))  # shrink to 2: all tasks are as old, n0 and n1 go
+    successor = [c for c in out if isinstance(c, Submit)][0].requests[0].id
+    psa.on_end(100, [c for c in out if isinstance(c, Done)][0].request, "done")
+    psa.on_start(130, successor, ("n2", "n9"))  # n3 was not carried over
+    assert "n3" not in psa.tasks and psa.tasks["n2"] == 0 and psa.tasks["n9"] == 130
+    assert psa.killed == 3  # two killed by the shrink, n3 lost on the way
