@@ -64,6 +64,11 @@ def figure(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, t
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    save(fig, path)
+
+
+def save(fig, path: Path) -> None:
+    """Write a finished figure as PNG and free it."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.common import quartiles, write_csv
+from experiments.common import quartiles, save, write_csv
 from experiments.coormv2_fig9 import HOUR, PSA1_TASK, over_seeds, series, stats_row
 
 NAME = "coormv2-fig10"
@@ -70,7 +70,4 @@ def _plot(path: Path, rows: list[dict]) -> None:
     axes[1].axvline(PSA1_TASK, color="grey", lw=0.8, ls=":")
     axes[0].set_title("CooRMv2 Fig. 10: announced updates, overcommit 1 (medians, q1-q3 bands)")
     axes[-1].set_xlabel("announce interval (s)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)

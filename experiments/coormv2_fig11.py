@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.common import write_csv
+from experiments.common import save, write_csv
 from experiments.coormv2_fig9 import HOUR, PSA1_TASK, over_seeds, stats_row
 
 NAME = "coormv2-fig11"
@@ -69,7 +69,4 @@ def _plot(path: Path, rows: list[dict]) -> None:
     ax.set_ylabel("used resources (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)

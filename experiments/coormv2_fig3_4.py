@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.common import quartiles, write_csv
+from experiments.common import quartiles, save, write_csv
 from launchers import amr_model as model
 
 NAME = "coormv2-fig3-4"
@@ -91,7 +91,4 @@ def _plot(path: Path, rows: list[dict]) -> None:
     for ax in (a3, a4):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)

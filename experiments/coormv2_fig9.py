@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.common import quartiles, write_csv
+from experiments.common import quartiles, save, write_csv
 from launchers.amr import AMRLauncher
 from launchers.psa import PSALauncher
 from services.policy_engine.core import PolicySettings
@@ -226,10 +226,7 @@ def _plot(path: Path, rows: list[dict]) -> None:
         ax.legend(fontsize=8)
     axes[0].set_title("CooRMv2 Fig. 9: spontaneous updates (medians, q1-q3 bands)")
     axes[1].set_xlabel("overcommit factor")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 __all__ = ["NAME", "RunFailed", "over_seeds", "run", "simulate"]
