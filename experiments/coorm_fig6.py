@@ -24,8 +24,8 @@ deterministic.
 
 Measured, per run, for CooRM:
 
-* ``computed_configurations``: the simulator's count -- the distinct inputs (views) on which a launcher ran its
-  selection (memoised), summed over moldable and CEM launchers; rigid launchers select nothing;
+* ``computed_configurations``: the simulator's count -- the distinct inputs (views) on which a launcher ran
+  its selection (memoised), summed over moldable and CEM launchers; rigid launchers select nothing;
 * ``sched_cpu_s``: the scheduling CPU the brief asks for, ``cores_cpu_s + launcher_cpu_s``: the policy and
   allocator cores (``Result.scheduling_cpu``) plus every launcher callback (``on_views``, ``on_timer``, ...,
   i.e. the resource selections), timed with ``time.process_time`` around each call;
@@ -68,7 +68,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.common import TRACE, quartiles, write_csv
+from experiments.common import TRACE, quartiles, save, write_csv
 from launchers.base import ClusterProps, Launcher
 from launchers.cem import CEMLauncher, paper_platform
 from launchers.moldable import SERIAL_FRACTION, MoldableLauncher, amdahl_seq_time, oar_configs
@@ -165,11 +165,13 @@ def build_workload(
             out.append(CEMLauncher(app))
         elif k in moldable:
             seq = amdahl_seq_time(nodes, job.runtime, SERIAL_FRACTION)
-            out.append(moldable_cls(app, None, oar_configs(clusters, seq, SERIAL_FRACTION, speeds=props.speed)))
+            configs = oar_configs(clusters, seq, SERIAL_FRACTION, speeds=props.speed)
+            out.append(moldable_cls(app, None, configs))
         else:
             c = where[k]
             s = props.speed_of(c)
-            out.append(RigidLauncher(app, c, nodes, max(math.ceil(job.walltime / s), 1), max(job.runtime / s, 1.0)))
+            walltime, runtime = max(math.ceil(job.walltime / s), 1), max(job.runtime / s, 1.0)
+            out.append(RigidLauncher(app, c, nodes, walltime, runtime))
     if workload == "W1":
         pos = n // 2 if cem_position is None else cem_position
         out.insert(pos, CEMLauncher("cem", adaptation_delay=cem_delay))
@@ -177,7 +179,8 @@ def build_workload(
 
 
 def new_simulation(props: ClusterProps, fair_start: float = FAIR_START) -> Simulation:
-    return Simulation(dict(props.nodes), PolicySettings(fair_start=fair_start, reschedule_interval=REPOLICY), props)
+    settings = PolicySettings(fair_start=fair_start, reschedule_interval=REPOLICY)
+    return Simulation(dict(props.nodes), settings, props)
 
 
 # ======================================================================================================
@@ -303,7 +306,8 @@ class Task:
 def run_one(task: Task) -> dict:
     _, props = platform(task.clusters)
     sim = new_simulation(props)
-    launchers = build_workload(task.jobs, props, task.workload, seed=task.pack, moldable_cls=OarTrackedMoldable)
+    launchers = build_workload(task.jobs, props, task.workload, seed=task.pack,
+                               moldable_cls=OarTrackedMoldable)
     clock = LauncherClock()
     for k, lau in enumerate(launchers):
         if isinstance(lau, OarTrackedMoldable):
@@ -411,13 +415,15 @@ def aggregate(runs: list[dict], clusters: Sequence[int]) -> list[dict]:
 def plot(path: Path, rows: list[dict], jobs: int) -> None:
     import matplotlib.pyplot as plt
 
-    panels = (("computed_configurations", "computed configurations"), ("sim_cpu_s", "simulation CPU time (s)"),
+    panels = (("computed_configurations", "computed configurations"),
+              ("sim_cpu_s", "simulation CPU time (s)"),
               ("bytes", "total size of messages (bytes)"))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     series = [("OAR-SIM", "W0")] + [("CooRM", w) for w in WORKLOADS]
     for ax, (metric, label) in zip(axes, panels, strict=True):
         for i, (system, w) in enumerate(series):
-            pts = sorted((r for r in rows if r["system"] == system and r["workload"] == w and r["metric"] == metric),
+            pts = sorted((r for r in rows
+                          if r["system"] == system and r["workload"] == w and r["metric"] == metric),
                          key=lambda r: r["clusters"])
             if not pts:
                 continue
@@ -425,7 +431,8 @@ def plot(path: Path, rows: list[dict], jobs: int) -> None:
             med = [r["median"] for r in pts]
             ax.errorbar(x, med, yerr=[[m - r["min"] for m, r in zip(med, pts, strict=True)],
                                       [r["max"] - m for m, r in zip(med, pts, strict=True)]],
-                        marker="o", ms=4, capsize=3, label=f"{system} {w}", linestyle="-" if system == "CooRM" else "--")
+                        marker="o", ms=4, capsize=3, label=f"{system} {w}",
+                        linestyle="-" if system == "CooRM" else "--")
             ax.fill_between(x, [r["q1"] for r in pts], [r["q3"] for r in pts], alpha=0.15)
         ax.set_yscale("log")
         ax.set_xlabel("clusters (nC)")
@@ -433,10 +440,7 @@ def plot(path: Path, rows: list[dict], jobs: int) -> None:
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"CooRM Fig. 6: packs of {jobs} Atlas jobs (median, q1-q3 band, min-max bars)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def run(out: Path, quick: bool = False) -> list[dict]:

@@ -11,7 +11,7 @@ PSA2 opens ``PSA2_DELAY`` seconds after PSA1. When both open at the same time, b
 preemptible capacity in the first pass (neither asks for anything yet, so neither counts as a sharer,
 under ``strict`` too), both ask for all of it, neither request fits the next view, and the shipped PSA
 launcher never revises a waiting request: both hold nothing for the whole run, under both policies (see
-NOTES_coormv2.md).
+EXPERIMENTS.md).
 """
 
 from __future__ import annotations

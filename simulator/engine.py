@@ -254,10 +254,13 @@ class Simulation:
         sent = self._sent.setdefault(app, {})
         changes: list[tuple[str, int]] = []
         np_views, p_views = {}, {}
+        t0 = time.process_time()  # views are the RMS's work (the view publisher's): count them
         for c in self.clusters:
             np_views[c] = schedule.np_view(app, c)
             if launcher.wants_preemptive:
                 p_views[c] = schedule.p_view(app, c)
+        self._cpu += time.process_time() - t0
+        for c in self.clusters:
             for kind, view in (("np", np_views[c]), ("p", p_views.get(c))):
                 if view is None:
                     continue

@@ -151,7 +151,7 @@ def test_fig11_strict_splits_the_leftover_evenly_between_the_two_psas(fig11):
 
 @pytest.mark.xfail(strict=True, reason="the shipped PSA launcher never revises a waiting request that its "
                    "view no longer holds: under filling both PSAs ask for the same freed nodes in one pass, "
-                   "neither update starts and both hold nothing from then on (NOTES_coormv2.md, Fig. 11)")
+                   "neither update starts and both hold nothing from then on (EXPERIMENTS.md, Fig. 11)")
 def test_fig11_filling_uses_more_than_strict(fig11):
     strict = _by(fig11, "announce_interval", policy="strict")
     filling = _by(fig11, "announce_interval", policy="filling")

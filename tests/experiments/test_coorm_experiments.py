@@ -1,0 +1,171 @@
+"""The CooRM experiments (Fig. 6 and Fig. 7) in quick mode: each writes its CSV and PNG, and its quick result
+shows the paper's trends. Skipped when the LLNL Atlas trace is not beside the repository."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from experiments import coorm_fig6, coorm_fig7
+from experiments.common import TRACE
+from launchers.cem import CEMLauncher, paper_platform
+from launchers.moldable import MoldableLauncher
+from launchers.rigid import RigidLauncher
+from simulator.trace import TraceJob
+
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"the LLNL Atlas trace is not at {TRACE}")
+
+
+def _read(path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _run(module, tmp_path_factory):
+    out = tmp_path_factory.mktemp(module.NAME)
+    returned = module.run(out, quick=True)
+    rows = _read(out / f"{module.NAME}.csv")  # what the figure shows, as strings
+    assert len(rows) == len(returned)
+    assert (out / f"{module.NAME}.png").stat().st_size > 0
+    runs = _read(out / f"{module.NAME}-runs.csv")
+    return rows, runs
+
+
+@pytest.fixture(scope="module")
+def fig6(tmp_path_factory):
+    return _run(coorm_fig6, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fig7(tmp_path_factory):
+    return _run(coorm_fig7, tmp_path_factory)
+
+
+def _point(rows, system, workload, clusters, metric) -> dict:
+    (r,) = [r for r in rows if (r["system"], r["workload"], r["clusters"], r["metric"])
+            == (system, workload, clusters, metric)]
+    return r
+
+
+# ======================================================================================================
+# without the trace
+# ======================================================================================================
+def test_a_missing_trace_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(coorm_fig6, "TRACE", tmp_path / "nowhere.swf.gz")
+    for module in (coorm_fig6, coorm_fig7):
+        with pytest.raises(FileNotFoundError, match="Atlas trace"):
+            module.run(tmp_path / "out", quick=True)
+    assert not (tmp_path / "out").exists()
+
+
+def _jobs(n: int) -> list[TraceJob]:
+    return [TraceJob(id=k, submit=0.0, runtime=100.0 + k, walltime=200.0 + k, nodes=1 + (k * 37) % 300)
+            for k in range(n)]
+
+
+def test_workloads_follow_section_iv_a():
+    props = paper_platform(4)
+    jobs = _jobs(200)
+    w0 = coorm_fig6.build_workload(jobs, props, "W0", seed=3)
+    assert len(w0) == 200
+    assert sum(isinstance(x, MoldableLauncher) for x in w0) == 40  # 20% simple-moldable
+    assert sum(isinstance(x, RigidLauncher) for x in w0) == 160
+    for lau in w0:
+        if isinstance(lau, MoldableLauncher):  # OAR's full enumeration: nC x (nH - 1)
+            assert len(lau.configs) == 4 * 127
+        else:
+            assert lau.nodes <= 128
+            speed = props.speed_of(lau.cluster)
+            job = jobs[int(lau.app[1:]) - 1]
+            assert lau.runtime == pytest.approx(max(job.runtime / speed, 1.0))
+    w1 = coorm_fig6.build_workload(jobs, props, "W1", seed=3)
+    assert len(w1) == 201 and isinstance(w1[100], CEMLauncher) and w1[100].app == "cem"
+    assert [x.app for x in w1[:100] + w1[101:]] == [x.app for x in w0]
+    w2 = coorm_fig6.build_workload(jobs, props, "W2", seed=3)
+    assert sum(isinstance(x, CEMLauncher) for x in w2) == 100
+    assert all(isinstance(x, CEMLauncher) for x in coorm_fig6.build_workload(jobs, props, "W3", seed=3))
+    # deterministic: the same draws for the same pack
+    again = coorm_fig6.build_workload(jobs, props, "W0", seed=3)
+    assert [(type(a), getattr(a, "cluster", None)) for a in again] == [(type(a), getattr(a, "cluster", None))
+                                                                        for a in w0]
+
+
+# ======================================================================================================
+# Fig. 6
+# ======================================================================================================
+@needs_trace
+def test_fig6_coorm_computes_far_fewer_configurations_than_oar(fig6):
+    rows, _ = fig6
+    for nc in coorm_fig6.QUICK["clusters"]:
+        oar = _point(rows, "OAR-SIM", "W0", str(nc), "computed_configurations")
+        coorm = _point(rows, "CooRM", "W0", str(nc), "computed_configurations")
+        assert 0 < float(coorm["max"]) * 100 < float(oar["min"]), (nc, coorm, oar)
+
+
+@needs_trace
+def test_fig6_oar_counts_the_whole_enumeration_at_every_pass(fig6):
+    _, runs = fig6
+    w0 = [r for r in runs if r["workload"] == "W0"]
+    assert w0
+    for r in w0:
+        per_job = int(r["clusters"]) * 127
+        assert int(r["oar_computed_configurations"]) % per_job == 0
+        # every moldable job is evaluated at least once, in at least one pass
+        assert int(r["oar_computed_configurations"]) >= per_job * int(r["moldable_apps"])
+        assert int(r["enumeration_mismatches"]) == 0  # the launcher's pruned choice is OAR's exhaustive one
+        assert int(r["moldable_apps"]) == round(0.2 * int(r["apps"]))
+
+
+@needs_trace
+def test_fig6_message_sizes_stay_well_under_the_papers(fig6):
+    rows, runs = fig6
+    for nc in coorm_fig6.QUICK["clusters"]:
+        assert float(_point(rows, "CooRM", "W0", str(nc), "bytes_per_app")["max"]) < 175_000
+        assert float(_point(rows, "CooRM", "W2", str(nc), "bytes_per_app")["max"]) < 300_000
+        # CooRM sends views, OAR-SIM does not: more data for CooRM (§IV-B)
+        assert (float(_point(rows, "CooRM", "W0", str(nc), "bytes")["median"])
+                > float(_point(rows, "OAR-SIM", "W0", str(nc), "bytes")["median"]))
+    for r in runs:
+        assert int(r["messages"]) > 0 and float(r["sim_cpu_s"]) > 0 and float(r["sched_cpu_s"]) > 0
+
+
+@needs_trace
+def test_fig6_workload_trends(fig6):
+    rows, _ = fig6
+    for nc in map(str, coorm_fig6.QUICK["clusters"]):
+        def med(w, metric, nc=nc):
+            return float(_point(rows, "CooRM", w, nc, metric)["median"])
+
+        # one CEM does not change much (W1 ~ W0); W2, half CEM, is the worst case; W3 packs well
+        assert med("W1", "computed_configurations") <= 2 * med("W0", "computed_configurations") + 50
+        assert med("W2", "computed_configurations") > med("W0", "computed_configurations")
+        assert med("W2", "bytes") > med("W0", "bytes")
+        assert med("W3", "computed_configurations") < med("W2", "computed_configurations")
+        apps = int(_point(rows, "CooRM", "W3", nc, "computed_configurations")["apps"])
+        assert med("W3", "computed_configurations") <= 1.25 * apps
+
+
+# ======================================================================================================
+# Fig. 7
+# ======================================================================================================
+@needs_trace
+def test_fig7_delay_below_fair_start_costs_about_nothing(fig7):
+    rows, runs = fig7
+    by = {float(r["delay"]): r for r in rows}
+    assert set(by) == {float(d) for d in coorm_fig7.QUICK["delays"]}
+    assert all(float(r["increase"]) == 0 for r in runs if float(r["delay"]) == 0)
+    short = by[2.0]
+    assert float(short["max"]) <= 30  # seconds, against CEM runs of 1000 s and more
+    assert float(short["frac_over_10min"]) == 0
+
+
+@needs_trace
+def test_fig7_delay_above_fair_start_hurts(fig7):
+    rows, _ = fig7
+    by = {float(r["delay"]): r for r in rows}
+    long, short = by[10.0], by[2.0]
+    assert float(long["mean"]) > float(short["mean"]) + 60
+    assert float(long["max"]) > 600  # some instance loses more than ten minutes
+    assert float(long["frac_delayed"]) > float(short["frac_delayed"])
+    assert float(long["median"]) >= float(short["median"])
