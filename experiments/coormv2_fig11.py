@@ -7,11 +7,9 @@ capacity is shared ``strict`` (each PSA sees the same share whatever the other a
 **percent of used resources** (as Fig. 10: allocated minus PSA waste over nodes x the AMR's end), with its
 quartiles in the CSV; the plot shows medians only, as the paper does.
 
-PSA2 opens ``PSA2_DELAY`` seconds after PSA1. When both open at the same time, both are shown the whole
-preemptible capacity in the first pass (neither asks for anything yet, so neither counts as a sharer,
-under ``strict`` too), both ask for all of it, neither request fits the next view, and the shipped PSA
-launcher never revises a waiting request: both hold nothing for the whole run, under both policies (see
-EXPERIMENTS.md).
+Both PSAs open at time 0. (Until the PSA launcher grew with an additional request instead of a NEXT
+update, both asked for the whole capacity in the first pass and locked each other out; PSA2 then opened
+5 s later. See EXPERIMENTS.md.)
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from experiments.coormv2_fig9 import HOUR, PSA1_TASK, over_seeds, stats_row
 NAME = "coormv2-fig11"
 
 PSA2_TASK = 60.0
-PSA2_DELAY = 5.0
+PSA2_DELAY = 0.0
 POLICIES = ("strict", "filling")
 
 FULL = dict(intervals=tuple(range(0, 1001, 50)), seeds=range(10), steps=1000)

@@ -1,7 +1,7 @@
 """Test-wide configuration: hypothesis profiles.
 
 ``ci`` (the default) runs every property test with 500 examples; ``HYPOTHESIS_PROFILE=dev`` picks a quick
-50-example run while iterating.
+50-example run while iterating; ``HYPOTHESIS_PROFILE=hunt`` (``HUNT_N`` examples) looks for rare bugs.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=False,
+    print_blob=True,  # a failure on a CI machine can be replayed here with @reproduce_failure
 )
 settings.register_profile(
     "dev",
@@ -23,5 +24,13 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=False,
+)
+# bug hunting: HYPOTHESIS_PROFILE=hunt HUNT_N=5000 pytest tests/core/test_properties.py
+settings.register_profile(
+    "hunt",
+    max_examples=int(os.environ.get("HUNT_N", "3000")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -562,15 +562,17 @@ class PolicyCore:
                     pred = self._running_predecessor(r)
                     kept = min(pred.nodes - len(pred.released), r.nodes) if pred else 0
                     need = r.nodes - kept
-                    if need > free[r.cluster]:
+                    # the predecessor's other nodes (released or surplus) are freed as it hands over, before
+                    # the successor takes new ones: the successor may use them (it would otherwise wait for
+                    # its own predecessor, which waits for it)
+                    surplus = pred.nodes - kept if pred else 0
+                    if need > free[r.cluster] + surplus:
                         if not r.blocked:
                             self._tell(r.id, "blocked", "nodes still held preemptibly")
                         r.blocked = True
                         free[r.cluster] -= min(need, max(free[r.cluster], 0))
                         continue
-                    free[r.cluster] -= need
-                    if pred is not None:
-                        free[r.cluster] += pred.nodes - kept
+                    free[r.cluster] += surplus - need
                 starts.append(self._start(r, stimulus))
         self._end_overdue()
         starts.extend(preemption.start_preemptible(self, schedule, free, stimulus))

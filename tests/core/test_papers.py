@@ -380,6 +380,27 @@ def test_next_chain_keeps_its_nodes_while_its_successor_waits_for_preemptible_ho
     assert d.started("s2").at == 105.0 and d.started("s2").carried == 4
 
 
+def test_an_update_that_releases_every_node_of_its_predecessor_takes_new_ones_from_those():
+    # found by the property tests: the predecessor, kept running until its successor starts, held the very
+    # nodes the successor needed, and the successor waited for it
+    d = Driver({"c0": 2}, reschedule_interval=0.5)
+    d.open(0.0, "a1")
+    d.open(0.0, "a2")
+    d.submit(0.0, "a2", rq("r1", "c0", 2, 1.0))
+    d.run_until(0.5)
+    both = d.nodes_of("r1")
+    d.submit(0.5, "a2", rq("r2", "c0", 1, 1.0, to="r1", how="NEXT"))
+    d.done(0.5, "a2", "r1", released=both)
+    d.submit(0.5, "a1", rq("P", "c0", 1, 120.0, type="pre-allocation"))
+    d.run_until(1.0)
+    assert d.started("r2").at == 1.0 and d.started("r2").carried == 0
+    assert d.ended("r1").reason == "done"
+    d.submit(1.0, "a1", rq("x", "c0", 1, 1.0))
+    d.run_until(1.5)
+    assert d.started("x").at == 1.5
+    assert set(d.nodes_of("r2")) | set(d.nodes_of("x")) == set(both)
+
+
 def test_a_preallocations_fair_start_hold_spares_the_nodes_a_successor_keeps():
     d = Driver({"c0": 3}, fair_start=5.0)
     d.open(0.0, "a1")

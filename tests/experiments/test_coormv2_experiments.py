@@ -149,11 +149,15 @@ def test_fig11_strict_splits_the_leftover_evenly_between_the_two_psas(fig11):
         assert r["used_pct_median"] > r["amr_allocated_pct_median"] + 10  # the PSAs do fill
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped PSA launcher never revises a waiting request that its "
-                   "view no longer holds: under filling both PSAs ask for the same freed nodes in one pass, "
-                   "neither update starts and both hold nothing from then on (EXPERIMENTS.md, Fig. 11)")
 def test_fig11_filling_uses_more_than_strict(fig11):
+    """PSA2 (60 s tasks) fills what PSA1 (600 s tasks) leaves of its share when the AMR announces its
+    updates; with spontaneous updates (interval 0) there is nothing PSA1 cannot use and the two are even."""
     strict = _by(fig11, "announce_interval", policy="strict")
     filling = _by(fig11, "announce_interval", policy="filling")
     for interval in strict:
-        assert filling[interval]["used_pct_median"] > strict[interval]["used_pct_median"], interval
+        s, f = strict[interval], filling[interval]
+        if interval == 0:
+            assert abs(f["used_pct_median"] - s["used_pct_median"]) < 0.5
+            continue
+        assert f["used_pct_median"] > s["used_pct_median"], interval
+        assert f["psa2_allocated_pct_median"] > s["psa2_allocated_pct_median"], interval
