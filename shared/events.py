@@ -103,6 +103,10 @@ class ErrorCode(StrEnum):
     BAD_RELATION = "bad_relation"
     BAD_RELEASE = "bad_release"
     ENDED = "ended"
+    BAD_MESSAGE = "bad_message"  # not JSON, or not the subject's message (wrong fields or types)
+    BAD_TOKEN = "bad_token"  # the session token does not match the application
+    NOT_OWNER = "not_owner"  # a launch on a node the application's request does not hold now
+    UNAVAILABLE = "unavailable"  # the service cannot take it now (no leader yet): retry
 
 
 class EndReason(StrEnum):

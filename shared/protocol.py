@@ -171,8 +171,30 @@ class LaunchReply(_Msg):
 
 
 class KillMsg(_Msg):
+    """Kill the request's processes on the node (TERM, then KILL after ``grace``); the node no longer
+    belongs to the request."""
+
     request: Identifier
     grace: float = Field(default=5.0, ge=0)
+    reason: str = ""
+
+
+class KillReply(_Msg):
+    ok: Literal[True] = True
+    killed: list[int] = Field(default_factory=list)
+
+
+class NodeAssign(_Msg):
+    """The node now belongs to ``request`` of ``app`` until ``end`` (wall-clock seconds; None: no end).
+    Only a launch carrying the token whose SHA-256 is ``token_sha256`` may start processes on it. Processes
+    the same application started under ``previous`` (a NEXT predecessor) go on under ``request``."""
+
+    app: Identifier
+    request: Identifier
+    nodes: list[Identifier] = Field(min_length=1)
+    token_sha256: str = Field(min_length=64, max_length=64)
+    end: float | None = None
+    previous: Identifier | None = None
 
 
 class NodeInfo(_Msg):
@@ -194,16 +216,59 @@ class AgentHeartbeat(_Msg):
 
 
 class ProcessExited(_Msg):
+    """``code``: the exit status, or minus the signal that ended it (as Python's ``returncode``)."""
+
     node: Identifier
+    app: Identifier
     request: Identifier
     pid: int
     code: int
+    killed: bool = False  # the agent killed it (told to, or the allocation's end passed)
+
+
+class ProcessOutput(_Msg):
+    node: Identifier
+    request: Identifier
+    pid: int
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+class LifecycleKind(StrEnum):
+    SESSION_OPENED = "session_opened"
+    SUBMITTED = "submitted"
+    STARTED = "started"
+    ENDED = "ended"
+    PREEMPTION = "preemption"  # told to release preemptible nodes (a deadline)
+    SESSION_ENDED = "session_ended"
+
+
+class Lifecycle(_Msg):
+    """One step of an allocation's (or a session's) life, published by the policy engine on the durable
+    JetStream stream for accounting. ``at`` is wall-clock seconds; ``nodes`` the request's size; for
+    ``ended``, ``started_at`` and ``reason`` (an :class:`EndReason` value); for ``preemption`` the number of
+    nodes the application may keep (``allowed``) and its ``deadline``."""
+
+    kind: LifecycleKind
+    at: float
+    app: Identifier
+    user: str = ""
+    app_kind: str = ""
+    request: Identifier | None = None
+    type: str | None = None
+    cluster: Identifier | None = None
+    nodes: int = 0
+    submitted_at: float | None = None
+    started_at: float | None = None
+    reason: str | None = None
+    allowed: int | None = None
+    deadline: float | None = None
 
 
 WIRE_MODELS: tuple[type[BaseModel], ...] = (
     SessionOpen, SessionOpenReply, ClustersInfoReply, InterClusterInfoReply, RequestMsg, DoneMsg, CloseMsg,
     HeartbeatMsg, Ack, ErrorReply, ChangeNotify, StartNotify, KillNotify, LaunchMsg, LaunchReply, KillMsg,
-    AgentRegister, AgentHeartbeat, ProcessExited,
+    KillReply, NodeAssign, AgentRegister, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
 )
 
 

@@ -39,6 +39,15 @@ def notify_kill(app: str) -> str:
     return f"{PREFIX}.app.{app}.notify.kill"
 
 
+# agent -> launcher: what its processes print, and how they ended
+def app_output(app: str, request: str) -> str:
+    return f"{PREFIX}.app.{app}.output.{request}"
+
+
+def app_exited(app: str) -> str:
+    return f"{PREFIX}.app.{app}.exited"
+
+
 # launcher or allocator -> agent (request/reply)
 def node_launch(node: str) -> str:
     return f"{PREFIX}.node.{node}.launch"
@@ -48,10 +57,16 @@ def node_kill(node: str) -> str:
     return f"{PREFIX}.node.{node}.kill"
 
 
+def node_assign(node: str) -> str:
+    """allocator -> agent: the node now belongs to this request (who may launch, until when)."""
+    return f"{PREFIX}.node.{node}.assign"
+
+
 # agent -> RMS
 AGENT_REGISTER = f"{PREFIX}.agent.register"
 AGENT_HEARTBEAT = f"{PREFIX}.agent.heartbeat"
 AGENT_EXITED = f"{PREFIX}.agent.exited"
+AGENT_HELLO = f"{PREFIX}.agent.hello"  # allocator -> every agent: (re-)register now (it restarted)
 
 # service <-> service
 SCHEDULE_EPOCH = f"{PREFIX}.internal.schedule"

@@ -1,0 +1,90 @@
+"""NATS helpers shared by every process: pydantic models in and out, and the rule that a request always
+gets a reply -- an :class:`~shared.protocol.Ack` (or the subject's own reply model) or an
+:class:`~shared.protocol.ErrorReply` with a code and a readable message, never silence."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import nats
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from pydantic import BaseModel, ValidationError
+
+from shared.events import ErrorCode
+from shared.protocol import ErrorBody, ErrorReply
+
+log = structlog.get_logger("coorm.bus")
+M = TypeVar("M", bound=BaseModel)
+
+
+class WireError(Exception):
+    """A request refused with a protocol error code."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code.value}: {message}")
+        self.code = code
+        self.message = message
+
+    def reply(self) -> ErrorReply:
+        return ErrorReply(error=ErrorBody(code=self.code, message=self.message))
+
+
+async def connect(url: str, name: str) -> NATS:
+    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                              allow_reconnect=True)
+
+
+def encode(model: BaseModel) -> bytes:
+    return model.model_dump_json().encode()
+
+
+def decode(data: bytes, model: type[M]) -> M:
+    """Parse a message, turning every way it can be wrong into a :class:`WireError` that says why."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WireError(ErrorCode.BAD_MESSAGE, f"not JSON: {e}") from None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or '(message)'}: {err['msg']}" for err in e.errors()[:5]
+        )
+        raise WireError(ErrorCode.BAD_MESSAGE, f"not a valid {model.__name__}: {problems}") from None
+
+
+Handler = Callable[[M, Msg], Awaitable[BaseModel | None]]
+
+
+async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, queue: str = ""):
+    """Subscribe ``handler`` to ``subject``: it gets the parsed message and returns the reply model (or None
+    for a publish that expects no reply). A :class:`WireError` becomes an ``ErrorReply``; any other
+    exception too (code ``unavailable``), logged, so that the caller never waits for nothing."""
+
+    async def on_msg(msg: Msg) -> None:
+        try:
+            parsed = decode(msg.data, model)
+            out = await handler(parsed, msg)
+        except WireError as e:
+            out = e.reply()
+        except Exception as e:  # noqa: BLE001 - a reply must go out whatever went wrong
+            log.exception("handler failed", subject=msg.subject)
+            out = WireError(ErrorCode.UNAVAILABLE, f"internal error: {type(e).__name__}: {e}").reply()
+        if msg.reply and out is not None:
+            await msg.respond(encode(out))
+
+    return await nc.subscribe(subject, queue=queue, cb=on_msg)
+
+
+async def call(nc: NATS, subject: str, message: BaseModel, reply: type[M], *, timeout: float = 5.0) -> M:
+    """Request/reply: the parsed reply, or :class:`WireError` if the other side refused."""
+    msg = await nc.request(subject, encode(message), timeout=timeout)
+    raw = json.loads(msg.data)
+    if isinstance(raw, dict) and raw.get("ok") is False:
+        err = ErrorReply.model_validate(raw).error
+        raise WireError(err.code, err.message)
+    return reply.model_validate(raw)

