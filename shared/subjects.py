@@ -44,6 +44,10 @@ def app_output(app: str, request: str) -> str:
     return f"{PREFIX}.app.{app}.output.{request}"
 
 
+def app_output_any(app: str) -> str:
+    return f"{PREFIX}.app.{app}.output.>"
+
+
 def app_exited(app: str) -> str:
     return f"{PREFIX}.app.{app}.exited"
 
@@ -69,8 +73,21 @@ AGENT_EXITED = f"{PREFIX}.agent.exited"
 AGENT_HELLO = f"{PREFIX}.agent.hello"  # allocator -> every agent: (re-)register now (it restarted)
 
 # service <-> service
-SCHEDULE_EPOCH = f"{PREFIX}.internal.schedule"
-DECISIONS = f"{PREFIX}.internal.decisions"
-CAPACITY = f"{PREFIX}.internal.capacity"
+SCHEDULE_EPOCH = f"{PREFIX}.internal.schedule"  # policy engine -> view publisher: ViewsEpoch
+VIEWS_QUERY = f"{PREFIX}.internal.views"  # view publisher -> policy engine, reply: ViewsEpoch (full)
+DECISIONS = f"{PREFIX}.internal.decisions"  # policy engine -> node allocator (durable stream below)
+DECISIONS_STREAM = "COORM_DECISIONS"
+NODES_EVENT = f"{PREFIX}.internal.nodes"  # node allocator -> policy engine, reply: Ack
 LIFECYCLE = f"{PREFIX}.lifecycle"  # captured by the durable JetStream stream below
 LIFECYCLE_STREAM = "COORM_LIFECYCLE"
+
+# wildcards the policy engine serves (one subscription for every application)
+APP_REQUEST_ANY = f"{PREFIX}.app.*.request"
+APP_DONE_ANY = f"{PREFIX}.app.*.done"
+APP_CLOSE_ANY = f"{PREFIX}.app.*.close"
+APP_HEARTBEAT_ANY = f"{PREFIX}.app.*.heartbeat"
+
+
+def app_of(subject: str) -> str:
+    """The application id in ``coorm.v1.app.<app>.<verb>``."""
+    return subject.split(".")[3]

@@ -1,0 +1,174 @@
+"""Running a launcher decision object live: the same objects the simulator drives, over a real
+:class:`~launchers.sdk.Session`, in wall-clock time.
+
+The runner feeds the launcher what the RMS says (views, starts, ends) and its own timers, one at a time,
+and carries out its commands (requests, ``done``, close, timers). With a ``command`` it also starts the
+application's processes: one on every node each request gets (a NEXT successor's kept nodes go on running
+what they ran). For the kinds whose work *is* the command (rigid, moldable, CEM), the application is done
+when every process it started has exited, and the runner's exit code is the first non-zero one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from launchers.base import Close, Command, Done, Launcher, Submit, Timer
+from launchers.sdk import Exited, Killed, Session, Started, ViewsChanged
+from shared import bus
+from shared.events import ErrorCode
+from shared.protocol import ProcessOutput
+
+log = structlog.get_logger("coorm.launcher")
+
+
+@dataclass
+class RunResult:
+    app: str
+    exit_code: int
+    started: float | None = None
+    ended: float | None = None
+    end_reason: str | None = None
+    processes: int = 0
+    notifications: int = 0
+    notification_bytes: int = 0
+    refused: list[str] = field(default_factory=list)
+
+
+class LiveRunner:
+    def __init__(self, session: Session, launcher: Launcher, *, command: list[str] | None = None,
+                 command_ends_work: bool = False, on_output: Callable[[ProcessOutput], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.s = session
+        self.launcher = launcher
+        self.command = command
+        self.command_ends_work = command_ends_work
+        self.on_output = on_output
+        self.clock = clock
+        self.result = RunResult(app=session.app, exit_code=0)
+        self._inbox: asyncio.Queue = asyncio.Queue()
+        self._timers: set[asyncio.Task] = set()
+        self._running_procs = 0
+        self._launched_any = False
+
+    async def run(self) -> RunResult:
+        pump = asyncio.create_task(self._pump())
+        outs = asyncio.create_task(self._outputs()) if self.on_output else None
+        try:
+            props = await self.s.cluster_props()
+            await self._execute(self.launcher.on_open(self.clock(), props))
+            while not self.launcher.finished:
+                item = await self._inbox.get()
+                await self._handle(item)
+        finally:
+            for t in [pump, outs, *self._timers]:
+                if t is not None:
+                    t.cancel()
+            for t in [pump, outs, *self._timers]:
+                if t is not None:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+            await self.s.close()
+        self.result.ended = self.result.ended or self.clock()
+        self.result.notifications = self.s.stats.notifications
+        self.result.notification_bytes = self.s.stats.notification_bytes
+        return self.result
+
+    # -- inputs, one at a time ------------------------------------------------------------------------
+    async def _pump(self) -> None:
+        async for ev in self.s.events():
+            self._inbox.put_nowait(ev)
+
+    async def _outputs(self) -> None:
+        q: asyncio.Queue = self.s.all_output()
+        while True:
+            self.on_output(await q.get())
+
+    async def _handle(self, item) -> None:
+        now = self.clock()
+        lz = self.launcher
+        if isinstance(item, ViewsChanged):
+            await self._execute(lz.on_views(item.views))
+        elif isinstance(item, Started):
+            if self.result.started is None and item.nodes:
+                self.result.started = now
+            await self._execute(lz.on_start(now, item.request, item.nodes))
+            if self.command and not lz.finished:
+                await self._launch(item)
+        elif isinstance(item, Killed):
+            if item.reason not in ("done", "next", "cancelled"):
+                self.result.end_reason = item.reason
+            await self._execute(lz.on_end(now, item.request, item.reason))
+        elif isinstance(item, Exited):
+            self._running_procs -= 1
+            if item.code != 0 and self.result.exit_code == 0:
+                self.result.exit_code = item.code if item.code > 0 else 128 - item.code
+            if self.command_ends_work and self._running_procs <= 0 and self._launched_any:
+                await self._execute(self._work_done())
+        elif isinstance(item, tuple) and item[0] == "timer":
+            await self._execute(lz.on_timer(now, item[1]))
+
+    def _work_done(self) -> list[Command]:
+        """Every process ended: the application's work is over."""
+        lz = self.launcher
+        self.result.ended = self.clock()
+        out: list[Command] = [lz.finish(r) for r in list(lz.running)]
+        out += [lz.cancel(r) for r in list(lz.waiting)]
+        return out + lz.close()
+
+    async def _launch(self, st: Started) -> None:
+        for node in st.nodes:
+            if node in st.kept:
+                continue
+            try:
+                pids = await self.s.launch(st.request, node, self.command)
+            except bus.WireError as e:
+                log.warning("launch refused", node=node, request=st.request, error=str(e))
+                self.result.refused.append(f"launch on {node}: {e}")
+                if self.result.exit_code == 0:
+                    self.result.exit_code = 1
+                continue
+            self._running_procs += len(pids)
+            self.result.processes += len(pids)
+            self._launched_any = True
+
+    # -- outputs --------------------------------------------------------------------------------------
+    async def _execute(self, commands: list[Command]) -> None:
+        for c in commands:
+            if isinstance(c, Submit):
+                try:
+                    await self.s.request(*c.requests)
+                except bus.WireError as e:
+                    # the RMS refused: the application cannot go on as it planned
+                    log.error("request refused", error=str(e))
+                    self.result.refused.append(str(e))
+                    self.result.exit_code = self.result.exit_code or 2
+                    self.launcher.finished = True
+                    return
+            elif isinstance(c, Done):
+                try:
+                    await self.s.done(c.request, c.released)
+                except bus.WireError as e:
+                    if e.code is not ErrorCode.ENDED:  # it ended on its own meanwhile: nothing to do
+                        log.warning("done refused", request=c.request, error=str(e))
+                        self.result.refused.append(str(e))
+            elif isinstance(c, Close):
+                self.result.ended = self.result.ended or self.clock()
+                await self.s.close()
+            elif isinstance(c, Timer):
+                self._arm(c)
+
+    def _arm(self, timer: Timer) -> None:
+        async def fire() -> None:
+            delay = timer.at - self.clock()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the launcher asked to be called back at this time
+            self._inbox.put_nowait(("timer", timer.key))
+
+        task = asyncio.create_task(fire())
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)

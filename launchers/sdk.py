@@ -1,0 +1,408 @@
+"""The launcher SDK: the application side of the CooRM protocol over NATS (DESIGN §3).
+
+An asyncio :class:`Session` opens a session with a resource filter, reads cluster information, keeps the
+application's latest views (one non-preemptive and one preemptive step function per cluster), sends
+requests, updates and ``done``, launches processes on granted nodes through their agents, and delivers
+what the RMS says -- new views, starts, kills, process exits -- as :class:`Event` objects on
+:meth:`Session.events`. It heartbeats by itself. :class:`SyncSession` wraps it for scripts.
+
+Example (a rigid job of two nodes)::
+
+    async with await Session.open(kind="rigid") as s:
+        (rid,) = await s.request(RequestSpec(id="job", cluster="c0", nodes=2, duration=600))
+        start = await s.wait_start(rid)
+        for node in start.nodes:
+            await s.launch(rid, node, ["hostname"])
+        codes = await s.wait_exits(rid, len(start.nodes))
+        await s.done(rid)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+
+from launchers.base import ClusterProps, Views
+from shared import bus, subjects
+from shared.protocol import (
+    Ack,
+    ChangeNotify,
+    ChangeType,
+    CloseMsg,
+    ClustersInfoReply,
+    DoneMsg,
+    Filter,
+    HeartbeatMsg,
+    InfoQuery,
+    InterClusterInfoReply,
+    KillNotify,
+    LaunchMsg,
+    LaunchReply,
+    ProcessExited,
+    ProcessOutput,
+    RequestMsg,
+    SessionOpen,
+    SessionOpenReply,
+    StartNotify,
+)
+from shared.requests import RequestSpec, RequestType
+from shared.settings import Settings
+from shared.stepfn import StepFunction
+
+
+# -- what the RMS tells the application -----------------------------------------------------------
+@dataclass(frozen=True)
+class ViewsChanged:
+    views: Views
+    epoch: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Started:
+    request: str
+    cluster: str
+    nodes: tuple[str, ...]
+    kept: tuple[str, ...]
+    end: float | None
+
+
+@dataclass(frozen=True)
+class Killed:
+    request: str
+    reason: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Exited:
+    request: str
+    node: str
+    pid: int
+    code: int
+    killed: bool
+
+
+Event = ViewsChanged | Started | Killed | Exited
+
+
+@dataclass
+class _Stats:
+    notifications: int = 0
+    notification_bytes: int = 0
+    messages_sent: int = 0
+
+
+@dataclass
+class Session:
+    """One application's session. Create with :meth:`open`."""
+
+    nc: object
+    reply: SessionOpenReply
+    settings: Settings
+    own_connection: bool = True
+    np: dict[str, StepFunction] = field(default_factory=dict)
+    p: dict[str, StepFunction] = field(default_factory=dict)
+    now: float = 0.0
+    epoch: int = -1
+    stats: _Stats = field(default_factory=_Stats)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._subs: list = []
+        self._heartbeat: asyncio.Task | None = None
+        self._started: dict[str, Started] = {}
+        self._start_waiters: dict[str, list[asyncio.Future]] = {}
+        self._exits: dict[str, list[Exited]] = {}
+        self._exit_cond = asyncio.Condition()
+        self._outputs: dict[str, asyncio.Queue] = {}
+        self._all_output: asyncio.Queue | None = None
+
+    # ============================================================================================
+    # opening and closing
+    # ============================================================================================
+    @classmethod
+    async def open(cls, settings: Settings | None = None, *, clusters: list[str] | None = None, user: str = "",
+                   name: str = "", kind: str = "", nc=None) -> Session:
+        """``subscribe``: open a session; the RMS answers with the application id and its subjects."""
+        settings = settings or Settings()
+        own = nc is None
+        if nc is None:
+            nc = await bus.connect(settings.nats_url, f"launcher-{kind or 'app'}")
+        msg = SessionOpen(filter=Filter(clusters=clusters), user=user or _whoami(), name=name, kind=kind)
+        reply = await _call_retrying(nc, subjects.SESSION_OPEN, msg, SessionOpenReply)
+        self = cls(nc=nc, reply=reply, settings=settings, own_connection=own)
+        await self._subscribe()
+        self._heartbeat = asyncio.create_task(self._beat())
+        return self
+
+    async def _subscribe(self) -> None:
+        s = self.reply.subjects
+        self._subs = [
+            await self.nc.subscribe(s.change, cb=self._on_change),
+            await self.nc.subscribe(s.start, cb=self._on_start),
+            await self.nc.subscribe(s.kill, cb=self._on_kill),
+            await self.nc.subscribe(subjects.app_exited(self.app), cb=self._on_exit),
+            await self.nc.subscribe(subjects.app_output_any(self.app), cb=self._on_output),
+        ]
+        await self.nc.flush()
+
+    async def close(self) -> None:
+        """End the session: the RMS cancels what waits and ends what runs."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._heartbeat:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        with contextlib.suppress(Exception):
+            await self._call(self.reply.subjects.close, CloseMsg(token=self.token), Ack)
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if self.own_connection:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def app(self) -> str:
+        return self.reply.app
+
+    @property
+    def token(self) -> str:
+        return self.reply.token
+
+    # ============================================================================================
+    # information
+    # ============================================================================================
+    async def clusters_info(self) -> ClustersInfoReply:
+        """``listClustersInfo``."""
+        return await self._call(subjects.CLUSTERS_INFO, InfoQuery(), ClustersInfoReply)
+
+    async def inter_cluster_info(self) -> InterClusterInfoReply:
+        """``listInterClusterInfo``."""
+        return await self._call(subjects.CLUSTERS_INTERINFO, InfoQuery(), InterClusterInfoReply)
+
+    async def cluster_props(self) -> ClusterProps:
+        """Both, in the form the launcher decision objects take."""
+        info, inter = await self.clusters_info(), await self.inter_cluster_info()
+        return ClusterProps(
+            nodes={c.id: c.nodes for c in info.clusters},
+            speed={c.id: c.speed for c in info.clusters},
+            latency_ms={(lk.a, lk.b): lk.latency_ms for lk in inter.links},
+            bandwidth_mbps={(lk.a, lk.b): lk.bandwidth_mbps for lk in inter.links},
+        )
+
+    @property
+    def views(self) -> Views:
+        return Views(self.now, dict(self.np), dict(self.p))
+
+    async def wait_views(self, timeout: float = 10.0) -> Views:
+        """The views, once the first ``changeNotify`` has arrived."""
+        async with self._exit_cond:
+            await asyncio.wait_for(self._exit_cond.wait_for(lambda: self.epoch >= 0), timeout)
+        return self.views
+
+    # ============================================================================================
+    # requests
+    # ============================================================================================
+    async def request(self, *specs: RequestSpec) -> list[str]:
+        """``request``: one batch, accepted or refused as a whole (:class:`~shared.bus.WireError`)."""
+        ack = await self._call(self.reply.subjects.request, RequestMsg(token=self.token, requests=list(specs)), Ack)
+        return ack.requests
+
+    async def done(self, request: str, released: Iterable[str] = ()) -> None:
+        """``done``: end a running request (releasing ``released`` node IDs if a NEXT successor keeps the
+        rest) or cancel one not started yet."""
+        await self._call(self.reply.subjects.done, DoneMsg(token=self.token, request=request,
+                                                           released=list(released)), Ack)
+
+    async def update(self, current: str, new: RequestSpec, released: Iterable[str] = ()) -> str:
+        """Spontaneous update (CooRMv2 §III-A3): ``request(new NEXT current)`` then ``done(current)``."""
+        spec = new.model_copy(update={"related_to": current, "related_how": "NEXT"})
+        await self.request(spec)
+        await self.done(current, released)
+        return spec.id
+
+    async def announce(self, current: str, nodes: int, delta: float, new: RequestSpec) -> tuple[str, str]:
+        """Announced update after ``delta`` seconds: ``request(n_current, delta, NEXT current)``,
+        ``request(new NEXT that)``, ``done(current)``. Returns the bridge's and the new request's ids."""
+        cur = self._started.get(current)
+        cluster = cur.cluster if cur else new.cluster
+        bridge = RequestSpec(id=f"{new.id}-bridge", type=RequestType.NON_PREEMPTIBLE, cluster=cluster, nodes=nodes,
+                             duration=delta, related_to=current, related_how="NEXT")
+        spec = new.model_copy(update={"related_to": bridge.id, "related_how": "NEXT"})
+        await self.request(bridge, spec)
+        await self.done(current)
+        return bridge.id, spec.id
+
+    async def wait_start(self, request: str, timeout: float | None = None) -> Started:
+        if request in self._started:
+            return self._started[request]
+        fut = asyncio.get_running_loop().create_future()
+        self._start_waiters.setdefault(request, []).append(fut)
+        return await asyncio.wait_for(fut, timeout)
+
+    # ============================================================================================
+    # processes
+    # ============================================================================================
+    async def launch(self, request: str, node: str, argv: list[str], env: dict[str, str] | None = None,
+                     cwd: str | None = None) -> list[int]:
+        """Start ``argv`` on ``node`` (which ``request`` must hold) through the node's agent."""
+        msg = LaunchMsg(token=self.token, app=self.app, request=request, argv=argv, env=env or {}, cwd=cwd)
+        return (await self._call(subjects.node_launch(node), msg, LaunchReply)).pids
+
+    async def wait_exits(self, request: str, count: int, timeout: float | None = None) -> list[Exited]:
+        """The first ``count`` process exits of ``request``."""
+        async with self._exit_cond:
+            await asyncio.wait_for(
+                self._exit_cond.wait_for(lambda: len(self._exits.get(request, ())) >= count), timeout)
+            return list(self._exits[request][:count])
+
+    def output(self, request: str) -> AsyncIterator[ProcessOutput]:
+        """What the request's processes print, as it comes (subscribe before launching)."""
+        q = self._outputs.setdefault(request, asyncio.Queue())
+
+        async def it():
+            while True:
+                yield await q.get()
+
+        return it()
+
+    def all_output(self) -> asyncio.Queue:
+        """Every process's output, whatever its request (from now on, instead of :meth:`output`)."""
+        if self._all_output is None:
+            self._all_output = asyncio.Queue()
+        return self._all_output
+
+    # ============================================================================================
+    # notifications
+    # ============================================================================================
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            yield await self._events.get()
+
+    async def next_event(self, timeout: float | None = None) -> Event:
+        return await asyncio.wait_for(self._events.get(), timeout)
+
+    async def _on_change(self, msg) -> None:
+        note = ChangeNotify.model_validate_json(msg.data)
+        if note.epoch < self.epoch:
+            return  # an older schedule than the one we hold
+        for ch in note.changes:
+            if ch.cap is None:
+                continue
+            fn = StepFunction.from_wire(ch.cap)
+            (self.np if ch.type is ChangeType.NON_PREEMPTIVE else self.p)[ch.cluster] = fn
+        self.now, self.epoch = note.now, note.epoch
+        self.stats.notifications += 1
+        self.stats.notification_bytes += len(msg.data)
+        self._events.put_nowait(ViewsChanged(self.views, note.epoch, len(msg.data)))
+        async with self._exit_cond:
+            self._exit_cond.notify_all()
+
+    async def _on_start(self, msg) -> None:
+        note = StartNotify.model_validate_json(msg.data)
+        ev = Started(note.request, note.cluster, tuple(note.nodes), tuple(note.kept), note.end)
+        self._started[note.request] = ev
+        self.stats.notifications += 1
+        self.stats.notification_bytes += len(msg.data)
+        for fut in self._start_waiters.pop(note.request, []):
+            if not fut.done():
+                fut.set_result(ev)
+        self._events.put_nowait(ev)
+
+    async def _on_kill(self, msg) -> None:
+        note = KillNotify.model_validate_json(msg.data)
+        self.stats.notifications += 1
+        self.stats.notification_bytes += len(msg.data)
+        self._events.put_nowait(Killed(note.request, note.reason.value, tuple(note.nodes)))
+
+    async def _on_exit(self, msg) -> None:
+        note = ProcessExited.model_validate_json(msg.data)
+        ev = Exited(note.request, note.node, note.pid, note.code, note.killed)
+        async with self._exit_cond:
+            self._exits.setdefault(note.request, []).append(ev)
+            self._exit_cond.notify_all()
+        self._events.put_nowait(ev)
+
+    async def _on_output(self, msg) -> None:
+        out = ProcessOutput.model_validate_json(msg.data)
+        if self._all_output is not None:
+            self._all_output.put_nowait(out)
+        else:
+            self._outputs.setdefault(out.request, asyncio.Queue()).put_nowait(out)
+
+    # ============================================================================================
+    # plumbing
+    # ============================================================================================
+    async def _call(self, subject: str, message, reply):
+        self.stats.messages_sent += 1
+        return await _call_retrying(self.nc, subject, message, reply)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.reply.heartbeat_interval)  # the heartbeat's period
+            with contextlib.suppress(Exception):
+                await _call_retrying(self.nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
+                                     attempts=1)
+
+
+async def _call_retrying(nc, subject: str, message, reply, *, attempts: int = 20, timeout: float = 5.0):
+    """Request/reply that rides over a policy engine take-over (no responders for a moment)."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    delay = 0.05
+    for i in range(attempts):
+        try:
+            return await bus.call(nc, subject, message, reply, timeout=timeout)
+        except (NoRespondersError, NatsTimeout):
+            if i == attempts - 1:
+                raise
+            await asyncio.sleep(delay)  # back-off before retrying a request nobody answered
+            delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
+
+
+def _whoami() -> str:
+    import getpass
+
+    with contextlib.suppress(Exception):
+        return getpass.getuser()
+    return ""
+
+
+class SyncSession:
+    """A blocking wrapper for scripts: every coroutine method of :class:`Session`, run on a private loop."""
+
+    def __init__(self, settings: Settings | None = None, **kw) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._s: Session = self._loop.run_until_complete(Session.open(settings, **kw))
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._s, name)
+        if asyncio.iscoroutinefunction(attr):
+            return lambda *a, **k: self._loop.run_until_complete(attr(*a, **k))
+        return attr
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._s.close())
+        self._loop.close()
+
+    def __enter__(self) -> SyncSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

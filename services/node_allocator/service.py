@@ -1,0 +1,251 @@
+"""The node allocator service: the node side of allocation (DESIGN §2, §5).
+
+Theory of operation
+* It follows the policy engine's ordered, durable decision stream (a JetStream consumer named
+  ``node-allocator``): for each request that starts, the node IDs the allocator core chose (``assigned``)
+  are handed to the agents of those nodes (who may launch there, until when) and then told to the
+  application (``startNotify``); nodes a request no longer owns (``freed``) have that request's processes
+  killed by their agents; requests the RMS ended (walltime, node failure, violation, session reaped) are
+  told to their application (``kill`` notification). A decision is acknowledged once it was acted upon, so
+  a restarted allocator resumes where it stopped.
+* Agents register here; their nodes are recorded in Redis (``keys.NODES``) and brought up in the policy
+  engine (``subjects.NODES_EVENT``); an agent silent for ``agent_timeout`` has its nodes marked down there
+  (their requests end with ``node_failure``), and is asked to register again when it is heard of again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+
+import structlog
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from pydantic import TypeAdapter
+
+from services.runtime import clock, ensure_streams, redis_client
+from shared import bus, keys, subjects
+from shared.events import (
+    CapacityChanged,
+    EndRequest,
+    ErrorCode,
+    NodesAssigned,
+    NodesFreed,
+    PreemptionDeadline,
+    SessionEnded,
+    StartRequest,
+)
+from shared.protocol import (
+    Ack,
+    AgentHeartbeat,
+    AgentRegister,
+    KillMsg,
+    KillNotify,
+    KillReply,
+    NodeAssign,
+    NodesEvent,
+    StartNotify,
+)
+from shared.requests import RequestType
+from shared.settings import Settings
+
+log = structlog.get_logger("coorm.node_allocator")
+
+_DECISION = TypeAdapter(
+    StartRequest | EndRequest | NodesAssigned | NodesFreed | CapacityChanged | SessionEnded | PreemptionDeadline
+)
+
+
+class NodeAllocatorService:
+    def __init__(self, settings: Settings, name: str = "node-allocator") -> None:
+        self.settings = settings
+        self.name = name
+        self.ends: dict[str, float | None] = {}  # started request -> its end (wall clock)
+        self.carry: dict[str, str] = {}  # started request -> its NEXT predecessor
+        self.agents: dict[str, dict] = {}  # agent -> {cluster, nodes, last_seen, up}
+        self.ready = asyncio.Event()
+        self._kills: set[asyncio.Task] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.redis = redis_client(self.settings.redis_url)
+        self.nc = await bus.connect(self.settings.nats_url, self.name)
+        self.js = self.nc.jetstream()
+        await ensure_streams(self.js)
+        await self._load_agents()
+        subs = [
+            await bus.serve(self.nc, subjects.AGENT_REGISTER, AgentRegister, self._on_register),
+            await bus.serve(self.nc, subjects.AGENT_HEARTBEAT, AgentHeartbeat, self._on_heartbeat),
+        ]
+        psub = await self.js.pull_subscribe(
+            subjects.DECISIONS, durable=self.name,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+                                  max_ack_pending=1),
+        )
+        await self.nc.publish(subjects.AGENT_HELLO, b"{}")  # agents that registered before we ran
+        self.ready.set()
+        tasks = [asyncio.create_task(self._follow(psub)), asyncio.create_task(self._watch_agents())]
+        try:
+            await stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            for s in subs:
+                with contextlib.suppress(Exception):
+                    await s.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            await self.redis.aclose()
+
+    # ============================================================================================
+    # decisions
+    # ============================================================================================
+    async def _follow(self, psub) -> None:
+        while True:
+            try:
+                msgs = await psub.fetch(16, timeout=1.0)
+            except NatsTimeout:
+                continue
+            for m in msgs:
+                try:
+                    await self._act(_DECISION.validate_json(m.data))
+                except Exception:  # noqa: BLE001 - one bad decision must not stop the node side
+                    log.exception("could not act on a decision", data=m.data[:200])
+                await m.ack()
+
+    async def _act(self, d) -> None:
+        if isinstance(d, StartRequest):
+            self.ends[d.request] = d.end
+            if d.carry_from:
+                self.carry[d.request] = d.carry_from
+            if d.type is RequestType.PRE_ALLOCATION:  # no node IDs: the application still learns it started
+                await self.nc.publish(subjects.notify_start(d.app), bus.encode(
+                    StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=[], end=d.end)))
+        elif isinstance(d, NodesAssigned):
+            await self._assigned(d)
+        elif isinstance(d, NodesFreed):
+            await self._freed(d)
+        elif isinstance(d, EndRequest):
+            self.ends.pop(d.request, None)
+            self.carry.pop(d.request, None)
+            if d.started:  # every end of a started request, its own done and NEXT hand-overs too
+                nodes = json.loads(await self.redis.hget(keys.allocation(d.request), "nodes") or "[]")
+                await self.nc.publish(subjects.notify_kill(d.app), bus.encode(
+                    KillNotify(app=d.app, request=d.request, reason=d.reason, nodes=nodes)))
+            await self.redis.delete(keys.allocation(d.request))
+
+    async def _assigned(self, d: NodesAssigned) -> None:
+        session = json.loads(await self.redis.hget(keys.SESSIONS, d.app) or "{}")
+        digest = hashlib.sha256(session.get("token", "").encode()).hexdigest()
+        end = self.ends.get(d.request)
+        previous = self.carry.get(d.request) if d.kept else None
+        assign = NodeAssign(app=d.app, request=d.request, nodes=list(d.nodes), token_sha256=digest, end=end,
+                            previous=previous)
+        for node in d.nodes:
+            await self.nc.publish(subjects.node_assign(node), bus.encode(assign))
+        await self.redis.hset(keys.allocation(d.request), mapping={
+            "app": d.app, "cluster": d.cluster, "nodes": json.dumps(list(d.nodes)), "end": json.dumps(end)})
+        await self._set_owner(d.nodes, d.app, d.request)
+        # the agents hear of the assignment before the application can ask them to launch
+        await self.nc.flush()
+        await self.nc.publish(subjects.notify_start(d.app), bus.encode(
+            StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=list(d.nodes), kept=list(d.kept),
+                        end=end)))
+
+    async def _freed(self, d: NodesFreed) -> None:
+        await self._set_owner(d.nodes, None, None)
+        for node in d.nodes:
+            task = asyncio.create_task(self._kill(node, d.request, d.reason))
+            self._kills.add(task)
+            task.add_done_callback(self._kills.discard)
+
+    async def _kill(self, node: str, request: str, reason: str) -> None:
+        grace = self.settings.kill_grace
+        try:
+            await bus.call(self.nc, subjects.node_kill(node), KillMsg(request=request, grace=grace, reason=reason),
+                           KillReply, timeout=grace + 5.0)
+        except (NoRespondersError, NatsTimeout, bus.WireError) as e:
+            # its agent is gone: the node goes down when the agent's silence is noticed
+            log.warning("could not reach the agent to kill", node=node, request=request, error=str(e))
+
+    async def _set_owner(self, nodes, app: str | None, request: str | None) -> None:
+        for node in nodes:
+            raw = await self.redis.hget(keys.NODES, node)
+            if raw is None:
+                continue
+            rec = json.loads(raw)
+            rec["app"], rec["request"] = app, request
+            await self.redis.hset(keys.NODES, node, json.dumps(rec))
+
+    # ============================================================================================
+    # agents
+    # ============================================================================================
+    async def _load_agents(self) -> None:
+        now = clock()
+        for node, raw in (await self.redis.hgetall(keys.NODES)).items():
+            rec = json.loads(raw)
+            a = self.agents.setdefault(rec["agent"], {"cluster": rec["cluster"], "nodes": [], "last_seen": now,
+                                                      "up": rec.get("state") == "up"})
+            a["nodes"].append(node)
+
+    async def _on_register(self, msg: AgentRegister, raw: Msg) -> Ack:
+        for info in msg.nodes:
+            old = await self.redis.hget(keys.NODES, info.id)
+            if old is not None and json.loads(old)["cluster"] != msg.cluster:
+                raise bus.WireError(ErrorCode.BAD_REQUEST,
+                                    f"node {info.id} is registered in cluster {json.loads(old)['cluster']}")
+        try:
+            await bus.call(self.nc, subjects.NODES_EVENT,
+                           NodesEvent(kind="register", cluster=msg.cluster, nodes=[n.id for n in msg.nodes]), Ack)
+        except (NoRespondersError, NatsTimeout) as e:
+            raise bus.WireError(ErrorCode.UNAVAILABLE, "no policy engine leader yet: register again") from e
+        for info in msg.nodes:
+            old = json.loads(await self.redis.hget(keys.NODES, info.id) or "{}")
+            await self.redis.hset(keys.NODES, info.id, json.dumps({
+                "cluster": msg.cluster, "agent": msg.agent, "cores": info.cores, "memory_mb": info.memory_mb,
+                "state": "up", "since": clock(), "app": old.get("app"), "request": old.get("request")}))
+        self.agents[msg.agent] = {"cluster": msg.cluster, "nodes": [n.id for n in msg.nodes],
+                                  "last_seen": clock(), "up": True}
+        log.info("agent registered", agent=msg.agent, cluster=msg.cluster, nodes=len(msg.nodes))
+        return Ack()
+
+    async def _on_heartbeat(self, msg: AgentHeartbeat, raw: Msg) -> None:
+        a = self.agents.get(msg.agent)
+        if a is None or not a["up"]:
+            await self.nc.publish(subjects.AGENT_HELLO, b"{}")  # heard of again: register
+            return None
+        a["last_seen"] = clock()
+        a["processes"] = msg.processes
+        return None
+
+    async def _watch_agents(self) -> None:
+        timeout = self.settings.agent_timeout
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))  # a periodic scan of liveness, not a synchronisation
+            now = clock()
+            for agent, a in list(self.agents.items()):
+                if a["up"] and now - a["last_seen"] > timeout:
+                    log.warning("agent silent: its nodes go down", agent=agent, nodes=len(a["nodes"]))
+                    try:
+                        await bus.call(self.nc, subjects.NODES_EVENT,
+                                       NodesEvent(kind="down", cluster=a["cluster"], nodes=a["nodes"]), Ack)
+                    except (NoRespondersError, NatsTimeout):
+                        continue  # no leader now: try again at the next scan
+                    a["up"] = False
+                    for node in a["nodes"]:
+                        raw = await self.redis.hget(keys.NODES, node)
+                        if raw:
+                            rec = json.loads(raw) | {"state": "down", "since": now, "app": None, "request": None}
+                            await self.redis.hset(keys.NODES, node, json.dumps(rec))
+
+
+async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
+    from services.runtime import stop_on_signals
+
+    await NodeAllocatorService(settings or Settings()).run(stop or stop_on_signals())

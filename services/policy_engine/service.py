@@ -1,0 +1,394 @@
+"""The policy engine service: the I/O shell around the scheduling cores (DESIGN §2, §5).
+
+Theory of operation
+* **One writer.** Every input that changes state -- a session opening or closing, requests, ``done``,
+  nodes coming up or going down, time passing -- becomes one core event, stamped with the wall clock and a
+  stimulus id, appended to the event log in Redis (``keys.EVENT_LOG``) *before* it is applied and before
+  the caller gets its reply. So nothing accepted is ever lost: the cores are deterministic (property-tested),
+  and replaying the log through fresh cores rebuilds exactly the state the last leader had.
+* **One leader.** The engine holds a lease in Redis (``keys.POLICY_LEASE``) and renews it; a second
+  instance waits as a standby and takes over, replaying the log, when the lease lapses. It serves nothing
+  while standby, so launchers' requests reach only the leader.
+* The policy core and the allocator core run together here (:class:`services.coupled.CoupledCores`) so that
+  node events and decisions have one order; the node allocator service does the node I/O from the ordered
+  decision stream (``subjects.DECISIONS``, durable, de-duplicated by decision id, so a new leader may
+  republish the decisions of the last events without doubling them).
+* After a pass, the views of the applications whose views changed go to the view publisher
+  (``subjects.SCHEDULE_EPOCH``), lifecycle events to accounting (``subjects.LIFECYCLE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import uuid
+from typing import Annotated
+
+import structlog
+from nats.aio.msg import Msg
+from pydantic import Field, TypeAdapter
+
+from services.coupled import CoupledCores
+from services.policy_engine.core import PolicySettings
+from services.runtime import clock, ensure_streams, redis_client
+from shared import bus, keys, subjects
+from shared.events import (
+    Accepted,
+    CloseSession,
+    Done,
+    EndRequest,
+    ErrorCode,
+    NodeDown,
+    OpenSession,
+    PreemptionDeadline,
+    RegisterNodes,
+    Rejected,
+    SessionEnded,
+    StartRequest,
+    Submit,
+    Tick,
+    ViewsChanged,
+)
+from shared.protocol import (
+    Ack,
+    AppViews,
+    CloseMsg,
+    DoneMsg,
+    HeartbeatMsg,
+    Lifecycle,
+    LifecycleKind,
+    NodesEvent,
+    RequestMsg,
+    SessionOpen,
+    SessionOpenReply,
+    SessionSubjects,
+    ViewsEpoch,
+    ViewsQuery,
+)
+from shared.settings import Settings
+
+log = structlog.get_logger("coorm.policy_engine")
+
+LoggedEvent = Annotated[
+    OpenSession | CloseSession | Submit | Done | Tick | RegisterNodes | NodeDown, Field(discriminator="kind")
+]
+_EVENTS = TypeAdapter(LoggedEvent)
+_REPUBLISH = 64  # on take-over, decisions of the last events are published again (de-duplicated)
+
+# decisions the node allocator acts on
+_FOR_ALLOCATOR = (StartRequest, EndRequest, SessionEnded, PreemptionDeadline)
+
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+def policy_settings(s: Settings) -> PolicySettings:
+    return PolicySettings(fair_start=s.fair_start, reschedule_interval=s.reschedule_interval,
+                          preempt_grace=s.preempt_grace, preemptible=s.preemptible)
+
+
+def session_subjects(app: str) -> SessionSubjects:
+    return SessionSubjects(request=subjects.app_request(app), done=subjects.app_done(app),
+                           close=subjects.app_close(app), heartbeat=subjects.app_heartbeat(app),
+                           change=subjects.notify_change(app), start=subjects.notify_start(app),
+                           kill=subjects.notify_kill(app))
+
+
+class PolicyEngine:
+    def __init__(self, settings: Settings, instance: str | None = None) -> None:
+        self.settings = settings
+        self.instance = instance or f"policy-{uuid.uuid4().hex[:8]}"
+        self.cores: CoupledCores | None = None
+        self.sessions: dict[str, dict] = {}  # app -> {token, user, name, kind, filter}
+        self.last_seen: dict[str, float] = {}
+        self.leader = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._subs: list = []
+        self.nc = None
+        self.js = None
+        self.redis = None
+
+    # ============================================================================================
+    # lifecycle: standby, lead, stop
+    # ============================================================================================
+    async def run(self, stop: asyncio.Event) -> None:
+        self.redis = redis_client(self.settings.redis_url)
+        self.nc = await bus.connect(self.settings.nats_url, self.instance)
+        self.js = self.nc.jetstream()
+        await ensure_streams(self.js)
+        try:
+            while not stop.is_set():
+                if await self._acquire():
+                    await self._lead(stop)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), self.settings.leader_lease / 3)
+        finally:
+            await self._release()
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            await self.redis.aclose()
+
+    async def _acquire(self) -> bool:
+        ms = int(self.settings.leader_lease * 1000)
+        return bool(await self.redis.set(keys.POLICY_LEASE, self.instance, nx=True, px=ms))
+
+    async def _renew(self) -> bool:
+        ms = int(self.settings.leader_lease * 1000)
+        return bool(await self.redis.eval(_RENEW, 1, keys.POLICY_LEASE, self.instance, ms))
+
+    async def _release(self) -> None:
+        if self.redis is None:
+            return
+        with contextlib.suppress(Exception):
+            if await self.redis.get(keys.POLICY_LEASE) == self.instance:
+                await self.redis.delete(keys.POLICY_LEASE)
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        await self._restore()
+        log.info("leading", instance=self.instance, events=self._replayed, apps=len(self.sessions))
+        self._subs = [
+            await bus.serve(self.nc, subjects.SESSION_OPEN, SessionOpen, self._on_open),
+            await bus.serve(self.nc, subjects.APP_REQUEST_ANY, RequestMsg, self._on_request),
+            await bus.serve(self.nc, subjects.APP_DONE_ANY, DoneMsg, self._on_done),
+            await bus.serve(self.nc, subjects.APP_CLOSE_ANY, CloseMsg, self._on_close),
+            await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat),
+            await bus.serve(self.nc, subjects.NODES_EVENT, NodesEvent, self._on_nodes),
+            await bus.serve(self.nc, subjects.VIEWS_QUERY, ViewsQuery, self._on_views_query),
+        ]
+        self.leader.set()
+        await self._publish_views(full=True)
+        tasks = [asyncio.create_task(self._timer_loop()), asyncio.create_task(self._reaper_loop())]
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.leader_lease / 3)
+                if not await self._renew():
+                    log.warning("lease lost: back to standby", instance=self.instance)
+                    break
+        finally:
+            self.leader.clear()
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            for sub in self._subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            self._subs = []
+
+    async def _restore(self) -> None:
+        """Rebuild the cores by replaying the event log; publish again the decisions of the last events
+        (their ids make JetStream drop those the previous leader had published)."""
+        self.cores = CoupledCores(policy_settings(self.settings))
+        raw = await self.redis.hgetall(keys.SESSIONS)
+        self.sessions = {app: json.loads(v) for app, v in raw.items()}
+        entries = await self.redis.xrange(keys.EVENT_LOG)
+        self._replayed = len(entries)
+        tail: list[tuple[object, list]] = []
+        for i, (_, fields) in enumerate(entries):
+            event = _EVENTS.validate_json(fields["e"])
+            out = self.cores.handle(event)
+            if i >= len(entries) - _REPUBLISH:
+                tail.append((event, out))
+        for event, out in tail:
+            await self._publish(event, out)
+        now = clock()
+        self.last_seen = {app: now for app in self.cores.policy.apps}
+        for app in list(self.sessions):
+            if app not in self.cores.policy.apps:
+                del self.sessions[app]
+
+    # ============================================================================================
+    # the one way in
+    # ============================================================================================
+    async def apply(self, make) -> list:
+        """Stamp, log, apply and publish one event; ``make(at, stimulus_id)`` builds it."""
+        async with self._lock:
+            seq = await self.redis.incr(keys.EVENT_SEQ)
+            event = make(max(clock(), self.cores.now), f"e{seq}")
+            await self.redis.xadd(keys.EVENT_LOG, {"e": event.model_dump_json()})
+            out = self.cores.handle(event)
+            await self._publish(event, out)
+        self._wake.set()
+        return out
+
+    async def _publish(self, event, decisions: list) -> None:
+        views_for: tuple[str, ...] = ()
+        closed: list[str] = []
+        for i, d in enumerate(decisions):
+            if isinstance(d, _FOR_ALLOCATOR) or d.kind in ("assigned", "freed", "capacity"):
+                await self.js.publish(subjects.DECISIONS, d.model_dump_json().encode(),
+                                      headers={"Nats-Msg-Id": f"{d.stimulus_id}.{i}"})
+            life = self._lifecycle(event, d)
+            if life is not None:
+                await self.js.publish(subjects.LIFECYCLE, bus.encode(life),
+                                      headers={"Nats-Msg-Id": f"{d.stimulus_id}.{i}.life"})
+            if isinstance(d, ViewsChanged):
+                views_for = d.apps
+            if isinstance(d, SessionEnded):
+                closed.append(d.app)
+                self.sessions.pop(d.app, None)
+                self.last_seen.pop(d.app, None)
+                await self.redis.hdel(keys.SESSIONS, d.app)
+        if views_for or closed:
+            await self._publish_views(apps=views_for, closed=closed)
+
+    def _lifecycle(self, event, d) -> Lifecycle | None:
+        at = event.at
+        if isinstance(d, Accepted) and isinstance(event, OpenSession):
+            return self._life(LifecycleKind.SESSION_OPENED, at, d.app)
+        if isinstance(d, Accepted) and isinstance(event, Submit):
+            return None  # each request's submission is recorded at its start or end, with its time
+        if isinstance(d, StartRequest):
+            r = self.cores.policy.requests.get(d.request)
+            return self._life(LifecycleKind.STARTED, d.at, d.app, request=d.request, type=d.type.value,
+                              cluster=d.cluster, nodes=d.nodes,
+                              submitted_at=getattr(r, "submitted_at", None), started_at=d.at)
+        if isinstance(d, EndRequest):
+            return self._life(LifecycleKind.ENDED, d.at, d.app, request=d.request, type=d.type.value,
+                              cluster=d.cluster, nodes=d.nodes, reason=d.reason.value,
+                              started_at=self._started_at(d.request) if d.started else None)
+        if isinstance(d, PreemptionDeadline):
+            return self._life(LifecycleKind.PREEMPTION, at, d.app, cluster=d.cluster, allowed=d.allowed,
+                              deadline=d.deadline)
+        if isinstance(d, SessionEnded):
+            return self._life(LifecycleKind.SESSION_ENDED, at, d.app, reason=d.reason)
+        return None
+
+    def _started_at(self, request: str) -> float | None:
+        story = self.cores.policy.stories.get(request, [])
+        return next((t for t, what, _ in story if what == "started"), None)
+
+    def _life(self, kind: LifecycleKind, at: float, app: str, **kw) -> Lifecycle:
+        s = self.sessions.get(app, {})
+        return Lifecycle(kind=kind, at=at, app=app, user=s.get("user", ""), app_kind=s.get("kind", ""), **kw)
+
+    async def _publish_views(self, apps=(), closed=(), full: bool = False) -> None:
+        await self.nc.publish(subjects.SCHEDULE_EPOCH, bus.encode(self._views(apps, closed, full)))
+
+    def _views(self, apps=(), closed=(), full: bool = False) -> ViewsEpoch:
+        policy = self.cores.policy
+        sched = policy.schedule
+        views: dict[str, dict[str, AppViews]] = {}
+        if sched is not None:
+            for app in (list(policy.apps) if full else apps):
+                if app not in policy.apps:
+                    continue
+                views[app] = {
+                    c: AppViews(non_preemptive=[tuple(x) for x in sched.np_view(app, c).to_wire()],
+                                preemptive=[tuple(x) for x in sched.p_view(app, c).to_wire()])
+                    for c in policy.clusters
+                }
+        return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views=views, closed=list(closed), full=full)
+
+    # ============================================================================================
+    # handlers
+    # ============================================================================================
+    def _check(self, subject: str, token: str) -> str:
+        app = subjects.app_of(subject)
+        session = self.sessions.get(app)
+        if session is None:
+            raise bus.WireError(ErrorCode.UNKNOWN_APP, f"no open session {app}")
+        if not secrets.compare_digest(session["token"], token):
+            raise bus.WireError(ErrorCode.BAD_TOKEN, f"wrong session token for {app}")
+        self.last_seen[app] = clock()
+        return app
+
+    @staticmethod
+    def _answer(out: list) -> Ack:
+        first = out[0] if out else None
+        if isinstance(first, Rejected):
+            raise bus.WireError(first.code, first.reason)
+        if not isinstance(first, Accepted):
+            raise bus.WireError(ErrorCode.UNAVAILABLE, "the policy core gave no answer")
+        return Ack(requests=list(first.requests))
+
+    async def _on_open(self, msg: SessionOpen, raw: Msg) -> SessionOpenReply:
+        app = f"a{await self.redis.incr(keys.APP_SEQ)}"
+        token = secrets.token_urlsafe(24)
+        record = {"token": token, "user": msg.user, "name": msg.name, "kind": msg.kind,
+                  "filter": msg.filter.model_dump(), "opened": clock()}
+        # the session's record goes first: a leader that replays the open finds the token
+        await self.redis.hset(keys.SESSIONS, app, json.dumps(record))
+        self.sessions[app] = record
+        self.last_seen[app] = clock()
+        out = await self.apply(lambda at, sid: OpenSession(at=at, stimulus_id=sid, app=app, user=msg.user,
+                                                           name=msg.name, app_kind=msg.kind))
+        self._answer(out)
+        return SessionOpenReply(app=app, token=token, subjects=session_subjects(app),
+                                heartbeat_interval=self.settings.launcher_heartbeat)
+
+    async def _on_request(self, msg: RequestMsg, raw: Msg) -> Ack:
+        app = self._check(raw.subject, msg.token)
+        return self._answer(await self.apply(
+            lambda at, sid: Submit(at=at, stimulus_id=sid, app=app, requests=msg.requests)))
+
+    async def _on_done(self, msg: DoneMsg, raw: Msg) -> Ack:
+        app = self._check(raw.subject, msg.token)
+        return self._answer(await self.apply(
+            lambda at, sid: Done(at=at, stimulus_id=sid, app=app, request=msg.request,
+                                 released=tuple(msg.released))))
+
+    async def _on_close(self, msg: CloseMsg, raw: Msg) -> Ack:
+        app = self._check(raw.subject, msg.token)
+        return self._answer(await self.apply(lambda at, sid: CloseSession(at=at, stimulus_id=sid, app=app)))
+
+    async def _on_heartbeat(self, msg: HeartbeatMsg, raw: Msg) -> Ack:
+        self._check(raw.subject, msg.token)
+        return Ack()
+
+    async def _on_nodes(self, msg: NodesEvent, raw: Msg) -> Ack:
+        if msg.kind == "register":
+            await self.apply(lambda at, sid: RegisterNodes(at=at, stimulus_id=sid, cluster=msg.cluster,
+                                                           nodes=tuple(msg.nodes)))
+        else:
+            for node in msg.nodes:
+                await self.apply(lambda at, sid, node=node: NodeDown(at=at, stimulus_id=sid, node=node))
+        return Ack()
+
+    async def _on_views_query(self, msg: ViewsQuery, raw: Msg) -> ViewsEpoch:
+        return self._views(full=True)
+
+    # ============================================================================================
+    # time
+    # ============================================================================================
+    async def _timer_loop(self) -> None:
+        """Call the cores back when they asked to be (a start time, a hold's expiry, a deadline, the next
+        pass after the re-scheduling interval)."""
+        while True:
+            self._wake.clear()
+            w = self.cores.next_wakeup()
+            delay = None if w is None else max(0.0, w - clock())
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+            except TimeoutError:
+                await self.apply(lambda at, sid: Tick(at=at, stimulus_id=sid))
+
+    async def _reaper_loop(self) -> None:
+        """End the sessions of launchers that went silent (their processes are killed, nodes freed)."""
+        timeout = self.settings.session_timeout
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))  # a periodic scan, not a synchronisation
+            now = clock()
+            for app, seen in list(self.last_seen.items()):
+                if now - seen > timeout and app in self.cores.policy.apps:
+                    log.info("reaping silent session", app=app, silent_for=round(now - seen, 1))
+                    self.last_seen.pop(app, None)
+                    await self.apply(lambda at, sid, app=app: CloseSession(
+                        at=at, stimulus_id=sid, app=app, reason=f"reaped: no heartbeat for {timeout:g} s"))
+
+
+async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
+    from services.runtime import stop_on_signals
+
+    engine = PolicyEngine(settings or Settings())
+    await engine.run(stop or stop_on_signals())

@@ -1,0 +1,59 @@
+"""What every service shell shares: the wall clock (the only one: cores get time passed in), the Redis
+client, the JetStream streams, structlog, and a stop signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+import redis.asyncio as aioredis
+import structlog
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+
+from shared import subjects
+
+
+def clock() -> float:
+    return time.time()
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(format="%(message)s", stream=sys.stderr, level=getattr(logging, level.upper(), 20))
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), 20)),
+    )
+
+
+def redis_client(url: str) -> aioredis.Redis:
+    return aioredis.Redis.from_url(url, decode_responses=True)
+
+
+async def ensure_streams(js) -> None:
+    """The durable streams: decisions for the node allocator, lifecycle events for accounting. Creating
+    them is idempotent (every service that uses one may do it)."""
+    for name, subject in ((subjects.DECISIONS_STREAM, subjects.DECISIONS),
+                          (subjects.LIFECYCLE_STREAM, subjects.LIFECYCLE)):
+        config = StreamConfig(name=name, subjects=[subject], retention=RetentionPolicy.LIMITS,
+                              storage=StorageType.FILE, duplicate_window=120.0, max_age=7 * 24 * 3600.0)
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            await js.update_stream(config)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set on SIGINT/SIGTERM, for a service's main loop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

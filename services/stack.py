@@ -1,0 +1,111 @@
+"""Every service of CooRM and agents emulating the nodes, in one asyncio loop, against running servers.
+Each part still talks to the others only over NATS and keeps its state in Redis, as the separate
+processes of ``coorm up`` do; this form lets tests reach into each part and stop one at will."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from node_agent.agent import Agent
+from node_agent.nodes import host_node_info
+from services.node_allocator.service import NodeAllocatorService
+from services.policy_engine.service import PolicyEngine
+from services.view_publisher.service import ViewPublisher
+from shared.settings import Settings
+
+
+def node_names(cluster: str, n: int) -> list[str]:
+    return [f"{cluster}n{i}" for i in range(n)]
+
+
+async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll a condition on state another task changes, with a deadline (no event to wait on)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class _Part:
+    obj: object
+    stop: asyncio.Event
+    task: asyncio.Task
+
+
+@dataclass
+class LocalStack:
+    settings: Settings
+    clusters: dict[str, int]
+    agents: dict[str, Agent] = field(default_factory=dict)
+    parts: dict[str, _Part] = field(default_factory=dict)
+
+    @property
+    def engine(self) -> PolicyEngine:
+        return self.parts["policy-engine"].obj  # type: ignore[return-value]
+
+    @property
+    def allocator(self) -> NodeAllocatorService:
+        return self.parts["node-allocator"].obj  # type: ignore[return-value]
+
+    @property
+    def publisher(self) -> ViewPublisher:
+        return self.parts["view-publisher"].obj  # type: ignore[return-value]
+
+    def _spawn(self, name: str, obj) -> None:
+        stop = asyncio.Event()
+        self.parts[name] = _Part(obj, stop, asyncio.create_task(obj.run(stop), name=name))
+
+    async def start(self) -> LocalStack:
+        self._spawn("policy-engine", PolicyEngine(self.settings))
+        await self._ready(self.engine.leader, "policy-engine")
+        self._spawn("node-allocator", NodeAllocatorService(self.settings))
+        await self._ready(self.allocator.ready, "node-allocator")
+        self._spawn("view-publisher", ViewPublisher(self.settings))
+        await self._ready(self.publisher.ready, "view-publisher")
+        for cluster, n in self.clusters.items():
+            agent = Agent(self.settings, f"agent-{cluster}", cluster,
+                          host_node_info(node_names(cluster, n), cores=1, memory_mb=1024))
+            await agent.start()
+            self.agents[cluster] = agent
+        await wait_until(lambda: all(self.engine.cores.allocator.up(c) == n for c, n in self.clusters.items()),
+                         what="every node up")
+        return self
+
+    async def _ready(self, event: asyncio.Event, name: str) -> None:
+        waiter = asyncio.create_task(event.wait())
+        done, _ = await asyncio.wait({waiter, self.parts[name].task}, timeout=15,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if waiter not in done:
+            waiter.cancel()
+            task = self.parts[name].task
+            if task.done():
+                task.result()  # raises what stopped it
+            raise TimeoutError(f"{name} did not become ready")
+
+    async def stop_part(self, name: str) -> None:
+        part = self.parts.pop(name)
+        part.stop.set()
+        await asyncio.wait_for(part.task, 15)
+
+    async def stop(self) -> None:
+        for agent in self.agents.values():
+            with contextlib.suppress(Exception):
+                await agent.stop()
+        for name in list(self.parts)[::-1]:
+            with contextlib.suppress(Exception):
+                await self.stop_part(name)
+
+    async def __aenter__(self) -> LocalStack:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()

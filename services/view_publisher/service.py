@@ -1,0 +1,185 @@
+"""The view publisher: ``changeNotify`` to each application when, and only when, one of its views changed;
+``listClustersInfo`` and ``listInterClusterInfo`` (DESIGN §2, §3).
+
+The policy engine sends the views of the applications whose views changed after each pass
+(:class:`~shared.protocol.ViewsEpoch`); this service compares them with what it last sent each application,
+per cluster and view type, and sends only the changes, restricted to the clusters of the application's
+filter. Cluster properties come from the agents' registrations (``keys.NODES``) and an optional inventory
+file (speeds, WAN latencies and bandwidths)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+
+import structlog
+import yaml
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.runtime import redis_client
+from shared import bus, keys, subjects
+from shared.protocol import (
+    Change,
+    ChangeNotify,
+    ChangeType,
+    ClusterInfo,
+    ClustersInfoReply,
+    InfoQuery,
+    InterClusterInfoReply,
+    Link,
+    ViewsEpoch,
+    ViewsQuery,
+)
+from shared.settings import Settings
+
+log = structlog.get_logger("coorm.view_publisher")
+
+DEFAULT_LATENCY_MS = 10.0
+DEFAULT_BANDWIDTH_MBPS = 1000.0
+
+
+class ClusterSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    speed: float = Field(default=1.0, gt=0)
+
+
+class Inventory(BaseModel):
+    """The operator's inventory file (YAML)::
+
+        clusters: {c0: {speed: 1.0}, c1: {speed: 1.2}}
+        links: [{a: c0, b: c1, latency_ms: 12, bandwidth_mbps: 10000}]
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    clusters: dict[str, ClusterSpec] = Field(default_factory=dict)
+    links: list[Link] = Field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path | None) -> Inventory:
+        if path is None:
+            return cls()
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+
+
+class ViewPublisher:
+    def __init__(self, settings: Settings, name: str = "view-publisher") -> None:
+        self.settings = settings
+        self.name = name
+        self.inventory = Inventory.load(settings.inventory)
+        self.sent: dict[str, dict[tuple[str, str], list]] = {}  # app -> (cluster, type) -> last CAP sent
+        self.filters: dict[str, list[str] | None] = {}
+        self.notifications = 0
+        self.bytes = 0
+        self.ready = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.redis = redis_client(self.settings.redis_url)
+        self.nc = await bus.connect(self.settings.nats_url, self.name)
+        subs = [
+            await bus.serve(self.nc, subjects.SCHEDULE_EPOCH, ViewsEpoch, self._on_epoch),
+            await bus.serve(self.nc, subjects.CLUSTERS_INFO, InfoQuery, self._on_info),
+            await bus.serve(self.nc, subjects.CLUSTERS_INTERINFO, InfoQuery, self._on_interinfo),
+        ]
+        sync = asyncio.create_task(self._sync())
+        self.ready.set()
+        try:
+            await stop.wait()
+        finally:
+            sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sync
+            for s in subs:
+                with contextlib.suppress(Exception):
+                    await s.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            await self.redis.aclose()
+
+    async def _sync(self) -> None:
+        """After a (re)start: ask the policy engine for every view, until a leader answers."""
+        while True:
+            try:
+                epoch = await bus.call(self.nc, subjects.VIEWS_QUERY, ViewsQuery(), ViewsEpoch, timeout=2.0)
+            except (NoRespondersError, NatsTimeout):
+                await asyncio.sleep(0.5)  # no leader yet: retry later (a poll, not a synchronisation)
+                continue
+            await self._on_epoch(epoch, None)
+            return
+
+    # -- views ----------------------------------------------------------------------------------------
+    async def _filter(self, app: str) -> list[str] | None:
+        if app not in self.filters:
+            raw = await self.redis.hget(keys.SESSIONS, app)
+            flt = json.loads(raw).get("filter", {}) if raw else {}
+            self.filters[app] = flt.get("clusters")
+        return self.filters[app]
+
+    async def _on_epoch(self, msg: ViewsEpoch, raw: Msg | None) -> None:
+        for app in msg.closed:
+            self.sent.pop(app, None)
+            self.filters.pop(app, None)
+        for app, per_cluster in msg.views.items():
+            allowed = await self._filter(app)
+            last = self.sent.setdefault(app, {})
+            changes = []
+            for cluster, v in sorted(per_cluster.items()):
+                if allowed is not None and cluster not in allowed:
+                    continue
+                for typ, cap in ((ChangeType.NON_PREEMPTIVE, v.non_preemptive), (ChangeType.PREEMPTIVE, v.preemptive)):
+                    if _same(last.get((cluster, typ)), cap, msg.now):
+                        continue
+                    last[(cluster, typ)] = cap
+                    changes.append(Change(cluster=cluster, type=typ, cap=cap))
+            if changes:
+                data = bus.encode(ChangeNotify(app=app, epoch=msg.epoch, now=msg.now, changes=changes))
+                await self.nc.publish(subjects.notify_change(app), data)
+                self.notifications += 1
+                self.bytes += len(data)
+        return None
+
+    # -- cluster info ---------------------------------------------------------------------------------
+    async def _on_info(self, msg, raw: Msg) -> ClustersInfoReply:
+        per: dict[str, list[dict]] = {}
+        for rec in (json.loads(v) for v in (await self.redis.hgetall(keys.NODES)).values()):
+            per.setdefault(rec["cluster"], []).append(rec)
+        out = []
+        for cluster, nodes in sorted(per.items()):
+            up = [n for n in nodes if n.get("state") == "up"]
+            spec = self.inventory.clusters.get(cluster, ClusterSpec())
+            out.append(ClusterInfo(id=cluster, nodes=len(up),
+                                   cores_per_node=min((n["cores"] for n in up), default=0),
+                                   memory_mb_per_node=min((n["memory_mb"] for n in up), default=0),
+                                   speed=spec.speed))
+        return ClustersInfoReply(clusters=out)
+
+    async def _on_interinfo(self, msg, raw: Msg) -> InterClusterInfoReply:
+        clusters = sorted({json.loads(v)["cluster"] for v in (await self.redis.hgetall(keys.NODES)).values()})
+        known = {frozenset((lk.a, lk.b)): lk for lk in self.inventory.links}
+        links = []
+        for i, a in enumerate(clusters):
+            for b in clusters[i + 1:]:
+                links.append(known.get(frozenset((a, b))) or Link(
+                    a=a, b=b, latency_ms=DEFAULT_LATENCY_MS, bandwidth_mbps=DEFAULT_BANDWIDTH_MBPS))
+        return InterClusterInfoReply(links=links)
+
+
+def _same(old: list | None, new: list, now: float) -> bool:
+    """Views are step functions from ``now`` on: the same future, re-based at a later ``now``, is no
+    change (the first step's time moves with the clock)."""
+    if old is None:
+        return False
+    if len(old) != len(new):
+        return False
+    return all(a[1] == b[1] for a, b in zip(old, new, strict=True)) and all(
+        a[0] == b[0] for a, b in zip(old[1:], new[1:], strict=True))
+
+
+async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
+    from services.runtime import stop_on_signals
+
+    await ViewPublisher(settings or Settings()).run(stop or stop_on_signals())
