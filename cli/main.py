@@ -122,5 +122,149 @@ def schema(out: Path | None = typer.Option(None, help="write one NAME.json per m
     typer.echo(f"wrote {len(schemas)} schemas to {out}")
 
 
+# ================================================================================================
+# the live system
+# ================================================================================================
+@app.command()
+def up(
+    clusters: str = typer.Option("c0=16,c1=16", "--clusters", help="CLUSTER=NODES,... emulated by local agents"),
+    workdir: Path | None = typer.Option(None, help="where the servers keep their data and the logs go"),
+) -> None:
+    """Start the embedded default: nats-server, valkey-server, every service and agents; Ctrl-C stops it."""
+    from cli.up import run
+
+    run(clusters, workdir)
+
+
+@app.command()
+def service(
+    name: str = typer.Argument(..., help="policy-engine | node-allocator | view-publisher | accounting"),
+) -> None:
+    """Run one CooRM service (configured by COORM_* variables)."""
+    from cli.live import run_service
+
+    run_service(name)
+
+
+@app.command()
+def agent(
+    cluster: str = typer.Option(..., "--cluster", help="the cluster these nodes belong to"),
+    nodes: str = typer.Option(..., "--nodes", help="n0..n15, or a comma list"),
+    agent_id: str | None = typer.Option(None, "--id", help="agent id (default: cluster and host name)"),
+    cores: int | None = typer.Option(None, help="cores per node (default: the host's)"),
+    memory_mb: int | None = typer.Option(None, "--memory-mb", help="memory per node (default: the host's)"),
+) -> None:
+    """Run the node agent of this host: it registers NODES and runs the applications' processes."""
+    from cli.live import run_agent
+
+    run_agent(cluster, nodes, agent_id, cores, memory_mb)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def submit(
+    command: list[str] = typer.Argument(None, help="the command to run on every node"),
+    cluster: str = typer.Option("c0", "-c", "--cluster"),
+    nodes: int = typer.Option(1, "-N", "--nodes", min=1),
+    walltime: str = typer.Option("10m", "-t", "--time", help="10m, 2h, 90 (minutes), 1:30:00, 1-12"),
+    no_wait: bool = typer.Option(False, "--no-wait", help="print the job id and return, like sbatch"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="write the output to this file"),
+    label: bool = typer.Option(False, "-l", "--label", help="prefix each line with its node"),
+    name: str = typer.Option("", "-J", "--job-name"),
+) -> None:
+    """Run a rigid job the way srun does: wait, stream its output, exit with its exit code."""
+    from cli.live import submit as run
+
+    run(cluster, nodes, walltime, command or [], no_wait, output, label, name)
+
+
+@app.command("_celery", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def celery_worker(ctx: typer.Context) -> None:
+    """The accounting roll-ups' Celery worker (``coorm up`` runs one; compose runs it as its own service)."""
+    from services.accounting.tasks import celery_app
+
+    args = list(ctx.args) or ["worker"]
+    if args[0] == "worker" and not any(a.startswith("--pool") for a in args):
+        args += ["--pool=solo", "--loglevel=WARNING"]
+    celery_app.worker_main(args)
+
+
+@app.command("_detached-submit", hidden=True, context_settings={"allow_interspersed_args": False})
+def detached_submit(
+    command: list[str] = typer.Argument(None),
+    fd: int = typer.Option(...),
+    cluster: str = typer.Option("c0", "-c"),
+    nodes: int = typer.Option(1, "-N"),
+    walltime: str = typer.Option("10m", "-t"),
+    output: Path | None = typer.Option(None, "--output"),
+    name: str = typer.Option("", "--name"),
+) -> None:
+    from cli.live import detached_submit as run
+
+    run(fd, cluster, nodes, walltime, command or [], output, name)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def launch(
+    kind: str = typer.Argument(..., help="rigid | moldable | cem | psa | amr | next"),
+    command: list[str] = typer.Argument(None, help="a command to run on every node the application gets"),
+    cluster: str | None = typer.Option(None, "-c", "--cluster"),
+    params: list[str] = typer.Option([], "--set", help="KEY=VALUE, as in a scenario file (e.g. task_duration=60)"),
+    name: str = typer.Option("", "-J", "--name"),
+) -> None:
+    """Run one of the shipped launchers live (the same decision logic as in the simulator)."""
+    from cli.live import launch as run
+
+    run(kind, cluster, params, command or [], name)
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Per cluster: nodes up, used non-preemptibly, pre-allocated but unused, preemptible, held, idle."""
+    from cli.live import show_status
+
+    show_status(as_json)
+
+
+@app.command()
+def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every node: cluster, state, agent, and the application and request it runs."""
+    from cli.live import show_nodes
+
+    show_nodes(as_json)
+
+
+@app.command()
+def apps(as_json: bool = typer.Option(False, "--json")) -> None:
+    """The open sessions, in priority order."""
+    from cli.live import show_apps
+
+    show_apps(as_json)
+
+
+@app.command()
+def requests(
+    as_json: bool = typer.Option(False, "--json"),
+    app_id: str | None = typer.Option(None, "--app", help="only this application's"),
+) -> None:
+    """Running and waiting requests, with their start times (scheduled or actual)."""
+    from cli.live import show_requests
+
+    show_requests(as_json, app_id)
+
+
+@app.command()
+def estimate(
+    cluster: str = typer.Option("c0", "-c", "--cluster"),
+    nodes: int = typer.Option(1, "-N", "--nodes", min=1),
+    walltime: str = typer.Option("1h", "-t", "--time"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """When would a request of NODES for TIME start if sent now (read from a view)."""
+    from cli.live import estimate as run
+
+    run(cluster, nodes, walltime, as_json)
+
+
 if __name__ == "__main__":
     app()
+

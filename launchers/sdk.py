@@ -165,8 +165,7 @@ class Session:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         if self.own_connection:
-            with contextlib.suppress(Exception):
-                await self.nc.drain()
+            await bus.shutdown(self.nc)
 
     async def __aenter__(self) -> Session:
         return self

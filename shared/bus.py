@@ -4,6 +4,8 @@ gets a reply -- an :class:`~shared.protocol.Ack` (or the subject's own reply mod
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -36,6 +38,18 @@ class WireError(Exception):
 async def connect(url: str, name: str) -> NATS:
     return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                               allow_reconnect=True)
+
+
+async def shutdown(nc: NATS, timeout: float = 2.0) -> None:
+    """Drain (let in-flight handlers reply), but not for ever: a pull subscription's unread messages would
+    hold a drain for its whole timeout; what was not acknowledged is redelivered anyway."""
+    try:
+        await asyncio.wait_for(nc.drain(), timeout)
+    except Exception:  # noqa: BLE001 - closing regardless
+        pass
+    if not nc.is_closed:
+        with contextlib.suppress(Exception):
+            await nc.close()
 
 
 def encode(model: BaseModel) -> bytes:

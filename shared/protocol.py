@@ -300,11 +300,62 @@ class NodesEvent(_Msg):
     nodes: list[Identifier] = Field(min_length=1)
 
 
+# -- queries (coorm status, apps, requests, estimate) --------------------------------------------------
+class StatusQuery(_Msg):
+    """What the policy engine knows now (``coorm status`` and friends)."""
+
+
+class ClusterStatus(_Msg):
+    cluster: Identifier
+    up: int
+    non_preemptible: int  # nodes running non-preemptible requests
+    pre_allocated_unused: int  # nodes of started pre-allocations that no inner request uses
+    preemptible: int  # nodes held by preemptible requests
+    held: int  # fair-start holds
+    idle: int
+
+
+class AppStatus(_Msg):
+    app: Identifier
+    user: str
+    name: str
+    kind: str
+    opened: float
+    waiting: int
+    running: int
+    nodes: int  # node IDs it holds now
+
+
+class RequestStatus(_Msg):
+    app: Identifier
+    request: Identifier
+    type: str
+    cluster: Identifier
+    nodes: int
+    state: str  # waiting | started
+    submitted: float
+    start: float | None  # scheduled (waiting; None: never, it is bigger than the platform) or actual
+    end: float | None  # planned end (None: unbounded)
+    related_to: str | None = None
+    related_how: str = "FREE"
+    blocked: bool = False
+    node_ids: list[str] = Field(default_factory=list)
+
+
+class StatusReply(_Msg):
+    now: float
+    epoch: int
+    leader: str
+    clusters: list[ClusterStatus]
+    apps: list[AppStatus]
+    requests: list[RequestStatus]
+
+
 WIRE_MODELS: tuple[type[BaseModel], ...] = (
     SessionOpen, InfoQuery, SessionOpenReply, ClustersInfoReply, InterClusterInfoReply, RequestMsg, DoneMsg, CloseMsg,
     HeartbeatMsg, Ack, ErrorReply, ChangeNotify, StartNotify, KillNotify, LaunchMsg, LaunchReply, KillMsg,
     KillReply, NodeAssign, AgentRegister, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
-    ViewsEpoch, ViewsQuery, NodesEvent,
+    ViewsEpoch, ViewsQuery, NodesEvent, StatusQuery, StatusReply,
 )
 
 

@@ -81,6 +81,9 @@ NODES_EVENT = f"{PREFIX}.internal.nodes"  # node allocator -> policy engine, rep
 LIFECYCLE = f"{PREFIX}.lifecycle"  # captured by the durable JetStream stream below
 LIFECYCLE_STREAM = "COORM_LIFECYCLE"
 
+# queries (request/reply)
+QUERY_STATUS = f"{PREFIX}.query.status"  # policy engine: StatusQuery -> StatusReply
+
 # wildcards the policy engine serves (one subscription for every application)
 APP_REQUEST_ANY = f"{PREFIX}.app.*.request"
 APP_DONE_ANY = f"{PREFIX}.app.*.done"

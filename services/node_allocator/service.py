@@ -87,27 +87,27 @@ class NodeAllocatorService:
         )
         await self.nc.publish(subjects.AGENT_HELLO, b"{}")  # agents that registered before we ran
         self.ready.set()
+        self._stop = stop
         tasks = [asyncio.create_task(self._follow(psub)), asyncio.create_task(self._watch_agents())]
         try:
             await stop.wait()
         finally:
+            stop.set()
             for t in tasks:
                 t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-            for s in subs:
+            # nats-py's fetch may swallow a cancellation: the loop also checks ``stop``
+            await asyncio.wait(tasks, timeout=5)
+            for s in [*subs, psub]:
                 with contextlib.suppress(Exception):
                     await s.unsubscribe()
-            with contextlib.suppress(Exception):
-                await self.nc.drain()
+            await bus.shutdown(self.nc)
             await self.redis.aclose()
 
     # ============================================================================================
     # decisions
     # ============================================================================================
     async def _follow(self, psub) -> None:
-        while True:
+        while not self._stop.is_set():
             try:
                 msgs = await psub.fetch(16, timeout=1.0)
             except NatsTimeout:

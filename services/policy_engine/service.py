@@ -32,6 +32,7 @@ from pydantic import Field, TypeAdapter
 
 from services.coupled import CoupledCores
 from services.policy_engine.core import PolicySettings
+from services.policy_engine.status import status_of
 from services.runtime import clock, ensure_streams, redis_client
 from shared import bus, keys, subjects
 from shared.events import (
@@ -64,6 +65,8 @@ from shared.protocol import (
     SessionOpen,
     SessionOpenReply,
     SessionSubjects,
+    StatusQuery,
+    StatusReply,
     ViewsEpoch,
     ViewsQuery,
 )
@@ -132,8 +135,7 @@ class PolicyEngine:
                         await asyncio.wait_for(stop.wait(), self.settings.leader_lease / 3)
         finally:
             await self._release()
-            with contextlib.suppress(Exception):
-                await self.nc.drain()
+            await bus.shutdown(self.nc)
             await self.redis.aclose()
 
     async def _acquire(self) -> bool:
@@ -162,6 +164,7 @@ class PolicyEngine:
             await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat),
             await bus.serve(self.nc, subjects.NODES_EVENT, NodesEvent, self._on_nodes),
             await bus.serve(self.nc, subjects.VIEWS_QUERY, ViewsQuery, self._on_views_query),
+            await bus.serve(self.nc, subjects.QUERY_STATUS, StatusQuery, self._on_status),
         ]
         self.leader.set()
         await self._publish_views(full=True)
@@ -357,6 +360,9 @@ class PolicyEngine:
 
     async def _on_views_query(self, msg: ViewsQuery, raw: Msg) -> ViewsEpoch:
         return self._views(full=True)
+
+    async def _on_status(self, msg: StatusQuery, raw: Msg) -> StatusReply:
+        return status_of(self.cores, self.sessions, self.instance)
 
     # ============================================================================================
     # time

@@ -96,8 +96,7 @@ class ViewPublisher:
             for s in subs:
                 with contextlib.suppress(Exception):
                     await s.unsubscribe()
-            with contextlib.suppress(Exception):
-                await self.nc.drain()
+            await bus.shutdown(self.nc)
             await self.redis.aclose()
 
     async def _sync(self) -> None:

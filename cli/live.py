@@ -1,0 +1,433 @@
+"""The ``coorm`` commands that talk to a running system: services, agents, submit, launch, status...
+
+Every command finds the system through :class:`shared.settings.Settings`: ``COORM_*`` variables, else the
+connection file ``coorm up`` wrote, else the defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shared.settings import Settings
+
+err = Console(stderr=True)
+
+SERVICES = ("policy-engine", "node-allocator", "view-publisher", "accounting")
+KINDS = ("rigid", "moldable", "cem", "psa", "amr", "next")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+# ================================================================================================
+# parsing what users type
+# ================================================================================================
+def parse_walltime(text: str) -> float:
+    """A walltime the way Slurm users write it: ``90`` (minutes), ``MM:SS``, ``HH:MM:SS``, ``D-HH``,
+    ``D-HH:MM``, ``D-HH:MM:SS``; or with a unit: ``30s``, ``10m``, ``2h``, ``1d``, ``1.5h``."""
+    t = text.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", t)
+    if m:
+        seconds = float(m.group(1)) * _UNIT[m.group(2)]
+    else:
+        m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+        if not m:
+            raise ValueError(f"cannot read the walltime {text!r}: try 10m, 2h, 90 (minutes), 1:30:00, 1-12")
+        days, a, b, c = (int(x) if x is not None else None for x in m.groups())
+        if days is not None:  # D-HH[:MM[:SS]]
+            seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+        elif c is not None:  # HH:MM:SS
+            seconds = a * 3600 + b * 60 + c
+        elif b is not None:  # MM:SS
+            seconds = a * 60 + b
+        else:  # minutes
+            seconds = a * 60
+    if seconds <= 0:
+        raise ValueError(f"the walltime must be positive, not {text!r}")
+    return float(seconds)
+
+
+def _settings() -> Settings:
+    return Settings()
+
+
+def _fmt_time(t: float | None, now: float | None = None) -> str:
+    if t is None:
+        return "never"
+    stamp = datetime.fromtimestamp(t).strftime("%H:%M:%S")
+    if now is None:
+        return stamp
+    d = t - now
+    if abs(d) < 0.5:
+        return f"{stamp} (now)"
+    return f"{stamp} ({'in ' if d > 0 else ''}{_human(abs(d))}{' ago' if d < 0 else ''})"
+
+
+def _human(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def _unreachable(e: Exception, settings: Settings) -> typer.Exit:
+    err.print(f"[red]cannot reach CooRM at {settings.nats_url}[/red] ({type(e).__name__}: {e}).\n"
+              "Start it with [bold]coorm up[/bold] (or set COORM_NATS_URL).")
+    return typer.Exit(3)
+
+
+# ================================================================================================
+# services and agents
+# ================================================================================================
+def run_service(name: str) -> None:
+    from services.runtime import configure_logging
+
+    settings = _settings()
+    configure_logging(os.environ.get("COORM_LOG_LEVEL", "INFO"))
+    if name == "policy-engine":
+        from services.policy_engine.service import main
+    elif name == "node-allocator":
+        from services.node_allocator.service import main
+    elif name == "view-publisher":
+        from services.view_publisher.service import main
+    elif name == "accounting":
+        from services.accounting.service import main
+    else:
+        err.print(f"[red]unknown service {name!r}[/red]: one of {', '.join(SERVICES)}")
+        raise typer.Exit(2)
+    asyncio.run(main(settings))
+
+
+def run_agent(cluster: str, nodes: str, agent_id: str | None, cores: int | None, memory_mb: int | None) -> None:
+    from node_agent.agent import main
+    from services.runtime import configure_logging
+
+    configure_logging(os.environ.get("COORM_LOG_LEVEL", "INFO"))
+    main(cluster, nodes, agent_id=agent_id, cores=cores, memory_mb=memory_mb)
+
+
+# ================================================================================================
+# submit: a rigid job, the way srun / sbatch feel
+# ================================================================================================
+def submit(cluster: str, nodes: int, walltime: str, command: list[str], no_wait: bool, output: Path | None,
+           label: bool, name: str) -> None:
+    try:
+        duration = parse_walltime(walltime)
+    except ValueError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    if not command:
+        err.print("[red]nothing to run[/red]: coorm submit -c CLUSTER -N NODES -t TIME -- COMMAND ARGS...")
+        raise typer.Exit(2)
+    if no_wait:
+        _submit_detached(cluster, nodes, walltime, command, output, name)
+        return
+    code = asyncio.run(_submit(_settings(), cluster, nodes, duration, command, output, label, name))
+    raise typer.Exit(code)
+
+
+async def _submit(settings: Settings, cluster: str, nodes: int, duration: float, command: list[str],
+                  output: Path | None, label: bool, name: str, announce=None) -> int:
+    from launchers.live import LiveRunner
+    from launchers.rigid import RigidLauncher
+    from launchers.sdk import Session
+    from shared import bus
+
+    try:
+        session = await Session.open(settings, kind="rigid", name=name or Path(command[0]).name)
+    except Exception as e:  # noqa: BLE001 - any failure to connect reads the same to a user
+        raise _unreachable(e, settings) from None
+    if announce is not None:
+        announce(session.app)
+    sink = open(output, "a", buffering=1) if output else None  # noqa: SIM115 - closed below
+
+    def show(out) -> None:
+        text = out.data if not label else "".join(f"{out.node}: {line}\n" for line in out.data.splitlines())
+        stream = sink or (sys.stdout if out.stream == "stdout" else sys.stderr)
+        stream.write(text)
+        stream.flush()
+
+    launcher = RigidLauncher(session.app, cluster, nodes, duration)
+    runner = LiveRunner(session, launcher, command=command, command_ends_work=True, on_output=show)
+    try:
+        result = await runner.run()
+    except bus.WireError as e:
+        err.print(f"[red]refused:[/red] {e.message}")
+        return 2
+    finally:
+        if sink:
+            sink.close()
+    if result.refused:
+        err.print(f"[red]refused:[/red] {result.refused[0]}")
+    if result.end_reason and result.exit_code == 0:
+        err.print(f"[red]job {session.app} ended by the RMS: {result.end_reason}[/red]")
+        return 124 if result.end_reason == "walltime" else 1
+    if result.end_reason:
+        err.print(f"[red]job {session.app} ended by the RMS: {result.end_reason}[/red]")
+    return result.exit_code
+
+
+def _submit_detached(cluster: str, nodes: int, walltime: str, command: list[str], output: Path | None,
+                     name: str) -> None:
+    """``sbatch``: a background launcher runs the job (its output to a file); print the job's id."""
+    r, w = os.pipe()
+    args = [sys.executable, "-m", "cli.main", "_detached-submit", "--fd", str(w), "-c", cluster, "-N", str(nodes),
+            "-t", walltime, "--name", name]
+    if output:
+        args += ["--output", str(output)]
+    proc = subprocess.Popen([*args, "--", *command], pass_fds=(w,), start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(w)
+    with os.fdopen(r) as pipe:
+        line = pipe.readline().strip()
+    if not line:
+        code = proc.wait()
+        err.print("[red]the job could not be submitted[/red] (is CooRM running? try coorm up)")
+        raise typer.Exit(code or 3)
+    print(f"Submitted job {line}")
+
+
+def detached_submit(fd: int, cluster: str, nodes: int, walltime: str, command: list[str], output: Path | None,
+                    name: str) -> None:
+    pipe = os.fdopen(fd, "w")
+
+    def announce(app: str) -> None:
+        pipe.write(app + "\n")
+        pipe.close()
+
+    out = output or Path("coorm-%j.out")
+    settings = _settings()
+
+    async def go() -> int:
+        holder: dict[str, str] = {}
+
+        def remember(app: str) -> None:
+            holder["app"] = app
+            announce(app)
+
+        target = Path(str(out).replace("%j", "{app}"))
+        # the file's name needs the job id, known once the session is open: open lazily
+        return await _submit(settings, cluster, nodes, parse_walltime(walltime), command,
+                             _Lazy(target, holder), False, name, announce=remember)
+
+    raise typer.Exit(asyncio.run(go()))
+
+
+class _Lazy(os.PathLike):
+    """A path whose ``{app}`` is filled in once the job's id is known."""
+
+    def __init__(self, template: Path, holder: dict) -> None:
+        self.template, self.holder = template, holder
+
+    def __fspath__(self) -> str:
+        return str(self.template).format(app=self.holder.get("app", "job"))
+
+
+# ================================================================================================
+# launch: any shipped launcher, live
+# ================================================================================================
+def launch(kind: str, cluster: str | None, params: list[str], command: list[str], name: str) -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    from simulator.scenario import AppSpec
+
+    spec: dict = {"kind": kind}
+    if cluster:
+        spec["cluster"] = cluster
+    for p in params:
+        if "=" not in p:
+            err.print(f"[red]--set takes KEY=VALUE, not {p!r}[/red]")
+            raise typer.Exit(2)
+        k, v = p.split("=", 1)
+        try:
+            spec[k] = json.loads(v)
+        except ValueError:
+            spec[k] = v
+    try:
+        app_spec = TypeAdapter(AppSpec).validate_python(spec)
+    except ValidationError as e:
+        err.print(f"[red]bad parameters for a {kind} launcher:[/red] {e}")
+        raise typer.Exit(2) from None
+    code = asyncio.run(_launch(_settings(), app_spec, command, name))
+    raise typer.Exit(code)
+
+
+async def _launch(settings: Settings, app_spec, command: list[str], name: str) -> int:
+    from launchers.live import LiveRunner
+    from launchers.sdk import Session
+    from simulator.scenario import make_launcher
+
+    try:
+        session = await Session.open(settings, kind=app_spec.kind, name=name or app_spec.kind)
+    except Exception as e:  # noqa: BLE001
+        raise _unreachable(e, settings) from None
+    props = await session.cluster_props()
+    if not props.nodes:
+        err.print("[red]no cluster is up[/red]")
+        await session.close()
+        return 3
+    default = sorted(props.nodes)[0]
+    launcher = make_launcher(session.app, app_spec, default, props)
+    err.print(f"[bold]{session.app}[/bold]: {app_spec.kind} launcher running (Ctrl-C ends the session)")
+    ends_work = app_spec.kind in ("rigid", "moldable", "cem") and bool(command)
+    runner = LiveRunner(session, launcher, command=command or None, command_ends_work=ends_work,
+                        on_output=lambda o: sys.stdout.write(o.data))
+    result = await runner.run()
+    stats = launcher.stats() if hasattr(launcher, "stats") else {}
+    err.print(f"{session.app} ended: exit {result.exit_code}, notifications {result.notifications} "
+              f"({result.notification_bytes} bytes)" + (f", {stats}" if stats else ""))
+    return result.exit_code
+
+
+# ================================================================================================
+# status, nodes, apps, requests, estimate
+# ================================================================================================
+async def _status(settings: Settings):
+    from shared import bus, subjects
+    from shared.protocol import StatusQuery, StatusReply
+
+    nc = await bus.connect(settings.nats_url, "coorm-cli")
+    try:
+        return await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=5)
+    finally:
+        await nc.drain()
+
+
+def fetch_status():
+    settings = _settings()
+    try:
+        return asyncio.run(_status(settings))
+    except Exception as e:  # noqa: BLE001
+        raise _unreachable(e, settings) from None
+
+
+def show_status(as_json: bool) -> None:
+    st = fetch_status()
+    if as_json:
+        print(json.dumps({"now": st.now, "epoch": st.epoch, "leader": st.leader,
+                          "clusters": [c.model_dump() for c in st.clusters],
+                          "apps": len(st.apps),
+                          "waiting": sum(1 for r in st.requests if r.state == "waiting"),
+                          "running": sum(1 for r in st.requests if r.state == "started")}, indent=2))
+        return
+    t = Table(title=f"CooRM — epoch {st.epoch}, leader {st.leader}")
+    for col in ("cluster", "up", "non-preemptible", "pre-allocated unused", "preemptible", "fair-start held",
+                "idle"):
+        t.add_column(col, justify="left" if col == "cluster" else "right")
+    for c in st.clusters:
+        t.add_row(c.cluster, str(c.up), str(c.non_preemptible), str(c.pre_allocated_unused), str(c.preemptible),
+                  str(c.held), str(c.idle))
+    Console().print(t)
+    waiting = sum(1 for r in st.requests if r.state == "waiting")
+    running = sum(1 for r in st.requests if r.state == "started")
+    Console().print(f"{len(st.apps)} applications, {running} requests running, {waiting} waiting")
+
+
+def show_apps(as_json: bool) -> None:
+    st = fetch_status()
+    if as_json:
+        print(json.dumps([a.model_dump() for a in st.apps], indent=2))
+        return
+    t = Table(title="applications (priority order)")
+    for col in ("app", "user", "name", "kind", "opened", "running", "waiting", "nodes"):
+        t.add_column(col, justify="right" if col in ("running", "waiting", "nodes") else "left")
+    for a in sorted(st.apps, key=lambda a: a.opened):
+        t.add_row(a.app, a.user, a.name, a.kind, _fmt_time(a.opened, st.now), str(a.running), str(a.waiting),
+                  str(a.nodes))
+    Console().print(t)
+
+
+def show_requests(as_json: bool, app: str | None) -> None:
+    st = fetch_status()
+    rows = [r for r in st.requests if app is None or r.app == app]
+    if as_json:
+        print(json.dumps([r.model_dump() for r in rows], indent=2))
+        return
+    t = Table(title="requests")
+    for col in ("app", "request", "type", "cluster", "nodes", "state", "start", "end", "relation"):
+        t.add_column(col, justify="right" if col == "nodes" else "left")
+    for r in sorted(rows, key=lambda r: (r.state != "started", r.start if r.start is not None else 1e30)):
+        state = r.state + (" (blocked)" if r.blocked else "")
+        rel = f"{r.related_how} {r.related_to}" if r.related_to else ""
+        t.add_row(r.app, r.request, r.type, r.cluster, str(r.nodes), state, _fmt_time(r.start, st.now),
+                  "-" if r.end is None else _fmt_time(r.end, st.now), rel)
+    Console().print(t)
+
+
+def show_nodes(as_json: bool) -> None:
+    import redis
+
+    from shared import keys
+
+    settings = _settings()
+    try:
+        r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        raw = r.hgetall(keys.NODES)
+    except Exception as e:  # noqa: BLE001
+        raise _unreachable(e, settings) from None
+    nodes = sorted(((n, json.loads(v)) for n, v in raw.items()), key=lambda x: (x[1]["cluster"], _natural(x[0])))
+    if as_json:
+        print(json.dumps({n: rec for n, rec in nodes}, indent=2))
+        return
+    t = Table(title=f"{len(nodes)} nodes")
+    for col in ("node", "cluster", "state", "agent", "cores", "memory (MB)", "app", "request"):
+        t.add_column(col)
+    for n, rec in nodes:
+        t.add_row(n, rec["cluster"], rec["state"], rec["agent"], str(rec["cores"]), str(rec["memory_mb"]),
+                  rec.get("app") or "", rec.get("request") or "")
+    Console().print(t)
+
+
+def _natural(s: str):
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", s)]
+
+
+def estimate(cluster: str, nodes: int, walltime: str, as_json: bool) -> None:
+    """When a request would start if sent now: read from a fresh session's non-preemptive view (the
+    session sees what a new application -- the lowest priority -- would see)."""
+    try:
+        duration = parse_walltime(walltime)
+    except ValueError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    settings = _settings()
+
+    async def go():
+        from launchers.sdk import Session
+
+        try:
+            s = await Session.open(settings, kind="estimate", name="coorm estimate")
+        except Exception as e:  # noqa: BLE001
+            raise _unreachable(e, settings) from None
+        try:
+            views = await s.wait_views(10)
+        finally:
+            await s.close()
+        return views
+
+    views = asyncio.run(go())
+    view = views.non_preemptive.get(cluster)
+    if view is None:
+        err.print(f"[red]no cluster {cluster!r}[/red] (known: {', '.join(sorted(views.non_preemptive)) or 'none'})")
+        raise typer.Exit(2)
+    start = view.earliest_fit(nodes, duration, views.now) if nodes <= view.max_value() else float("inf")
+    when = None if start == float("inf") else start
+    if as_json:
+        print(json.dumps({"cluster": cluster, "nodes": nodes, "walltime": duration, "now": views.now,
+                          "start": when, "wait": None if when is None else when - views.now}))
+        return
+    if when is None:
+        print(f"{nodes} nodes of {cluster} never fit: the cluster has {view.max_value()} at most")
+    else:
+        print(f"{nodes} nodes of {cluster} for {_human(duration)}: would start at {_fmt_time(when, views.now)}")
+

@@ -1,0 +1,59 @@
+"""What ``coorm status``, ``apps`` and ``requests`` show: a read of the cores' state, no change to it."""
+
+from __future__ import annotations
+
+from services.coupled import CoupledCores
+from services.policy_engine.state import RequestState
+from shared.protocol import AppStatus, ClusterStatus, RequestStatus, StatusReply
+from shared.stepfn import INF
+
+
+def _t(x: float) -> float | None:
+    return None if x == INF else x
+
+
+def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str) -> StatusReply:
+    policy, alloc = cores.policy, cores.allocator
+    requests: list[RequestStatus] = []
+    running_np: dict[str, int] = {}
+    preemptible: dict[str, int] = {}
+    pa_size: dict[str, int] = {}
+    pa_used: dict[str, int] = {}
+    per_app: dict[str, list[int]] = {}
+    for r in policy.requests.values():
+        if r.state is RequestState.ENDED:
+            continue
+        started = r.state is RequestState.STARTED
+        ids = list(alloc.nodes_of(r.id)) if started else []
+        counts = per_app.setdefault(r.app, [0, 0, 0])
+        counts[1 if started else 0] += 1
+        counts[2] += len(ids)
+        if started:
+            if r.is_preallocation:
+                pa_size[r.cluster] = pa_size.get(r.cluster, 0) + r.nodes
+            elif r.preemptible:
+                preemptible[r.cluster] = preemptible.get(r.cluster, 0) + len(ids)
+            else:
+                running_np[r.cluster] = running_np.get(r.cluster, 0) + len(ids)
+                if r.container is not None:
+                    pa_used[r.cluster] = pa_used.get(r.cluster, 0) + r.nodes
+        requests.append(RequestStatus(
+            app=r.app, request=r.id, type=r.type.value, cluster=r.cluster, nodes=r.nodes, state=r.state.value,
+            submitted=r.submitted_at, start=_t(r.start), end=_t(r.end) if started else None,
+            related_to=r.related_to, related_how=r.related_how.value, blocked=r.blocked, node_ids=ids))
+    clusters = []
+    for c, up in sorted(policy.clusters.items()):
+        held = sum(h.nodes for h in policy.holds if h.cluster == c and h.physical)
+        np_ = running_np.get(c, 0)
+        unused = max(pa_size.get(c, 0) - pa_used.get(c, 0), 0)
+        pre = preemptible.get(c, 0)
+        clusters.append(ClusterStatus(cluster=c, up=up, non_preemptible=np_, pre_allocated_unused=unused,
+                                      preemptible=pre, held=held, idle=alloc.free_count(c)))
+    apps = []
+    for a in policy.apps.values():
+        s = sessions.get(a.id, {})
+        w, r, n = per_app.get(a.id, [0, 0, 0])
+        apps.append(AppStatus(app=a.id, user=s.get("user", a.user), name=s.get("name", a.name),
+                              kind=s.get("kind", a.kind), opened=a.opened_at, waiting=w, running=r, nodes=n))
+    return StatusReply(now=cores.now, epoch=policy.epoch, leader=leader, clusters=clusters, apps=apps,
+                       requests=requests)
