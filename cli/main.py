@@ -265,6 +265,25 @@ def estimate(
     run(cluster, nodes, walltime, as_json)
 
 
+@app.command()
+def usage(
+    user: str | None = typer.Option(None, "--user", help="only this user"),
+    since: str | None = typer.Option(None, "--since", help="ISO date/time, epoch seconds, or back from now: 2h, 1d"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Usage per user and application: node-hours by request type, requests, mean wait, preemptions, kills."""
+    import time
+
+    from services.accounting.report import parse_since, print_usage, usage_report
+    from shared.settings import Settings
+
+    try:
+        t = parse_since(since, time.time()) if since else None
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--since") from None
+    print_usage(usage_report(Settings().redis_url, user, t), as_json)
+
+
 if __name__ == "__main__":
     app()
 

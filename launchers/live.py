@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from launchers.base import Close, Command, Done, Launcher, Submit, Timer
-from launchers.sdk import Exited, Killed, Session, Started, ViewsChanged
+from launchers.sdk import Closed, Exited, Killed, Session, Started, ViewsChanged
 from shared import bus
 from shared.events import ErrorCode
 from shared.protocol import ProcessOutput
@@ -109,6 +109,8 @@ class LiveRunner:
                 self.result.exit_code = item.code if item.code > 0 else 128 - item.code
             if self.command_ends_work and self._running_procs <= 0 and self._launched_any:
                 await self._execute(self._work_done())
+        elif isinstance(item, Closed):
+            self.launcher.finished = True
         elif isinstance(item, tuple) and item[0] == "timer":
             await self._execute(lz.on_timer(now, item[1]))
 

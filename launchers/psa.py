@@ -165,14 +165,9 @@ class PSALauncher(Launcher):
 
     # -- events -------------------------------------------------------------------------------------
     def on_views(self, views: Views) -> list[Command]:
+        # a shrink's successor that has not started yet still counts as held: the RMS keeps its nodes for it
+        # (and a view may overtake the start notification on a live system)
         self.views = views
-        for succ, kept in list(self.handing.items()):
-            # a shrink's successor did not start in the pass that ended its predecessor: those nodes are
-            # gone, and the successor is now a plain request for new nodes
-            for node in kept:
-                self._kill(views.now, node)
-            del self.handing[succ]
-            self.asked[succ] = len(kept)
         return self._adapt(views.now)
 
     def on_start(self, now: float, request: str, nodes: tuple[str, ...]) -> list[Command]:

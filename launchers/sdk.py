@@ -85,7 +85,12 @@ class Exited:
     killed: bool
 
 
-Event = ViewsChanged | Started | Killed | Exited
+@dataclass(frozen=True)
+class Closed:
+    """The session was closed (by the application)."""
+
+
+Event = ViewsChanged | Started | Killed | Exited | Closed
 
 
 @dataclass
@@ -155,6 +160,7 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        self._events.put_nowait(Closed())
         if self._heartbeat:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -228,7 +234,7 @@ class Session:
 
     async def update(self, current: str, new: RequestSpec, released: Iterable[str] = ()) -> str:
         """Spontaneous update (CooRMv2 §III-A3): ``request(new NEXT current)`` then ``done(current)``."""
-        spec = new.model_copy(update={"related_to": current, "related_how": "NEXT"})
+        spec = RequestSpec.model_validate({**new.model_dump(), "related_to": current, "related_how": "NEXT"})
         await self.request(spec)
         await self.done(current, released)
         return spec.id
@@ -240,7 +246,7 @@ class Session:
         cluster = cur.cluster if cur else new.cluster
         bridge = RequestSpec(id=f"{new.id}-bridge", type=RequestType.NON_PREEMPTIBLE, cluster=cluster, nodes=nodes,
                              duration=delta, related_to=current, related_how="NEXT")
-        spec = new.model_copy(update={"related_to": bridge.id, "related_how": "NEXT"})
+        spec = RequestSpec.model_validate({**new.model_dump(), "related_to": bridge.id, "related_how": "NEXT"})
         await self.request(bridge, spec)
         await self.done(current)
         return bridge.id, spec.id

@@ -41,6 +41,7 @@ class _Part:
 class LocalStack:
     settings: Settings
     clusters: dict[str, int]
+    with_engine: bool = True  # False: a policy engine runs elsewhere (another process)
     agents: dict[str, Agent] = field(default_factory=dict)
     parts: dict[str, _Part] = field(default_factory=dict)
 
@@ -61,8 +62,9 @@ class LocalStack:
         self.parts[name] = _Part(obj, stop, asyncio.create_task(obj.run(stop), name=name))
 
     async def start(self) -> LocalStack:
-        self._spawn("policy-engine", PolicyEngine(self.settings))
-        await self._ready(self.engine.leader, "policy-engine")
+        if self.with_engine:
+            self._spawn("policy-engine", PolicyEngine(self.settings))
+            await self._ready(self.engine.leader, "policy-engine")
         self._spawn("node-allocator", NodeAllocatorService(self.settings))
         await self._ready(self.allocator.ready, "node-allocator")
         self._spawn("view-publisher", ViewPublisher(self.settings))
@@ -72,9 +74,26 @@ class LocalStack:
                           host_node_info(node_names(cluster, n), cores=1, memory_mb=1024))
             await agent.start()
             self.agents[cluster] = agent
-        await wait_until(lambda: all(self.engine.cores.allocator.up(c) == n for c, n in self.clusters.items()),
-                         what="every node up")
+        await self.wait_nodes_up()
         return self
+
+    async def wait_nodes_up(self, timeout: float = 15.0) -> None:
+        """Until the policy engine (wherever it runs) has every node up."""
+        from shared import bus, subjects
+        from shared.protocol import StatusQuery, StatusReply
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                st = await bus.call(self.allocator.nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=2)
+                up = {c.cluster: c.up for c in st.clusters}
+                if all(up.get(c) == n for c, n in self.clusters.items()):
+                    return
+            except Exception:  # noqa: BLE001 - no leader yet
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("every node up")
+            await asyncio.sleep(0.02)  # polling the engine's status: there is nothing to wait on
 
     async def _ready(self, event: asyncio.Event, name: str) -> None:
         waiter = asyncio.create_task(event.wait())
@@ -95,7 +114,7 @@ class LocalStack:
     async def stop(self) -> None:
         for agent in self.agents.values():
             with contextlib.suppress(Exception):
-                await agent.stop()
+                await asyncio.wait_for(agent.stop(), 15)
         for name in list(self.parts)[::-1]:
             with contextlib.suppress(Exception):
                 await self.stop_part(name)

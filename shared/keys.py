@@ -8,6 +8,7 @@ SESSIONS = f"{PREFIX}:sessions"  # hash app -> session record
 POLICY_LEASE = f"{PREFIX}:policy:leader"  # leader lease of the policy engine
 SCHEDULE_EPOCH = f"{PREFIX}:schedule:epoch"  # last published schedule
 EVENT_LOG = f"{PREFIX}:policy:events"  # stream of accepted events (replayed on take-over)
+INCARNATION = f"{PREFIX}:policy:incarnation"  # this state's id: decision ids stay unique if Redis is reset
 EVENT_SEQ = f"{PREFIX}:policy:seq"  # counter: stimulus ids stay unique across leaders
 APP_SEQ = f"{PREFIX}:policy:apps"  # counter: application ids
 NODES = f"{PREFIX}:nodes"  # hash node -> node record
@@ -23,3 +24,34 @@ def allocation(request: str) -> str:
 
 def cluster_info(cluster: str) -> str:
     return f"{PREFIX}:cluster:{cluster}"
+
+
+# -- accounting (services/accounting) ----------------------------------------------------------------
+ACCT = f"{PREFIX}:acct"
+# written by the service (one Lua script per lifecycle event, so a record is all there or not at all)
+ACCT_EVENTS = f"{ACCT}:events"  # stream: every lifecycle event as received (fields: id, event JSON)
+ACCT_SEEN = f"{ACCT}:seen"  # zset event id -> when recorded: de-duplicates redeliveries (kept 8 days)
+ACCT_REJECTED = f"{ACCT}:rejected"  # list: malformed messages skipped (newest first, capped)
+ACCT_ENDED = f"{ACCT}:ended"  # zset request id -> ended_at: the finished requests, by end time
+ACCT_PREEMPTIONS = f"{ACCT}:preemptions"  # hash event id -> preemption record (JSON)
+ACCT_PREEMPTIONS_AT = f"{ACCT}:preemptions:at"  # zset event id -> when the preemption was announced
+# written by the Celery roll-up tasks
+ACCT_ROLLED = f"{ACCT}:rolled"  # set: "req:<request>" / "pre:<event id>" already counted in the aggregates
+ACCT_USERS = f"{ACCT}:users"  # set: users that have an aggregate
+ACCT_APPS = f"{ACCT}:apps"  # set: applications that have an aggregate
+
+
+def acct_request(request_id: str) -> str:
+    """hash: one request's record (submitted_at, started_at, ended_at, nodes, type, cluster, app, user, ...)."""
+    return f"{ACCT}:req:{request_id}"
+
+
+def acct_user(user: str) -> str:
+    """hash: one user's usage totals."""
+    return f"{ACCT}:user:{user}"
+
+
+def acct_app(app: str) -> str:
+    """hash: one application's usage totals (and ``_user``, ``_kind``)."""
+    return f"{ACCT}:app:{app}"
+

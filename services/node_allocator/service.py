@@ -80,22 +80,20 @@ class NodeAllocatorService:
             await bus.serve(self.nc, subjects.AGENT_REGISTER, AgentRegister, self._on_register),
             await bus.serve(self.nc, subjects.AGENT_HEARTBEAT, AgentHeartbeat, self._on_heartbeat),
         ]
-        psub = await self.js.pull_subscribe(
-            subjects.DECISIONS, durable=self.name,
+        # a durable push consumer: decisions arrive as they are published, one at a time, in order
+        psub = await self.js.subscribe(
+            subjects.DECISIONS, durable=self.name, manual_ack=True, cb=self._on_decision,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                                  max_ack_pending=1),
+                                  max_ack_pending=1000),
         )
         await self.nc.publish(subjects.AGENT_HELLO, b"{}")  # agents that registered before we ran
         self.ready.set()
-        self._stop = stop
-        tasks = [asyncio.create_task(self._follow(psub)), asyncio.create_task(self._watch_agents())]
+        tasks = [asyncio.create_task(self._watch_agents())]
         try:
             await stop.wait()
         finally:
-            stop.set()
             for t in tasks:
                 t.cancel()
-            # nats-py's fetch may swallow a cancellation: the loop also checks ``stop``
             await asyncio.wait(tasks, timeout=5)
             for s in [*subs, psub]:
                 with contextlib.suppress(Exception):
@@ -106,18 +104,12 @@ class NodeAllocatorService:
     # ============================================================================================
     # decisions
     # ============================================================================================
-    async def _follow(self, psub) -> None:
-        while not self._stop.is_set():
-            try:
-                msgs = await psub.fetch(16, timeout=1.0)
-            except NatsTimeout:
-                continue
-            for m in msgs:
-                try:
-                    await self._act(_DECISION.validate_json(m.data))
-                except Exception:  # noqa: BLE001 - one bad decision must not stop the node side
-                    log.exception("could not act on a decision", data=m.data[:200])
-                await m.ack()
+    async def _on_decision(self, m) -> None:
+        try:
+            await self._act(_DECISION.validate_json(m.data))
+        except Exception:  # noqa: BLE001 - one bad decision must not stop the node side
+            log.exception("could not act on a decision", data=m.data[:200])
+        await m.ack()
 
     async def _act(self, d) -> None:
         if isinstance(d, StartRequest):

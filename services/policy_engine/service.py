@@ -192,6 +192,8 @@ class PolicyEngine:
         """Rebuild the cores by replaying the event log; publish again the decisions of the last events
         (their ids make JetStream drop those the previous leader had published)."""
         self.cores = CoupledCores(policy_settings(self.settings))
+        await self.redis.set(keys.INCARNATION, uuid.uuid4().hex[:12], nx=True)
+        self.incarnation = await self.redis.get(keys.INCARNATION)
         raw = await self.redis.hgetall(keys.SESSIONS)
         self.sessions = {app: json.loads(v) for app, v in raw.items()}
         entries = await self.redis.xrange(keys.EVENT_LOG)
@@ -230,11 +232,11 @@ class PolicyEngine:
         for i, d in enumerate(decisions):
             if isinstance(d, _FOR_ALLOCATOR) or d.kind in ("assigned", "freed", "capacity"):
                 await self.js.publish(subjects.DECISIONS, d.model_dump_json().encode(),
-                                      headers={"Nats-Msg-Id": f"{d.stimulus_id}.{i}"})
+                                      headers={"Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}"})
             life = self._lifecycle(event, d)
             if life is not None:
                 await self.js.publish(subjects.LIFECYCLE, bus.encode(life),
-                                      headers={"Nats-Msg-Id": f"{d.stimulus_id}.{i}.life"})
+                                      headers={"Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}.life"})
             if isinstance(d, ViewsChanged):
                 views_for = d.apps
             if isinstance(d, SessionEnded):

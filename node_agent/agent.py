@@ -1,0 +1,527 @@
+"""The node agent: one process serving one host's nodes (or many emulated nodes) over NATS.
+
+The I/O shell around :class:`node_agent.state.NodeBook`:
+
+* registers its nodes on ``AGENT_REGISTER`` (request/reply, retried until the node allocator answers
+  ``Ack``), again whenever anything arrives on ``AGENT_HELLO``; heartbeats on ``AGENT_HEARTBEAT``;
+* ``node_assign(node)``: the allocator says which request owns the node until when (and which token may
+  launch); ``Ack`` if a reply is asked for;
+* ``node_launch(node)``: starts ``argv`` for the owner, in its own session (process group), streams its
+  output on ``app_output(app, request)`` and, once it ended and its output was sent, publishes
+  :class:`ProcessExited` on ``app_exited(app)`` and ``AGENT_EXITED``;
+* ``node_kill(node)``: TERM to each of the request's process groups there, KILL after ``grace``; replies
+  once they are dead;
+* kills a request's processes itself when its assignment's end passed more than ``kill_grace`` ago.
+
+A launch is its process group: when the group leader exits, whatever it left running in its group is
+killed (as batch systems do at the end of a job step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import nats.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from node_agent import procs
+from node_agent.nodes import default_agent_id, host_node_info, parse_nodes
+from node_agent.state import NodeBook, ProcessRecord, Refused
+from shared import subjects
+from shared.bus import WireError, call, connect, decode, encode
+from shared.events import ErrorCode
+from shared.protocol import (
+    Ack,
+    AgentHeartbeat,
+    AgentRegister,
+    KillMsg,
+    KillReply,
+    LaunchMsg,
+    LaunchReply,
+    NodeAssign,
+    NodeInfo,
+    ProcessExited,
+    ProcessOutput,
+)
+from shared.settings import Settings
+
+log = structlog.get_logger("coorm.agent")
+
+CHUNK = 64 * 1024  # longest ProcessOutput.data (a longer line is sent in pieces)
+REGISTER_TIMEOUT = 2.0  # one registration attempt
+REGISTER_BACKOFF = (0.1, 2.0)  # first and longest pause between attempts
+STRAY_KILL_WAIT = 5.0  # how long to wait for a SIGKILLed group to be gone
+OUTPUT_DRAIN = 2.0  # after a group is gone, how long its output pipes may stay open (escaped daemons)
+POLL = 0.02  # polling a group that has no parent we can wait on
+
+
+class _Pipes(asyncio.SubprocessProtocol):
+    """What a launched process does, as events: output chunks by fd (``None`` at EOF), and its exit.
+    (``asyncio.create_subprocess_exec``'s ``wait()`` only returns once the pipes are closed, which never
+    happens while something left in the group holds them.)"""
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self.transport: asyncio.SubprocessTransport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.events.put_nowait((fd, data))
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.events.put_nowait((fd, None))
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(self.transport.get_returncode())
+
+
+@dataclass(eq=False)
+class _Running:
+    pid: int
+    node: str
+    app: str
+    request: str  # as of the last look at the books (NEXT hand-overs change it)
+    pipes: _Pipes
+    watcher: asyncio.Task | None = None
+    record: ProcessRecord | None = None  # taken off the books when the leader was reaped
+    kill_at: float | None = None  # monotonic deadline for the rest of the group after TERM
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Agent:
+    """``Agent(settings, agent_id, cluster, nodes)``; ``await start()``, ``await run_forever()``,
+    ``await stop()``.
+
+    ``subreaper`` (default): from start to stop the process is the (Linux) child subreaper, so that what a
+    killed group's leader leaves behind is re-parented to the agent and reaped at once: when a kill is
+    answered, the group is gone. It is a process-wide setting (restored when the last agent stops);
+    orphans of other code in the same process are re-parented too, and stay zombies until it exits.
+    ``clock`` is the wall clock assignments' ends are compared with."""
+
+    def __init__(self, settings: Settings, agent_id: str, cluster: str, nodes: list[NodeInfo], *,
+                 subreaper: bool = True, clock: Callable[[], float] = time.time) -> None:
+        if not nodes:
+            raise ValueError("an agent needs at least one node")
+        self.settings = settings
+        self.agent_id = agent_id
+        self.cluster = cluster
+        self.node_info = list(nodes)
+        self.book = NodeBook([n.id for n in nodes], kill_grace=settings.kill_grace)
+        self.subreaper = subreaper
+        self.clock = clock
+        self.nc: NATS | None = None
+        self.registered = asyncio.Event()  # set on each successful registration, cleared on AGENT_HELLO
+        self.registrations = 0
+        self._register_msg = AgentRegister(agent=agent_id, cluster=cluster, nodes=self.node_info)
+        self._running: dict[int, _Running] = {}
+        self._terminations: dict[int, asyncio.Task] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._loops: list[asyncio.Task] = []
+        self._register_task: asyncio.Task | None = None
+        self._rearm = asyncio.Event()
+        self._stopping = False
+        self._closed = asyncio.Event()
+        self._subreaper_held = False
+        self._log = log.bind(agent=agent_id, cluster=cluster)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    @property
+    def process_count(self) -> int:
+        return self.book.process_count
+
+    async def start(self) -> None:
+        """Connect, subscribe to every node's subjects, start heartbeats and the end-of-allocation timer,
+        then register (retrying until the allocator answers)."""
+        if self.nc is not None:
+            raise RuntimeError("agent already started")
+        if self.subreaper:
+            self._subreaper_held = procs.acquire_subreaper()
+            if not self._subreaper_held:
+                self._log.warning("cannot become child subreaper: killed groups are reaped by init")
+        self.nc = await connect(self.settings.nats_url, f"coorm-agent-{self.agent_id}")
+        for node in self.book.nodes:
+            await self._serve_node(node)
+        await self.nc.subscribe(subjects.AGENT_HELLO, cb=self._on_hello)
+        self._loops = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._expiry_loop())]
+        self._log.info("agent started", nodes=len(self.book.nodes), nats=self.settings.nats_url)
+        self._register_task = asyncio.create_task(self._register())
+        registered = asyncio.create_task(self.registered.wait())
+        closed = asyncio.create_task(self._closed.wait())
+        try:
+            await asyncio.wait({registered, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            registered.cancel()
+            closed.cancel()
+            await asyncio.gather(registered, closed, return_exceptions=True)
+
+    async def run_forever(self) -> None:
+        """Until :meth:`stop`."""
+        await self._closed.wait()
+
+    async def stop(self) -> None:
+        """Refuse new launches, kill every process started (TERM, KILL after ``kill_grace``), publish
+        their exits, then drain the connection."""
+        if self._stopping:
+            await self._closed.wait()
+            return
+        self._stopping = True
+        try:
+            background = [*self._loops, *([self._register_task] if self._register_task else [])]
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            pids = self.book.kill_all()
+            if pids:
+                self._log.info("stopping: killing processes", pids=pids)
+            await self._terminate(pids, self.settings.kill_grace)
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            if self.nc is not None and not self.nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await self.nc.drain()
+            self._log.info("agent stopped")
+        finally:
+            if self._subreaper_held:
+                self._subreaper_held = False
+                procs.release_subreaper()
+            self._closed.set()
+
+    # -- registration and heartbeats ----------------------------------------------------------------
+    async def _register(self) -> None:
+        pause = REGISTER_BACKOFF[0]
+        while True:
+            try:
+                await call(self.nc, subjects.AGENT_REGISTER, self._register_msg, Ack, timeout=REGISTER_TIMEOUT)
+            except WireError as e:
+                self._log.warning("registration refused", code=e.code.value, reason=e.message)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                self._log.debug("no node allocator answered registration yet")
+            except nats.errors.Error as e:
+                self._log.warning("registration failed", error=str(e))
+            else:
+                self.registrations += 1
+                self.registered.set()
+                self._log.info("registered", nodes=[n.id for n in self.node_info])
+                return
+            await asyncio.sleep(pause)  # retry back-off
+            pause = min(pause * 2, REGISTER_BACKOFF[1])
+
+    async def _on_hello(self, msg: Msg) -> None:
+        if self._stopping:
+            return
+        self._log.info("hello from the allocator: registering again")
+        self.registered.clear()
+        if self._register_task is not None and not self._register_task.done():
+            self._register_task.cancel()
+        self._register_task = asyncio.create_task(self._register())
+
+    async def _heartbeat_loop(self) -> None:
+        nodes = list(self.book.nodes)
+        while True:
+            try:
+                hb = AgentHeartbeat(agent=self.agent_id, nodes=nodes, processes=self.book.process_count)
+                await self.nc.publish(subjects.AGENT_HEARTBEAT, encode(hb))
+            except nats.errors.Error as e:
+                self._log.warning("heartbeat not sent", error=str(e))
+            await asyncio.sleep(self.settings.agent_heartbeat)  # the heartbeat period
+
+    # -- end of allocations -------------------------------------------------------------------------
+    async def _expiry_loop(self) -> None:
+        while True:
+            self._rearm.clear()
+            due = self.book.next_expiry()
+            timeout = None if due is None else max(0.0, due - self.clock()) + 0.001
+            try:
+                await asyncio.wait_for(self._rearm.wait(), timeout)
+            except TimeoutError:
+                pass
+            for ex in self.book.expire(self.clock()):
+                self._log.warning("allocation ended without word from the RMS: killing its processes",
+                                  node=ex.node, app=ex.app, request=ex.request, end=ex.end, pids=list(ex.pids))
+                self._background(self._terminate(list(ex.pids), self.settings.kill_grace))
+
+    # -- handlers -----------------------------------------------------------------------------------
+    async def _serve_node(self, node: str) -> None:
+        """One subscription per node, so that its messages are handled in the order they were sent (an
+        assignment published just before a launch is in force for that launch). Assignments and launches
+        are handled in turn; a kill updates the books in turn and waits for the deaths in the background.
+        Every request gets a reply (an ``ErrorReply`` if it is refused or malformed)."""
+        actions = {
+            subjects.node_assign(node): (NodeAssign, self._on_assign),
+            subjects.node_launch(node): (LaunchMsg, self._on_launch),
+            subjects.node_kill(node): (KillMsg, self._on_kill),
+        }
+        bases = {subject.rsplit(".", 1)[0] for subject in actions}
+
+        async def on_msg(raw: Msg) -> None:
+            model, handler = actions.get(raw.subject, (None, None))
+            if handler is None:
+                return
+            try:
+                out = await handler(node, decode(raw.data, model))
+            except WireError as e:
+                out = e.reply()
+            except Exception as e:  # noqa: BLE001 - a reply must go out whatever went wrong
+                self._log.exception("handler failed", subject=raw.subject)
+                out = WireError(ErrorCode.UNAVAILABLE, f"internal error: {type(e).__name__}: {e}").reply()
+            if isinstance(out, asyncio.Future):  # a kill: the reply comes once the processes are dead
+                self._background(self._reply_later(raw, out))
+            else:
+                await self._respond(raw, out)
+
+        if len(bases) == 1:
+            await self.nc.subscribe(f"{bases.pop()}.*", cb=on_msg)
+        else:  # pragma: no cover - the subjects no longer share a prefix: one subscription each
+            for subject in actions:
+                await self.nc.subscribe(subject, cb=on_msg)
+
+    async def _respond(self, raw: Msg, out) -> None:
+        if raw.reply and out is not None:
+            try:
+                await raw.respond(encode(out))
+            except nats.errors.Error as e:
+                self._log.warning("reply not sent", subject=raw.subject, error=str(e))
+
+    async def _reply_later(self, raw: Msg, fut: asyncio.Future) -> None:
+        try:
+            out = await fut
+        except Exception as e:  # noqa: BLE001
+            self._log.exception("kill failed", subject=raw.subject)
+            out = WireError(ErrorCode.UNAVAILABLE, f"internal error: {type(e).__name__}: {e}").reply()
+        await self._respond(raw, out)
+
+    async def _on_assign(self, node: str, msg: NodeAssign) -> Ack:
+        if node not in msg.nodes:
+            raise WireError(ErrorCode.BAD_REQUEST, f"node {node} is not among the assignment's nodes")
+        doomed = self.book.assign(node, msg)
+        self._rearm.set()
+        self._log.info("node assigned", node=node, app=msg.app, request=msg.request, end=msg.end,
+                       previous=msg.previous)
+        if doomed:
+            self._log.warning("node given to another request: killing the previous owner's processes",
+                              node=node, pids=doomed)
+            self._background(self._terminate(doomed, self.settings.kill_grace))
+        return Ack()
+
+    async def _on_launch(self, node: str, msg: LaunchMsg) -> LaunchReply:
+        if self._stopping:
+            raise WireError(ErrorCode.UNAVAILABLE, "the agent is stopping")
+        try:
+            assignment = self.book.check_launch(node, msg.app, msg.request, msg.token, self.clock())
+        except Refused as e:
+            self._log.info("launch refused", node=node, app=msg.app, request=msg.request, reason=e.message)
+            raise WireError(e.code, e.message) from None
+        env = {**os.environ, **msg.env, "COORM_NODE": node, "COORM_NODES": ",".join(assignment.nodes),
+               "COORM_REQUEST": msg.request, "COORM_APP": msg.app}
+        try:
+            transport, pipes = await asyncio.get_running_loop().subprocess_exec(
+                _Pipes, *msg.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env, cwd=msg.cwd, start_new_session=True,
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            raise WireError(ErrorCode.BAD_REQUEST, f"cannot start {msg.argv[0]!r}: {e}") from None
+        pid = transport.get_pid()
+        stale = self._running.get(pid)
+        if stale is not None:  # a reaped leader whose watcher has not run yet: its pid was reused
+            self._forget(stale)
+        run = _Running(pid=pid, node=node, app=msg.app, request=msg.request, pipes=pipes)
+        self._running[pid] = run
+        self.book.started(pid, node, msg.app, msg.request)
+        run.watcher = self._background(self._watch(run))
+        self._log.info("launched", node=node, app=msg.app, request=msg.request, pid=pid, argv=msg.argv)
+        # the assignment may have expired, or the agent begun stopping, while the process was created
+        current = self.book.assignment(node)
+        if current is None or current.app != msg.app or current.request != msg.request or self._stopping:
+            self.book.mark_killed(pid)
+            await self._terminate([pid], 0.0)
+            raise WireError(ErrorCode.NOT_OWNER, f"node {node} changed hands during the launch")
+        return LaunchReply(pids=[pid])
+
+    async def _on_kill(self, node: str, msg: KillMsg) -> asyncio.Future:
+        pids = self.book.kill(node, msg.request)
+        self._rearm.set()
+        self._log.info("kill", node=node, request=msg.request, pids=pids, grace=msg.grace, reason=msg.reason)
+
+        async def dead() -> KillReply:
+            await self._terminate(pids, msg.grace)
+            return KillReply(killed=pids)
+
+        return asyncio.ensure_future(dead())
+
+    # -- processes ----------------------------------------------------------------------------------
+    async def _terminate(self, pids: list[int], grace: float) -> None:
+        """TERM each process group, KILL it after ``grace``; return once every one has ended and its exit
+        was published. Idempotent per pid; cancelling the caller does not stop the kills."""
+        tasks = []
+        for pid in pids:
+            if pid not in self._running:
+                continue
+            t = self._terminations.get(pid)
+            if t is None:
+                t = asyncio.create_task(self._terminate_one(self._running[pid], grace))
+                self._terminations[pid] = t
+                t.add_done_callback(lambda _t, pid=pid: self._terminations.pop(pid, None))
+            tasks.append(t)
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _terminate_one(self, run: _Running, grace: float) -> None:
+        run.kill_at = time.monotonic() + grace
+        procs.signal_group(run.pid, signal.SIGTERM)
+        if not run.done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.done.wait(), grace)
+        if not run.done.is_set():
+            if not run.pipes.exited.done():
+                self._log.info("still alive after grace: KILL", pid=run.pid, grace=grace)
+                procs.signal_group(run.pid, signal.SIGKILL)
+            await run.done.wait()
+
+    async def _watch(self, run: _Running) -> None:
+        """Pump the output, wait for the leader, clean the rest of its group, publish the exit."""
+        pump = asyncio.create_task(self._pump(run))
+        try:
+            code = await run.pipes.exited
+            # the leader is reaped: its pid may be reused from now on, so it leaves the books at once
+            rec = self._forget(run)
+            await self._finish_group(run)
+            with contextlib.suppress(TimeoutError):  # a daemon that left the group may hold the pipes
+                await asyncio.wait_for(asyncio.shield(pump), OUTPUT_DRAIN)
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+            run.pipes.transport.close()
+            if rec is not None:
+                ev = ProcessExited(node=rec.node, app=rec.app, request=rec.request, pid=run.pid, code=code,
+                                   killed=rec.killed)
+                self._log.info("process exited", node=rec.node, app=rec.app, request=rec.request,
+                               pid=run.pid, code=code, killed=rec.killed)
+                try:
+                    await self.nc.publish(subjects.app_exited(rec.app), encode(ev))
+                    await self.nc.publish(subjects.AGENT_EXITED, encode(ev))
+                except nats.errors.Error as e:
+                    self._log.warning("exit not published", pid=run.pid, error=str(e))
+        finally:
+            pump.cancel()
+            run.pipes.transport.close()
+            self._forget(run)
+            run.done.set()
+
+    def _forget(self, run: _Running) -> ProcessRecord | None:
+        """Take the process off the books (once); its last record."""
+        if self._running.get(run.pid) is run:
+            del self._running[run.pid]
+            run.record = self.book.exited(run.pid)
+            if run.record is not None:
+                run.request = run.record.request
+        return run.record
+
+    async def _finish_group(self, run: _Running) -> None:
+        """The leader ended: let the rest of its group finish until the kill deadline (if it is being
+        killed), then KILL what is left and wait until nothing of it runs."""
+        if not procs.group_alive(run.pid):
+            return
+        if run.kill_at is not None:
+            while time.monotonic() < run.kill_at and procs.group_alive(run.pid):
+                await asyncio.sleep(POLL)  # polling: the members are not our children
+        else:
+            self._log.info("leader exited: killing the rest of its group", pid=run.pid)
+        procs.signal_group(run.pid, signal.SIGKILL)
+        deadline = time.monotonic() + STRAY_KILL_WAIT
+        while procs.group_alive(run.pid):
+            if time.monotonic() > deadline:
+                self._log.warning("process group still alive after KILL", pgid=run.pid)
+                return
+            await asyncio.sleep(POLL)  # polling: the members are not our children
+
+    async def _pump(self, run: _Running) -> None:
+        """Publish the output, line by line (pieces of at most CHUNK characters), until both pipes end."""
+        names = {1: "stdout", 2: "stderr"}
+        decoders = {fd: codecs.getincrementaldecoder("utf-8")(errors="replace") for fd in names}
+        bufs = dict.fromkeys(names, "")
+        open_fds = set(names)
+        while open_fds:
+            fd, data = await run.pipes.events.get()
+            if fd not in open_fds:
+                continue
+            if data is None:
+                open_fds.discard(fd)
+                rest = bufs[fd] + decoders[fd].decode(b"", final=True)
+                if rest:
+                    await self._output(run, names[fd], rest)
+                continue
+            *lines, bufs[fd] = (bufs[fd] + decoders[fd].decode(data)).split("\n")
+            for line in lines:
+                await self._output(run, names[fd], line + "\n")
+            while len(bufs[fd]) >= CHUNK:
+                piece, bufs[fd] = bufs[fd][:CHUNK], bufs[fd][CHUNK:]
+                await self._output(run, names[fd], piece)
+
+    async def _output(self, run: _Running, stream: str, data: str) -> None:
+        if self._running.get(run.pid) is run:  # still running: its request may have changed (NEXT)
+            rec = self.book.process(run.pid)
+            if rec is not None:
+                run.request = rec.request
+        msg = ProcessOutput(node=run.node, request=run.request, pid=run.pid, stream=stream, data=data)
+        try:
+            await self.nc.publish(subjects.app_output(run.app, run.request), encode(msg))
+        except nats.errors.Error as e:
+            self._log.warning("output not published", pid=run.pid, error=str(e))
+
+    def _background(self, coro) -> asyncio.Task:
+        """A task that :meth:`stop` waits for."""
+        t = asyncio.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+
+# -- the ``coorm agent`` command ------------------------------------------------------------------------
+def main(cluster: str, nodes: str, agent_id: str | None = None, cores: int | None = None,
+         memory_mb: int | None = None) -> None:
+    """Serve ``nodes`` (``n0..n15``, ``a,b,c``) of ``cluster`` until SIGINT or SIGTERM, then kill every
+    process started and exit. Settings come from ``COORM_*`` (see :class:`Settings`)."""
+    settings = Settings()
+    infos = host_node_info(parse_nodes(nodes), cores=cores, memory_mb=memory_mb)
+    asyncio.run(serve_agent(settings, agent_id or default_agent_id(cluster), cluster, infos))
+
+
+async def serve_agent(settings: Settings, agent_id: str, cluster: str, nodes: list[NodeInfo]) -> None:
+    agent = Agent(settings, agent_id, cluster, nodes)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def run() -> None:
+        await agent.start()
+        await agent.run_forever()
+
+    runner = asyncio.create_task(run())
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        stopper.cancel()
+        if not runner.done():
+            runner.cancel()
+        await asyncio.gather(runner, stopper, return_exceptions=True)
+        await agent.stop()
+    if runner.done() and not runner.cancelled() and runner.exception() is not None:
+        raise runner.exception()

@@ -1,0 +1,139 @@
+"""Process-group helpers for the agent: signal a launch's group, tell whether anything in it still runs,
+reap what it left behind.
+
+Each launch runs in its own session, so its process group ID is its pid. Members of a killed group whose
+parent died are re-parented to the nearest *subreaper*: with :func:`set_child_subreaper` the agent is that
+subreaper and :func:`reap_group` collects them, so the group disappears at once; without it they linger
+as zombies until init reaps them. Zombies run nothing: :func:`group_alive` does not count them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def set_child_subreaper(on: bool = True) -> bool:
+    """Make this process (not) the subreaper of its descendants (Linux). False if not supported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def is_child_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) != 0:
+            return False
+        return bool(flag.value)
+    except (OSError, AttributeError):
+        return False
+
+
+_holders = 0
+_previous = False
+
+
+def acquire_subreaper() -> bool:
+    """Be the subreaper while at least one agent in this process wants it (see :func:`release_subreaper`).
+    False if not supported."""
+    global _holders, _previous
+    if _holders == 0:
+        _previous = is_child_subreaper()
+        if not _previous and not set_child_subreaper(True):
+            return False
+    _holders += 1
+    return True
+
+
+def release_subreaper() -> None:
+    """The last agent that acquired it stopped: back to what the process was before."""
+    global _holders
+    if _holders == 0:
+        return
+    _holders -= 1
+    if _holders == 0 and not _previous:
+        set_child_subreaper(False)
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to the group; False if the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a group member that changed its credentials
+        return True
+    return True
+
+
+def reap_group(pgid: int) -> int:
+    """Collect the exit status of every exited child of ours in the group (orphans re-parented to us as
+    subreaper). Call only once the group leader has been waited for (its status belongs to asyncio).
+    Returns how many were reaped."""
+    n = 0
+    while True:
+        try:
+            res = os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            return n
+        except OSError:  # pragma: no cover
+            return n
+        if res is None:
+            return n
+        n += 1
+
+
+def _members(pgid: int) -> list[tuple[int, str]] | None:
+    """(pid, state letter) of every process in the group, from /proc; None without /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    out = []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[-1].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid:
+            out.append((int(name), fields[0].decode()))
+    return out
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies do not count; ours are reaped first)."""
+    reap_group(pgid)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    members = _members(pgid)
+    if members is None:  # pragma: no cover - no /proc: trust kill(0)
+        return True
+    if any(state not in ("Z", "X") for _, state in members):
+        return True
+    reap_group(pgid)  # only zombies left: collect those that are ours
+    return False
+
+
+SIGTERM = signal.SIGTERM
+SIGKILL = signal.SIGKILL

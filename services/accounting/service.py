@@ -1,0 +1,195 @@
+"""The accounting service: the durable record of every allocation's life (DESIGN §2, §5).
+
+Theory of operation
+* The policy engine publishes one :class:`~shared.protocol.Lifecycle` per step of an allocation's life on
+  ``subjects.LIFECYCLE``, captured by the JetStream stream ``subjects.LIFECYCLE_STREAM``. This service reads
+  it through the durable pull consumer ``accounting`` (explicit ack), so it resumes where it stopped.
+* Each event is recorded by one Lua script -- all of it or nothing: the raw event (``keys.ACCT_EVENTS``), its
+  request's record (``keys.acct_request``: submitted/started/ended times, nodes, type, cluster, app, user, end
+  reason), the index of finished requests by end time (``keys.ACCT_ENDED``), a preemption's record. The message
+  is acked only after that write (and after enqueueing its roll-up), so an instance dying half-way loses
+  nothing: the message comes again.
+* Redelivery counts once: an event already recorded (same ``Nats-Msg-Id``, kept in ``keys.ACCT_SEEN`` for
+  8 days, longer than the stream keeps messages) or a second event of the same kind for the same request
+  is not recorded again. Its roll-up is enqueued again all the same (the roll-up is idempotent), in case the
+  last instance died between the write and the enqueue.
+* A message that is not a valid lifecycle event is logged, kept in ``keys.ACCT_REJECTED``, acked and skipped:
+  it can never block the stream.
+* A finished request enqueues ``rollup_request``, a preemption ``rollup_preemption`` (Celery tasks in
+  :mod:`services.accounting.tasks`, on the same Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import structlog
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from services.accounting.core import Malformed, PreemptionRecord, check, event_id, marker, request_fields
+from services.accounting.tasks import ROLLUP_PREEMPTION, ROLLUP_REQUEST, make_celery
+from services.runtime import clock, ensure_streams, redis_client
+from shared import bus, keys, subjects
+from shared.protocol import Lifecycle, LifecycleKind
+from shared.settings import Settings
+
+log = structlog.get_logger("coorm.accounting")
+
+DURABLE = "accounting"
+ACK_WAIT = 30.0  # seconds before JetStream redelivers an unacked message
+BATCH = 64
+FETCH_WAIT = 0.5  # a fetch waits this long for messages (and so bounds how long a stop takes)
+SEEN_RETENTION = 8 * 24 * 3600.0  # > the stream's max_age (7 days): any redelivery is recognised
+RAW_MAXLEN = 1_000_000  # the raw event stream is trimmed (approximately) to this many events
+REJECTED_MAXLEN = 1000
+
+# KEYS: 1 seen, 2 events, 3 request record, 4 ended index, 5 preemptions, 6 preemptions by time
+# ARGV: 1 event id, 2 now, 3 forget seen ids before, 4 event JSON, 5 marker, 6 ended_at, 7 request,
+#       8 preemption JSON, 9 at, 10 raw maxlen, 11.. request field/value pairs
+_RECORD = """
+if redis.call('zscore', KEYS[1], ARGV[1]) then return 0 end
+redis.call('zremrangebyscore', KEYS[1], '-inf', ARGV[3])
+redis.call('zadd', KEYS[1], ARGV[2], ARGV[1])
+if ARGV[5] ~= '' and redis.call('hexists', KEYS[3], ARGV[5]) == 1 then return 0 end
+redis.call('xadd', KEYS[2], 'MAXLEN', '~', ARGV[10], '*', 'id', ARGV[1], 'event', ARGV[4])
+if #ARGV > 10 then redis.call('hset', KEYS[3], unpack(ARGV, 11)) end
+if ARGV[5] ~= '' then redis.call('hset', KEYS[3], ARGV[5], ARGV[1]) end
+if ARGV[6] ~= '' then redis.call('zadd', KEYS[4], ARGV[6], ARGV[7]) end
+if ARGV[8] ~= '' then
+  redis.call('hset', KEYS[5], ARGV[1], ARGV[8])
+  redis.call('zadd', KEYS[6], ARGV[9], ARGV[1])
+end
+return 1
+"""
+
+
+def consumer_config() -> ConsumerConfig:
+    return ConsumerConfig(durable_name=DURABLE, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+                          ack_wait=ACK_WAIT, max_deliver=-1, filter_subject=subjects.LIFECYCLE)
+
+
+class AccountingService:
+    def __init__(self, settings: Settings, name: str = "accounting") -> None:
+        self.settings = settings
+        self.name = name
+        self.redis = None
+        self.nc = None
+        self.sub = None
+        self.celery = None
+        self.ready = asyncio.Event()
+
+    # ============================================================================================
+    # lifecycle
+    # ============================================================================================
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await self.serve(stop)
+        finally:
+            await self.close()
+
+    async def start(self) -> None:
+        self.redis = redis_client(self.settings.redis_url)
+        self.celery = make_celery(self.settings.redis_url, set_as_current=False)
+        self.nc = await bus.connect(self.settings.nats_url, self.name)
+        js = self.nc.jetstream()
+        await ensure_streams(js)
+        self.sub = await js.pull_subscribe(subjects.LIFECYCLE, durable=DURABLE, stream=subjects.LIFECYCLE_STREAM,
+                                           config=consumer_config())
+        log.info("accounting consuming", stream=subjects.LIFECYCLE_STREAM, durable=DURABLE)
+        self.ready.set()
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                msgs = await self.sub.fetch(batch=BATCH, timeout=FETCH_WAIT)
+            except TimeoutError:
+                continue
+            except Exception:  # noqa: BLE001 - a broken connection: wait, it reconnects
+                log.exception("fetch failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                continue
+            for msg in msgs:
+                await self.handle(msg)
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            # not drain(): draining a pull subscription waits out its last fetch; the acks are flushed, and
+            # whatever was not acked is redelivered to the next instance (and recognised)
+            with contextlib.suppress(Exception):
+                if self.sub is not None:
+                    await self.sub.unsubscribe()
+                await self.nc.flush(timeout=2)
+            await self.nc.close()
+        if self.celery is not None:
+            await asyncio.to_thread(self.celery.close)
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    # ============================================================================================
+    # one message
+    # ============================================================================================
+    async def handle(self, msg: Msg) -> None:
+        """Record, enqueue, then ack; a message that cannot be recorded now is redelivered."""
+        try:
+            await self.process(msg)
+        except Exception:  # noqa: BLE001 - Redis or the broker unreachable: try again later
+            log.exception("lifecycle event not recorded; it will be redelivered")
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+            return
+        await msg.ack()
+
+    async def process(self, msg: Msg) -> bool:
+        """Record one message (without acking it): True if it was new, False if a duplicate or skipped."""
+        msg_id = (msg.headers or {}).get("Nats-Msg-Id")
+        try:
+            life = bus.decode(msg.data, Lifecycle)
+            check(life)
+        except (bus.WireError, Malformed) as e:
+            await self._reject(msg, msg_id, e)
+            return False
+        eid = event_id(life, msg_id)
+        new = await self.record(life, eid)
+        if not new:
+            log.info("duplicate lifecycle event ignored", event_id=eid, kind=life.kind.value, request=life.request)
+        if life.kind is LifecycleKind.ENDED:
+            await asyncio.to_thread(self.celery.send_task, ROLLUP_REQUEST, args=[life.request])
+        elif life.kind is LifecycleKind.PREEMPTION:
+            await asyncio.to_thread(self.celery.send_task, ROLLUP_PREEMPTION, args=[eid])
+        return new
+
+    async def record(self, life: Lifecycle, eid: str) -> bool:
+        now = clock()
+        fields = request_fields(life)
+        preemption = PreemptionRecord.of(eid, life).to_json() if life.kind is LifecycleKind.PREEMPTION else ""
+        ended_at = fields.get("ended_at", "")
+        request_key = keys.acct_request(life.request) if life.request else keys.acct_request("-")
+        args = [eid, repr(now), repr(now - SEEN_RETENTION), life.model_dump_json(), marker(life), ended_at,
+                life.request or "", preemption, repr(life.at), str(RAW_MAXLEN)]
+        for k, v in fields.items():
+            args += [k, v]
+        ks = [keys.ACCT_SEEN, keys.ACCT_EVENTS, request_key, keys.ACCT_ENDED, keys.ACCT_PREEMPTIONS, keys.ACCT_PREEMPTIONS_AT]
+        return bool(await self.redis.eval(_RECORD, len(ks), *ks, *args))
+
+    async def _reject(self, msg: Msg, msg_id: str | None, error: Exception) -> None:
+        why = error.message if isinstance(error, bus.WireError) else str(error)
+        seq = msg.metadata.sequence.stream if msg.metadata else None
+        log.warning("malformed lifecycle message skipped", seq=seq, msg_id=msg_id, error=why)
+        entry = json.dumps({"seq": seq, "msg_id": msg_id, "error": why,
+                            "data": msg.data[:4096].decode(errors="replace"), "at": clock()})
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(keys.ACCT_REJECTED, entry)
+            pipe.ltrim(keys.ACCT_REJECTED, 0, REJECTED_MAXLEN - 1)
+            await pipe.execute()
+
+
+async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
+    from services.runtime import stop_on_signals
+
+    service = AccountingService(settings or Settings())
+    await service.run(stop or stop_on_signals())

@@ -1,0 +1,596 @@
+"""The node agent: its pure bookkeeping (NodeBook, node lists) and the daemon against a real nats-server with
+real processes. Every wait is on a message or a future (with a timeout), never a sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+import nats.errors
+import pytest
+from pydantic import BaseModel
+
+from node_agent import procs
+from node_agent.agent import Agent
+from node_agent.nodes import default_agent_id, host_memory_mb, host_node_info, parse_nodes
+from node_agent.state import NodeBook, Refused
+from shared import subjects
+from shared.bus import WireError, call, connect, decode, encode, serve
+from shared.events import ErrorCode
+from shared.protocol import (
+    Ack,
+    AgentHeartbeat,
+    AgentRegister,
+    ErrorReply,
+    KillMsg,
+    KillReply,
+    LaunchMsg,
+    LaunchReply,
+    NodeAssign,
+    NodeInfo,
+    ProcessExited,
+    ProcessOutput,
+)
+from shared.settings import Settings
+
+TOKEN = "secret-token"
+TOKEN_SHA = hashlib.sha256(TOKEN.encode()).hexdigest()
+WAIT = 10.0
+
+
+# ================================================================================================
+# pure parts
+# ================================================================================================
+def test_parse_nodes_ranges_lists_prefixes():
+    assert parse_nodes("n0..n3") == ["n0", "n1", "n2", "n3"]
+    assert parse_nodes("n0..n15")[-1] == "n15" and len(parse_nodes("n0..n15")) == 16
+    assert parse_nodes("a,b,c") == ["a", "b", "c"]
+    assert parse_nodes("c0n0..c0n3") == ["c0n0", "c0n1", "c0n2", "c0n3"]
+    assert parse_nodes("c0n0..c0n1, c1n0..c1n1") == ["c0n0", "c0n1", "c1n0", "c1n1"]
+    assert parse_nodes("n8..12") == ["n8", "n9", "n10", "n11", "n12"]
+    assert parse_nodes("n08..n11") == ["n08", "n09", "n10", "n11"]
+    assert parse_nodes("solo") == ["solo"]
+    for bad in ("", "a,,b", "n3..n1", "n0..m3", "a.b", "n*", "a,a", "n0..n1,n1", "x..y"):
+        with pytest.raises(ValueError):
+            parse_nodes(bad)
+
+
+def test_host_node_info(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16384000 kB\nMemFree:  1 kB\n")
+    assert host_memory_mb(meminfo) == 16000
+    assert host_memory_mb(tmp_path / "missing") >= 1
+    infos = host_node_info(["n0", "n1"])
+    assert [i.id for i in infos] == ["n0", "n1"]
+    assert infos[0].cores == (os.cpu_count() or 1) and infos[0].memory_mb == host_memory_mb()
+    assert host_node_info(["n0"], cores=4, memory_mb=1000) == [NodeInfo(id="n0", cores=4, memory_mb=1000)]
+    assert default_agent_id("c0").startswith("c0@")
+
+
+def _assign(app="a1", request="r1", nodes=("n0",), end=None, previous=None, token_sha=TOKEN_SHA):
+    return NodeAssign(app=app, request=request, nodes=list(nodes), token_sha256=token_sha, end=end,
+                      previous=previous)
+
+
+def test_book_launch_rights():
+    book = NodeBook(["n0", "n1"], kill_grace=2.0)
+    with pytest.raises(Refused) as e:
+        book.check_launch("n0", "a1", "r1", TOKEN, now=0.0)
+    assert e.value.code is ErrorCode.NOT_OWNER and "not allocated" in e.value.message
+    book.assign("n0", _assign(nodes=("n0", "n1"), end=100.0))
+    a = book.check_launch("n0", "a1", "r1", TOKEN, now=50.0)
+    assert a.nodes == ("n0", "n1") and a.end == 100.0
+    for app, request, token, now, code in [
+        ("a2", "r1", TOKEN, 50.0, ErrorCode.NOT_OWNER),  # another application
+        ("a1", "r2", TOKEN, 50.0, ErrorCode.NOT_OWNER),  # another request of the owner
+        ("a1", "r1", "guess", 50.0, ErrorCode.BAD_TOKEN),  # the owner's request, the wrong token
+        ("a1", "r1", TOKEN, 100.5, ErrorCode.NOT_OWNER),  # after the end
+    ]:
+        with pytest.raises(Refused) as e:
+            book.check_launch("n0", app, request, token, now=now)
+        assert e.value.code is code, (app, request, token, now)
+    with pytest.raises(Refused):
+        book.check_launch("n1", "a1", "r1", TOKEN, now=50.0)  # the assignment is per node
+    with pytest.raises(KeyError):
+        book.check_launch("n9", "a1", "r1", TOKEN, now=0.0)
+
+
+def test_book_processes_kill_and_next_handover():
+    book = NodeBook(["n0", "n1"], kill_grace=2.0)
+    book.assign("n0", _assign())
+    book.assign("n1", _assign(nodes=("n1",)))
+    book.started(10, "n0", "a1", "r1")
+    book.started(11, "n0", "a1", "r1")
+    book.started(12, "n1", "a1", "r1")
+    assert book.process_count == 3
+    # NEXT: r2 takes n0 over from r1; its processes go on under r2
+    assert book.assign("n0", _assign(request="r2", previous="r1")) == []
+    assert {p.request for p in book.processes(node="n0")} == {"r2"}
+    assert book.kill("n0", "r1") == []  # nothing of r1 left on n0
+    assert book.assignment("n0").request == "r2"
+    assert book.kill("n1", "r1") == [12]
+    assert book.assignment("n1") is None and book.process(12).killed
+    assert book.exited(12).killed
+    assert sorted(book.kill("n0", "r2")) == [10, 11]
+    assert book.assignment("n0") is None
+    assert book.kill("n0", "nothing") == []
+
+
+def test_book_new_owner_dooms_the_old_processes():
+    book = NodeBook(["n0"], kill_grace=1.0)
+    book.assign("n0", _assign())
+    book.started(10, "n0", "a1", "r1")
+    # the same request again (a new end): nothing to kill
+    assert book.assign("n0", _assign(end=50.0)) == []
+    # another application claiming r1 as previous does not inherit a1's processes
+    assert book.assign("n0", _assign(app="a2", request="r9", previous="r1")) == [10]
+    assert book.process(10).killed and book.process(10).request == "r1"
+
+
+def test_book_expiry():
+    book = NodeBook(["n0", "n1", "n2"], kill_grace=2.0)
+    assert book.next_expiry() is None
+    book.assign("n0", _assign(end=10.0))
+    book.assign("n1", _assign(nodes=("n1",), end=20.0))
+    book.assign("n2", _assign(request="r3", nodes=("n2",)))  # no end
+    book.started(10, "n0", "a1", "r1")
+    assert book.next_expiry() == 12.0
+    assert book.expire(11.9) == [] and book.expire(12.0) == []
+    # a new assignment before the grace ran out: the old end no longer counts
+    book.assign("n0", _assign(request="r2", previous="r1", end=30.0))
+    assert book.next_expiry() == 22.0
+    [ex] = book.expire(25.0)
+    assert (ex.node, ex.request, ex.pids) == ("n1", "r1", ())
+    [ex] = book.expire(32.5)
+    assert (ex.node, ex.request, ex.pids) == ("n0", "r2", (10,)) and book.process(10).killed
+    assert book.assignment("n0") is None and book.assignment("n2") is not None
+    assert book.next_expiry() is None
+
+
+# ================================================================================================
+# live: real nats-server, real processes
+# ================================================================================================
+class Inbox:
+    """Every message on ``subject`` (wildcards allowed), decoded, in arrival order."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self.model = model
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    async def subscribe(self, nc, subject: str) -> Inbox:
+        async def cb(msg):
+            self.queue.put_nowait((msg.subject, msg.data))
+
+        self.sub = await nc.subscribe(subject, cb=cb)
+        return self
+
+    async def get(self, timeout: float = WAIT):
+        return await asyncio.wait_for(self.queue.get(), timeout)
+
+    async def until(self, pred: Callable[[BaseModel], bool], timeout: float = WAIT) -> BaseModel:
+        async def loop():
+            while True:
+                _, data = await self.queue.get()
+                m = decode(data, self.model)
+                if pred(m):
+                    return m
+
+        return await asyncio.wait_for(loop(), timeout)
+
+
+class FakeAllocator:
+    """Answers AGENT_REGISTER with Ack and keeps what it got."""
+
+    def __init__(self) -> None:
+        self.registrations: asyncio.Queue[AgentRegister] = asyncio.Queue()
+
+    async def handle(self, msg: AgentRegister, raw) -> Ack:
+        self.registrations.put_nowait(msg)
+        return Ack()
+
+
+@pytest.fixture
+async def nc(nats_url):
+    c = await connect(nats_url, "test-agent")
+    yield c
+    await c.drain()
+
+
+@pytest.fixture
+async def allocator(nc):
+    fake = FakeAllocator()
+    await serve(nc, subjects.AGENT_REGISTER, AgentRegister, fake.handle)
+    await nc.flush()
+    return fake
+
+
+@pytest.fixture
+def prefix():
+    return f"t{uuid.uuid4().hex[:8]}"  # node names unique to the test: no crosstalk on the shared server
+
+
+@pytest.fixture
+async def make_agent(nats_url, allocator, prefix):
+    agents: list[Agent] = []
+
+    async def make(nodes=("n0", "n1"), subreaper=True, **settings) -> Agent:
+        s = Settings(nats_url=nats_url, **{"agent_heartbeat": 0.2, "kill_grace": 0.3, **settings})
+        infos = host_node_info([f"{prefix}{n}" for n in nodes], cores=2, memory_mb=1024)
+        agent = Agent(s, f"agent-{prefix}-{len(agents)}", "c0", infos, subreaper=subreaper)
+        agents.append(agent)
+        await asyncio.wait_for(agent.start(), WAIT)
+        return agent
+
+    yield make
+    for a in agents:
+        await asyncio.wait_for(a.stop(), WAIT)
+
+
+@pytest.fixture
+async def agent(make_agent):
+    return await make_agent()
+
+
+def node(agent: Agent, i: int = 0) -> str:
+    return agent.book.nodes[i]
+
+
+async def assign(nc, node_id: str, *, app="a1", request="r1", nodes=None, end=None, previous=None) -> None:
+    msg = NodeAssign(app=app, request=request, nodes=nodes or [node_id], token_sha256=TOKEN_SHA, end=end,
+                     previous=previous)
+    assert isinstance(await call(nc, subjects.node_assign(node_id), msg, Ack, timeout=WAIT), Ack)
+
+
+async def launch(nc, node_id: str, argv: list[str], *, app="a1", request="r1", token=TOKEN, **kw) -> int:
+    msg = LaunchMsg(token=token, app=app, request=request, argv=argv, **kw)
+    reply = await call(nc, subjects.node_launch(node_id), msg, LaunchReply, timeout=WAIT)
+    [pid] = reply.pids
+    return pid
+
+
+async def kill(nc, node_id: str, request="r1", grace=0.3) -> list[int]:
+    reply = await call(nc, subjects.node_kill(node_id), KillMsg(request=request, grace=grace), KillReply,
+                       timeout=WAIT)
+    return reply.killed
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_registers_and_registers_again_on_hello(nc, allocator, make_agent):
+    a = await make_agent(nodes=("n0", "n1", "n2"))
+    reg = await asyncio.wait_for(allocator.registrations.get(), WAIT)
+    assert reg.agent == a.agent_id and reg.cluster == "c0"
+    assert [n.id for n in reg.nodes] == list(a.book.nodes)
+    assert reg.nodes[0].cores == 2 and reg.nodes[0].memory_mb == 1024
+    await nc.publish(subjects.AGENT_HELLO, b"{}")
+    again = await asyncio.wait_for(allocator.registrations.get(), WAIT)
+    assert again == reg
+    await asyncio.wait_for(a.registered.wait(), WAIT)
+    assert a.registrations == 2
+
+
+async def test_registration_retries_until_an_allocator_answers(nats_url, prefix):
+    other = await connect(nats_url, "late-allocator")
+    s = Settings(nats_url=nats_url, agent_heartbeat=0.2, kill_grace=0.3)
+    agent = Agent(s, f"agent-{prefix}", "c0", host_node_info([f"{prefix}n0"], cores=1, memory_mb=1))
+    starting = asyncio.create_task(agent.start())
+    try:
+        hb = await Inbox(AgentHeartbeat).subscribe(other, subjects.AGENT_HEARTBEAT)
+        # the agent runs (heartbeats) but start() waits: nobody answers its registration yet
+        await hb.until(lambda m: m.agent == agent.agent_id)
+        assert not starting.done()
+        got: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def answer(msg: AgentRegister, raw) -> Ack:
+            if msg.agent == agent.agent_id and not got.done():
+                got.set_result(msg)
+            return Ack()
+
+        await serve(other, subjects.AGENT_REGISTER, AgentRegister, answer)
+        await asyncio.wait_for(starting, WAIT)
+        assert (await got).nodes[0].id == f"{prefix}n0"
+    finally:
+        await agent.stop()
+        await other.drain()
+
+
+async def test_heartbeats_carry_nodes_and_process_count(nc, agent):
+    hb = await Inbox(AgentHeartbeat).subscribe(nc, subjects.AGENT_HEARTBEAT)
+    first = await hb.until(lambda m: m.agent == agent.agent_id)
+    assert first.nodes == list(agent.book.nodes) and first.processes == 0
+    n = node(agent)
+    await assign(nc, n)
+    pid = await launch(nc, n, ["sleep", "1000"])
+    busy = await hb.until(lambda m: m.agent == agent.agent_id and m.processes == 1)
+    assert busy.nodes == list(agent.book.nodes)
+    assert await kill(nc, n) == [pid]
+    await hb.until(lambda m: m.agent == agent.agent_id and m.processes == 0)
+
+
+async def test_launch_runs_the_owners_command_with_output_and_exit_code(nc, agent):
+    n0, n1 = node(agent, 0), node(agent, 1)
+    events = await Inbox(BaseModel).subscribe(nc, "coorm.v1.app.a1.>")
+    agent_exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    await assign(nc, n0, nodes=[n0, n1, "elsewhere7"])
+    script = 'echo "$COORM_NODE $COORM_NODES $COORM_REQUEST $COORM_APP $EXTRA"; echo oops >&2; exit 3'
+    pid = await launch(nc, n0, ["sh", "-c", script], env={"EXTRA": "x1"})
+    out: dict[str, str] = {"stdout": "", "stderr": ""}
+    while True:
+        subject, data = await events.get()
+        if subject == subjects.app_exited("a1"):
+            exited = decode(data, ProcessExited)
+            break
+        assert subject == subjects.app_output("a1", "r1")
+        o = decode(data, ProcessOutput)
+        assert (o.node, o.request, o.pid) == (n0, "r1", pid)
+        out[o.stream] += o.data
+    # the output came before the exit, all of it
+    assert out == {"stdout": f"{n0} {n0},{n1},elsewhere7 r1 a1 x1\n", "stderr": "oops\n"}
+    assert exited == ProcessExited(node=n0, app="a1", request="r1", pid=pid, code=3, killed=False)
+    assert await agent_exited.until(lambda m: m.pid == pid) == exited
+    assert agent.process_count == 0
+
+
+async def test_launch_in_cwd_and_long_output(nc, agent, tmp_path):
+    n = node(agent)
+    events = await Inbox(BaseModel).subscribe(nc, "coorm.v1.app.a1.>")
+    await assign(nc, n)
+    pid = await launch(nc, n, ["sh", "-c", "pwd; head -c 200000 /dev/zero | tr '\\0' x; printf tail"],
+                       cwd=str(tmp_path))
+    text = ""
+    while True:
+        subject, data = await events.get()
+        if subject == subjects.app_exited("a1"):
+            assert decode(data, ProcessExited).code == 0
+            break
+        text += decode(data, ProcessOutput).data
+    assert text == f"{tmp_path}\n" + "x" * 200000 + "tail"
+    assert pid > 0
+
+
+async def _refused(nc, node_id: str, data: bytes) -> ErrorReply:
+    msg = await nc.request(subjects.node_launch(node_id), data, timeout=WAIT)
+    return ErrorReply.model_validate_json(msg.data)
+
+
+async def test_launch_refusals_start_nothing(nc, agent, tmp_path):
+    n0, n1 = node(agent, 0), node(agent, 1)
+    await assign(nc, n0)
+    marker = tmp_path / "started"
+    argv = ["sh", "-c", f"touch {marker}"]
+
+    def launch_msg(**kw) -> bytes:
+        return encode(LaunchMsg(**{"token": TOKEN, "app": "a1", "request": "r1", "argv": argv, **kw}))
+
+    cases = [
+        (n0, launch_msg(app="a2"), ErrorCode.NOT_OWNER, "not allocated to request r1 of a2"),
+        (n0, launch_msg(request="r2"), ErrorCode.NOT_OWNER, "not allocated to request r2"),
+        (n0, launch_msg(token="not-the-token"), ErrorCode.BAD_TOKEN, "token"),
+        (n1, launch_msg(), ErrorCode.NOT_OWNER, "not allocated to any request"),
+        (n0, b"{not json", ErrorCode.BAD_MESSAGE, "not JSON"),
+        (n0, json.dumps({"token": TOKEN, "app": "a1", "request": "r1", "argv": []}).encode(),
+         ErrorCode.BAD_MESSAGE, "argv"),
+        (n0, launch_msg(argv=["/nonexistent/prog-xyz"]), ErrorCode.BAD_REQUEST, "prog-xyz"),
+        (n0, launch_msg(cwd=str(tmp_path / "missing-dir")), ErrorCode.BAD_REQUEST, "missing-dir"),
+    ]
+    for node_id, data, code, words in cases:
+        reply = await _refused(nc, node_id, data)
+        assert reply.error.code is code, (data, reply)
+        assert words in reply.error.message, reply.error.message
+    assert agent.process_count == 0 and not marker.exists()
+    with pytest.raises(WireError) as e:  # the helper the launchers use says the same
+        await launch(nc, n0, argv, app="a2")
+    assert e.value.code is ErrorCode.NOT_OWNER
+
+
+async def test_launch_after_the_end_is_refused(nc, make_agent):
+    agent = await make_agent(kill_grace=30)
+    n = node(agent)
+    await assign(nc, n, end=time.time() - 0.01)  # already over (the kill_grace has not run out yet)
+    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app="a1", request="r1", argv=["true"])))
+    assert reply.error.code is ErrorCode.NOT_OWNER and "ended" in reply.error.message
+
+
+async def test_a_published_assignment_is_in_force_for_the_next_launch(nc, agent):
+    # no reply asked for: the agent handles a node's messages in the order they were sent
+    n = node(agent)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a3"))
+    msg = NodeAssign(app="a3", request="r1", nodes=[n], token_sha256=TOKEN_SHA)
+    await nc.publish(subjects.node_assign(n), encode(msg))
+    pid = await launch(nc, n, ["true"], app="a3")
+    assert (await exited.until(lambda m: m.pid == pid)).code == 0
+    # and a kill takes effect at once for what follows, while it waits for the deaths
+    pid = await launch(nc, n, ["sh", "-c", 'trap "" TERM; sleep 1000'], app="a3")
+    inbox = nc.new_inbox()
+    kill_replies = await Inbox(KillReply).subscribe(nc, inbox)
+    await nc.publish(subjects.node_kill(n), encode(KillMsg(request="r1", grace=1.0)), reply=inbox)
+    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app="a3", request="r1", argv=["true"])))
+    assert reply.error.code is ErrorCode.NOT_OWNER
+    assert kill_replies.queue.empty()  # the process ignores TERM: the kill still waits for the grace
+    _, data = await kill_replies.get()
+    assert decode(data, KillReply).killed == [pid] and group_gone(pid)
+
+
+async def test_assign_to_a_node_not_in_the_message_is_refused(nc, agent):
+    msg = NodeAssign(app="a1", request="r1", nodes=["other"], token_sha256=TOKEN_SHA)
+    with pytest.raises(WireError) as e:
+        await call(nc, subjects.node_assign(node(agent)), msg, Ack, timeout=WAIT)
+    assert e.value.code is ErrorCode.BAD_REQUEST
+    assert agent.book.assignment(node(agent)) is None
+
+
+async def test_kill_stops_a_process_and_forgets_the_assignment(nc, agent):
+    n = node(agent)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    await assign(nc, n)
+    pid = await launch(nc, n, ["sleep", "1000"])
+    assert not group_gone(pid)
+    assert await kill(nc, n, grace=5.0) == [pid]  # replies once it is dead
+    assert group_gone(pid)
+    ev = await exited.until(lambda m: m.pid == pid)
+    assert ev.killed and ev.code == -15 and ev.request == "r1"
+    assert agent.process_count == 0 and agent.book.assignment(n) is None
+    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app="a1", request="r1", argv=["true"])))
+    assert reply.error.code is ErrorCode.NOT_OWNER
+    assert await kill(nc, n) == []  # nothing left there
+
+
+async def test_kill_uses_kill_after_grace_when_term_is_ignored(nc, agent):
+    n = node(agent)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    output = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output("a1", "r1"))
+    await assign(nc, n)
+    pid = await launch(nc, n, ["sh", "-c", 'trap "" TERM; echo ready; sleep 1000; echo never'])
+    await output.until(lambda m: m.data == "ready\n")  # the trap is set
+    t0 = time.monotonic()
+    assert await kill(nc, n, grace=0.3) == [pid]
+    assert time.monotonic() - t0 >= 0.3
+    assert group_gone(pid)  # the shell and its sleep
+    ev = await exited.until(lambda m: m.pid == pid)
+    assert ev.killed and ev.code == -9
+
+
+async def test_kill_waits_for_children_that_outlive_a_leader_dying_on_term(nc, agent):
+    n = node(agent)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    output = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output("a1", "r1"))
+    await assign(nc, n)
+    # the leader dies on TERM, its background child ignores TERM: KILLed at the end of the grace
+    script = '(trap "" TERM; echo child; sleep 1000) & wait'
+    pid = await launch(nc, n, ["sh", "-c", script])
+    await output.until(lambda m: m.data == "child\n")
+    assert await kill(nc, n, grace=0.3) == [pid]
+    assert group_gone(pid)
+    ev = await exited.until(lambda m: m.pid == pid)
+    assert ev.killed and ev.code == -15
+
+
+async def test_without_subreaper_a_kill_does_not_wait_for_init_to_reap_zombies(nc, make_agent):
+    agent = await make_agent(subreaper=False)
+    n = node(agent)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    output = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output("a1", "r1"))
+    await assign(nc, n)
+    pid = await launch(nc, n, ["sh", "-c", '(trap "" TERM; echo child; sleep 1000) & wait'])
+    await output.until(lambda m: m.data == "child\n")
+    t0 = time.monotonic()
+    assert await kill(nc, n, grace=0.2) == [pid]  # the orphaned sleep is dead: a zombie of init at most
+    assert time.monotonic() - t0 < 1.0
+    assert (await exited.until(lambda m: m.pid == pid)).killed
+
+
+async def test_what_a_leader_leaves_behind_in_its_group_is_killed(nc, agent):
+    n = node(agent)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    await assign(nc, n)
+    pid = await launch(nc, n, ["sh", "-c", "sleep 1000 & echo started"])
+    ev = await exited.until(lambda m: m.pid == pid)
+    assert ev.code == 0 and not ev.killed
+    assert group_gone(pid)
+
+
+async def test_next_handover_keeps_processes_running_under_the_new_request(nc, agent):
+    n = node(agent)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    out_r2 = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output("a1", "r2"))
+    await assign(nc, n, end=time.time() + 60)
+    pid = await launch(nc, n, ["sh", "-c", "while :; do echo tick; sleep 0.05; done"])
+    await assign(nc, n, request="r2", previous="r1", end=time.time() + 60)
+    # the allocator ends r1: the node is r2's now, nothing of r1 remains there
+    assert await kill(nc, n, request="r1") == []
+    assert not group_gone(pid) and agent.process_count == 1
+    got = await out_r2.until(lambda m: m.pid == pid)  # its output now goes to r2
+    assert got.request == "r2"
+    # and only r2's owner may launch there now
+    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app="a1", request="r1", argv=["true"])))
+    assert reply.error.code is ErrorCode.NOT_OWNER
+    assert await kill(nc, n, request="r2", grace=5.0) == [pid]
+    ev = await exited.until(lambda m: m.pid == pid)
+    assert ev.request == "r2" and ev.killed
+
+
+async def test_a_new_owner_ends_the_old_owners_processes(nc, agent):
+    n = node(agent)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    await assign(nc, n)
+    pid = await launch(nc, n, ["sleep", "1000"])
+    await assign(nc, n, app="a2", request="q1")
+    ev = await exited.until(lambda m: m.pid == pid)
+    assert (ev.app, ev.request, ev.killed) == ("a1", "r1", True)
+    assert group_gone(pid)
+    assert await launch(nc, n, ["true"], app="a2", request="q1") > 0
+
+
+async def test_self_kill_when_the_end_passed_without_word(nc, make_agent):
+    agent = await make_agent(kill_grace=0.2)
+    n0, n1 = node(agent, 0), node(agent, 1)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    t_end = time.time() + 0.5
+    await assign(nc, n0, end=t_end)
+    await assign(nc, n1, request="r9")  # no end: left alone
+    pid = await launch(nc, n0, ["sh", "-c", 'trap "" TERM; sleep 1000'])
+    other = await launch(nc, n1, ["sleep", "1000"], request="r9")
+    ev = await exited.until(lambda m: m.pid == pid)
+    assert ev.killed and ev.code == -9 and ev.request == "r1"
+    assert time.time() >= t_end + 0.2  # not before the end plus the grace
+    assert group_gone(pid)
+    assert agent.book.assignment(n0) is None and agent.book.assignment(n1) is not None
+    assert not group_gone(other) and agent.process_count == 1
+
+
+async def test_stop_kills_everything_and_reports_it(nc, make_agent):
+    agent = await make_agent()
+    n0, n1 = node(agent, 0), node(agent, 1)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    await assign(nc, n0)
+    await assign(nc, n1, app="a2", request="q1")
+    pids = {await launch(nc, n0, ["sleep", "1000"]),
+            await launch(nc, n1, ["sh", "-c", 'trap "" TERM; sleep 1000'], app="a2", request="q1")}
+    assert procs.is_child_subreaper()
+    await asyncio.wait_for(agent.stop(), WAIT)
+    assert not procs.is_child_subreaper()  # the process is as it was before the agent
+    assert all(group_gone(p) for p in pids)
+    seen = {(await exited.until(lambda m: m.pid in pids)).pid for _ in range(2)}
+    assert seen == pids
+    with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):  # nobody serves n0 now
+        await nc.request(subjects.node_launch(n0), b"{}", timeout=2)
+
+
+async def test_the_agent_command_serves_until_sigterm(nats_url, nc, allocator, prefix, tmp_path):
+    env = {**os.environ, "COORM_NATS_URL": nats_url, "COORM_KILL_GRACE": "0.3", "COORM_AGENT_HEARTBEAT": "0.2",
+           "COORM_CONNECTION_FILE": str(tmp_path / "none.json")}
+    code = (f"from node_agent.agent import main; main('c7', '{prefix}n0..{prefix}n2', agent_id=None, cores=3, "
+            "memory_mb=None)")
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, env=env,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        reg = await asyncio.wait_for(allocator.registrations.get(), 20)
+        assert reg.cluster == "c7" and reg.agent.startswith("c7@")
+        assert [(n.id, n.cores, n.memory_mb) for n in reg.nodes] == [
+            (f"{prefix}n{i}", 3, host_memory_mb()) for i in range(3)]
+        n = f"{prefix}n2"
+        await assign(nc, n)
+        pid = await launch(nc, n, ["sleep", "1000"])
+        proc.send_signal(signal.SIGTERM)
+        ev = await exited.until(lambda m: m.pid == pid)
+        assert ev.killed and ev.node == n
+        assert await asyncio.wait_for(proc.wait(), WAIT) == 0
+        assert group_gone(pid)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

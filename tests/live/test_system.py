@@ -1,0 +1,260 @@
+"""The paper's interactions end to end on the live system: a real nats-server and valkey-server, the
+services (in this process, talking only over NATS and Redis), agents running real processes, launchers
+through the SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from launchers.live import LiveRunner
+from launchers.psa import PSALauncher
+from launchers.sdk import Exited, Killed, Session, Started, ViewsChanged
+from services.stack import LocalStack, wait_until
+from shared.requests import RequestSpec
+from shared.settings import Settings
+
+
+def _settings(servers, **kw) -> Settings:
+    base = dict(nats_url=servers.nats_url, redis_url=servers.redis_url, reschedule_interval=0.05, fair_start=0.5,
+                preempt_grace=1.0, kill_grace=0.3, launcher_heartbeat=0.2, session_timeout=5.0,
+                agent_heartbeat=0.2, agent_timeout=2.0)
+    base.update(kw)
+    return Settings(**base)
+
+
+@pytest.fixture
+async def stack(servers, redis_url, request):
+    kw = getattr(request, "param", {})
+    clusters = kw.pop("clusters", {"c0": 16, "c1": 8})
+    settings = _settings(servers, **kw)
+    async with LocalStack(settings, clusters) as s:
+        yield s
+
+
+def rq(rid, cluster, nodes, duration=None, type="non-preemptible", to=None, how="FREE") -> RequestSpec:
+    return RequestSpec(id=rid, type=type, cluster=cluster, nodes=nodes, duration=duration, related_to=to,
+                       related_how=how)
+
+
+async def next_of(session: Session, kind, timeout: float = 10.0, pred=lambda e: True):
+    while True:
+        ev = await session.next_event(timeout)
+        if isinstance(ev, kind) and pred(ev):
+            return ev
+
+
+def _group_gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# ==================================================================================================
+# CooRM Fig. 4: one application, from subscribe to done
+# ==================================================================================================
+async def test_coorm_fig4_single_application_interaction(stack):
+    settings = stack.settings
+    async with await Session.open(settings, kind="rigid", name="fig4") as app:
+        # (2) the views of every cluster: everything free
+        views = await app.wait_views()
+        assert views.non_preemptive["c0"].value_at(app.now) == 16
+        assert views.non_preemptive["c1"].value_at(app.now) == 8
+        info = await app.clusters_info()
+        assert {c.id: c.nodes for c in info.clusters} == {"c0": 16, "c1": 8}
+        # (5) the launcher selects from its view and requests; (8) startNotify with 12 node IDs of c0
+        assert views.non_preemptive["c0"].earliest_fit(12, 600, app.now) == app.now
+        (rid,) = await app.request(rq("r", "c0", 12, 600))
+        start = await app.wait_start(rid, 10)
+        assert len(start.nodes) == 12 and all(n.startswith("c0n") for n in start.nodes)
+        assert start.end is not None and start.end > app.now
+        # the application deploys its processes on the granted nodes, through their agents
+        pids = {}
+        for node in start.nodes:
+            (pids[node],) = await app.launch(rid, node, ["sleep", "1000"])
+        # (10) done: the RMS has the agents kill what still runs there; the nodes come back after fair-start
+        await app.done(rid)
+        exits = await app.wait_exits(rid, 12, 10)
+        assert {e.node for e in exits} == set(start.nodes) and all(e.killed for e in exits)
+        assert all(_group_gone(p) for p in pids.values())
+        async with await Session.open(settings, kind="rigid", name="late") as late:
+            v = (await late.wait_views()).non_preemptive["c0"]
+            # held for fair-start now (the hold may also have ended already if the machine is slow)
+            assert v.value_at(late.now) in (4, 16) and v.value_at(late.now + settings.fair_start + 0.01) == 16
+
+
+async def test_a_process_outlives_its_walltime_and_is_killed(stack):
+    async with await Session.open(stack.settings, kind="rigid") as app:
+        (rid,) = await app.request(rq("w", "c1", 2, 1.0))
+        start = await app.wait_start(rid, 10)
+        pids = [(await app.launch(rid, n, ["sh", "-c", "trap '' TERM; sleep 1000"]))[0] for n in start.nodes]
+        killed = await next_of(app, Killed, 10)
+        assert killed.request == rid and killed.reason == "walltime"
+        exits = await app.wait_exits(rid, 2, 10)
+        assert all(e.killed for e in exits) and all(_group_gone(p) for p in pids)
+
+
+# ==================================================================================================
+# CooRMv2 Fig. 8: an NEA grows inside its pre-allocation, the malleable PSA really gives nodes back
+# ==================================================================================================
+@pytest.mark.parametrize("stack", [{"clusters": {"c0": 20}, "preempt_grace": 5.0}], indirect=True)
+async def test_coormv2_fig8_psa_releases_nodes_and_its_processes_stop(stack):
+    settings = stack.settings
+    nea = await Session.open(settings, kind="amr", name="nea")
+    psa_session = await Session.open(settings, kind="psa", name="psa")
+    run = None
+    try:
+        await nea.wait_views()
+        await nea.request(rq("pa", "c0", 12, 10_000, type="pre-allocation"), rq("n1", "c0", 4, 5_000))
+        n1 = await nea.wait_start("n1", 10)
+        assert len(n1.nodes) == 4
+        # the malleable application follows its preemptive view: the pre-allocated but unused nodes and the
+        # free ones; it runs a process on every node it gets
+        psa = PSALauncher(psa_session.app, "c0", task_duration=60.0)
+        runner = LiveRunner(psa_session, psa, command=["sleep", "1000"])
+        run = asyncio.create_task(runner.run())
+        await wait_until(lambda: psa._held() == 16 and runner.result.processes == 16, what="the PSA on 16 nodes")
+        psa_nodes = {n for nodes in psa.running.values() for n in nodes}
+        # the NEA grows to 10 inside its pre-allocation (spontaneous update): 6 of the PSA's nodes must go
+        await nea.update("n1", rq("n2", "c0", 10, 4_000))
+        n2 = await nea.wait_start("n2", 10)
+        taken = set(n2.nodes) - set(n1.nodes)
+        assert len(taken) == 6 and taken <= psa_nodes  # exactly nodes the PSA held
+        await wait_until(lambda: psa._held() == 10, what="the PSA down to 10 nodes")
+        assert psa.killed == 6 and not taken & {n for nodes in psa.running.values() for n in nodes}
+        # the PSA's processes on those nodes really stopped, and only those
+        await wait_until(lambda: {e.node for es in psa_session._exits.values() for e in es} >= taken,
+                         what="the PSA's processes on the released nodes to exit")
+        killed = [e for es in psa_session._exits.values() for e in es]
+        assert all(e.killed for e in killed) and {e.node for e in killed} == taken
+    finally:
+        await psa_session.close()
+        if run is not None:
+            await asyncio.wait_for(run, 10)
+        await nea.close()
+
+
+# ==================================================================================================
+# preemption: a violator that ignores its shrink is killed after the grace
+# ==================================================================================================
+@pytest.mark.parametrize("stack", [{"clusters": {"c0": 8}, "preempt_grace": 0.5}], indirect=True)
+async def test_a_violator_that_ignores_its_shrink_is_killed_after_the_grace(stack):
+    settings = stack.settings
+    first = await Session.open(settings, kind="rigid", name="first")  # opened first: higher priority
+    mal = await Session.open(settings, kind="malleable", name="ignores")
+    await mal.wait_views()
+    await mal.request(rq("m", "c0", 8, type="preemptible"))
+    m = await mal.wait_start("m", 10)
+    pids = [(await mal.launch("m", n, ["sleep", "1000"]))[0] for n in m.nodes]
+    (rid,) = await first.request(rq("r", "c0", 6, 60))
+    # mal's preemptive view drops to 2; it does nothing
+    drop = await next_of(mal, ViewsChanged, 10, lambda e: e.views.preemptive["c0"].value_at(e.views.now) == 2)
+    assert drop is not None
+    killed = await next_of(mal, Killed, 10)
+    assert killed.request == "m" and killed.reason == "violation"
+    start = await first.wait_start(rid, 10)
+    assert len(set(start.nodes) & set(m.nodes)) == 6
+    exits = await mal.wait_exits("m", 8, 10)
+    assert all(e.killed for e in exits) and all(_group_gone(p) for p in pids)
+    assert mal.app not in stack.engine.cores.policy.apps  # its session was ended
+    await first.close()
+    await mal.close()
+
+
+# ==================================================================================================
+# liveness: a launcher that vanished is reaped
+# ==================================================================================================
+@pytest.mark.parametrize("stack", [{"clusters": {"c0": 4}, "session_timeout": 1.0}], indirect=True)
+async def test_a_launcher_that_vanished_is_reaped_and_its_processes_killed(stack):
+    settings = stack.settings
+    gone = await Session.open(settings, kind="rigid", name="vanishes")
+    (rid,) = await gone.request(rq("g", "c0", 4, 3600))
+    start = await gone.wait_start(rid, 10)
+    pids = [(await gone.launch(rid, n, ["sleep", "1000"]))[0] for n in start.nodes]
+    watcher = await Session.open(settings, kind="rigid", name="watcher")
+    gone._heartbeat.cancel()  # the launcher stops talking (as if its host died)
+    await wait_until(lambda: gone.app not in stack.engine.cores.policy.apps, timeout=10, what="the reaping")
+    await wait_until(lambda: all(_group_gone(p) for p in pids), timeout=10, what="its processes to die")
+    v = await next_of(watcher, ViewsChanged, 10, lambda e: e.views.non_preemptive["c0"].value_at(e.views.now) > 0)
+    assert v is not None
+    await watcher.close()
+    await gone.close()
+
+
+# ==================================================================================================
+# an accepted request survives the policy engine's leader being killed
+# ==================================================================================================
+async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, redis_url, tmp_path):
+    """The leader is a real process, killed with SIGKILL: no goodbye, its lease in Redis lapses."""
+    import signal
+    import subprocess
+    import sys
+
+    import redis
+
+    from services.policy_engine.service import PolicyEngine
+    from shared import keys
+
+    settings = _settings(servers, leader_lease=1.0)
+    env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
+               COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0.5",
+               COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
+    leader = subprocess.Popen([sys.executable, "-m", "cli.main", "service", "policy-engine"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    r = redis.Redis.from_url(servers.redis_url, decode_responses=True)
+    standby = PolicyEngine(settings, instance="standby")
+    stop_standby = asyncio.Event()
+    standby_task = None
+    try:
+        await wait_until(lambda: r.get(keys.POLICY_LEASE) is not None, timeout=20, what="the leader's lease")
+        standby_task = asyncio.create_task(standby.run(stop_standby))
+        async with LocalStack(settings, {"c1": 8}, with_engine=False) as stack:
+            assert stack.parts.keys() == {"node-allocator", "view-publisher"}
+            app = await Session.open(settings, kind="rigid")
+            (busy,) = await app.request(rq("busy", "c1", 8, 3600))
+            await app.wait_start(busy, 10)
+            (queued,) = await app.request(rq("queued", "c1", 8, 60))  # accepted, waiting behind "busy"
+            assert not standby.leader.is_set()
+            os.killpg(leader.pid, signal.SIGKILL)
+            leader.wait()
+            await asyncio.wait_for(standby.leader.wait(), 10)
+            assert "queued" in standby.cores.policy.requests  # replayed from the event log
+            assert standby.cores.policy.requests["busy"].state.value == "started"
+            await app.done(busy)  # the SDK's commands reach the new leader
+            start = await app.wait_start(queued, 10)
+            assert len(start.nodes) == 8
+            await app.close()
+    finally:
+        if leader.poll() is None:
+            os.killpg(leader.pid, signal.SIGKILL)
+            leader.wait()
+        stop_standby.set()
+        if standby_task is not None:
+            await asyncio.wait_for(standby_task, 10)
+        r.close()
+
+
+# ==================================================================================================
+# output and exit codes reach the launcher
+# ==================================================================================================
+async def test_output_and_exit_code_reach_the_application(stack):
+    async with await Session.open(stack.settings, kind="rigid") as app:
+        (rid,) = await app.request(rq("o", "c0", 2, 60))
+        start = await app.wait_start(rid, 10)
+        out = app.output(rid)
+        for n in start.nodes:
+            await app.launch(rid, n, ["sh", "-c", 'echo "$COORM_NODE $COORM_REQUEST $COORM_NODES"; exit 3'])
+        lines = set()
+        for _ in start.nodes:
+            lines.add((await asyncio.wait_for(out.__anext__(), 10)).data.strip())
+        nodes = ",".join(start.nodes)
+        assert lines == {f"{n} {rid} {nodes}" for n in start.nodes}
+        exits = await app.wait_exits(rid, 2, 10)
+        assert [e.code for e in exits] == [3, 3] and not any(e.killed for e in exits)
+        assert all(isinstance(e, Exited) for e in exits)
+        started = [e for e in [start] if isinstance(e, Started)]
+        assert started
