@@ -548,6 +548,13 @@ class PolicyCore:
         return sched
 
     def _start_due(self, placer: Placer, containers_of, schedule: Schedule, stimulus: str) -> list:
+        # a predecessor kept past its end for a successor that is not due now ends first: its nodes are
+        # free for this pass's starts
+        now = self.now
+        for r in [r for r in self.requests.values() if r.state is STARTED and r.end <= now]:
+            succ = self._successor_waiting(r)
+            if succ is not None and succ.start > now:
+                self._end(r, *self._natural_end(r))
         free = {c: up for c, up in self.clusters.items()}
         for r in self.requests.values():
             if r.state is STARTED and not r.is_preallocation:

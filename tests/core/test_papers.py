@@ -401,6 +401,24 @@ def test_an_update_that_releases_every_node_of_its_predecessor_takes_new_ones_fr
     assert set(d.nodes_of("r2")) | set(d.nodes_of("x")) == set(both)
 
 
+def test_a_predecessor_whose_successor_is_not_due_frees_its_nodes_for_the_same_pass():
+    # found by the property tests: r1 (done, its NEXT successor r5 cannot start before the pre-allocation
+    # ends) was ended only after the pass's starts, so r6, fitting in a started pre-allocation, waited
+    d = Driver({"c0": 4}, reschedule_interval=0.5)
+    d.open(0.0, "a1")
+    d.submit(0.0, "a1", rq("r1", "c0", 1, 1.0), rq("r2", "c0", 3, 2.0, type="preemptible", to="r1", how="COALLOC"))
+    d.open(0.0, "a2")
+    d.submit(0.0, "a2", rq("P", "c0", 2, 120.0, type="pre-allocation"))
+    d.run_until(0.5)
+    assert d.started("r1") and d.started("r2") and d.started("P")
+    d.submit(0.5, "a1", rq("r5", "c0", 3, 1.0, to="r1", how="NEXT"))
+    d.done(0.5, "a1", "r1")
+    d.submit(0.5, "a2", rq("r6", "c0", 1, 1.0))
+    d.run_until(1.0)
+    assert d.ended("r1").reason == "done"
+    assert d.started("r6").at == 1.0 and d.nodes_of("r6") == d.of("assigned", request="r1")[0].nodes
+
+
 def test_a_preallocations_fair_start_hold_spares_the_nodes_a_successor_keeps():
     d = Driver({"c0": 3}, fair_start=5.0)
     d.open(0.0, "a1")

@@ -1,0 +1,116 @@
+"""``coorm up`` in one terminal, ``coorm submit`` and friends in another: subprocesses, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+COORM = [sys.executable, "-m", "cli.main"]
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    """Poll something another process produces (a file, a command's answer), with a deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(what)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("up")
+    conn = tmp / "connection.json"
+    env = dict(os.environ, COORM_CONNECTION_FILE=str(conn), COORM_RESCHEDULE_INTERVAL="0.05",
+               COORM_FAIR_START="0", COORM_KILL_GRACE="0.5")
+    env.pop("COORM_NATS_URL", None)
+    env.pop("COORM_REDIS_URL", None)
+    proc = subprocess.Popen([*COORM, "up", "--clusters", "c0=4,c1=2", "--workdir", str(tmp / "work")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: conn.exists() or proc.poll() is not None, 90, "coorm up to write its connection file")
+        if proc.poll() is not None:
+            pytest.fail(f"coorm up exited: {proc.stdout.read()}")
+        user_env = dict(os.environ, COORM_CONNECTION_FILE=str(conn))  # as another terminal of the same user
+        user_env.pop("COORM_NATS_URL", None)
+        user_env.pop("COORM_REDIS_URL", None)
+        yield proc, user_env, tmp, conn
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _run(env, *args, cwd=None, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([*COORM, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def test_submit_streams_output_and_exits_with_the_jobs_code(up):
+    proc, env, tmp, conn = up
+    r = _run(env, "submit", "-c", "c0", "-N", "2", "-t", "1m", "-l", "--", "sh", "-c",
+             'echo "hello from $COORM_NODE"; exit 3')
+    assert r.returncode == 3, r.stderr
+    lines = sorted(r.stdout.splitlines())
+    assert len(lines) == 2 and all(line.endswith(f"hello from {line.split(':')[0]}") for line in lines)
+    ok = _run(env, "submit", "-c", "c1", "-N", "1", "-t", "30s", "--", "true")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_job_past_its_walltime_is_killed(up):
+    proc, env, tmp, conn = up
+    r = _run(env, "submit", "-c", "c1", "-N", "1", "-t", "1s", "--", "sleep", "60")
+    assert r.returncode == 124 and "walltime" in r.stderr
+
+
+def test_bad_submissions_are_refused_clearly(up):
+    proc, env, tmp, conn = up
+    r = _run(env, "submit", "-c", "nowhere", "-N", "1", "-t", "1m", "--", "true")
+    assert r.returncode == 2 and "unknown cluster nowhere" in r.stderr
+    r = _run(env, "submit", "-c", "c0", "-N", "1", "-t", "ten minutes", "--", "true")
+    assert r.returncode == 2 and "cannot read the walltime" in r.stderr
+
+
+def test_status_nodes_estimate_and_no_wait(up):
+    proc, env, tmp, conn = up
+    st = json.loads(_run(env, "status", "--json").stdout)
+    assert {c["cluster"]: c["up"] for c in st["clusters"]} == {"c0": 4, "c1": 2}
+    nodes = json.loads(_run(env, "nodes", "--json").stdout)
+    assert sorted(nodes) == [f"c0n{i}" for i in range(4)] + ["c1n0", "c1n1"]
+    r = _run(env, "submit", "--no-wait", "-c", "c0", "-N", "4", "-t", "2m", "--", "sh", "-c",
+             "echo done on $COORM_NODE; sleep 6", cwd=tmp)
+    assert r.returncode == 0 and r.stdout.startswith("Submitted job "), r.stderr
+    job = r.stdout.split()[-1]
+    running = _wait_for(lambda: [x for x in json.loads(_run(env, "requests", "--json").stdout)
+                                 if x["app"] == job and x["state"] == "started"], 30, "the job to start")
+    assert running[0]["nodes"] == 4 and len(running[0]["node_ids"]) == 4
+    est = json.loads(_run(env, "estimate", "-c", "c0", "-N", "4", "-t", "1h", "--json").stdout)
+    assert est["start"] is not None and est["wait"] > 0  # behind the job that holds all of c0
+    out = tmp / f"coorm-{job}.out"
+    text = _wait_for(lambda: out.exists() and out.read_text().count("done on") == 4 and out.read_text(), 60,
+                     "the job's output file")
+    assert sorted(text.split()) == sorted(("done on c0n0 done on c0n1 done on c0n2 done on c0n3").split())
+    usage = _wait_for(lambda: json.loads(_run(env, "usage", "--json").stdout), 30, "accounting")
+    assert any(row["node_hours"]["non-preemptible"] > 0 for row in usage)
+
+
+def test_ctrl_c_stops_everything_and_removes_the_connection_file(up):
+    proc, env, tmp, conn = up
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(60)
+    assert proc.returncode == 0
+    assert not conn.exists()
+    left = subprocess.run(["pgrep", "-f", str(tmp / "work")], capture_output=True, text=True).stdout.split()
+    assert left == []

@@ -1,0 +1,131 @@
+"""Bad input on every subject gets an error reply with a code and a readable reason, and changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launchers.sdk import Session
+from services.stack import LocalStack
+from shared import bus, subjects
+from shared.protocol import StatusQuery, StatusReply
+from shared.requests import RequestSpec
+from shared.settings import Settings
+
+
+@pytest.fixture
+async def system(servers, redis_url):
+    settings = Settings(nats_url=servers.nats_url, redis_url=servers.redis_url, reschedule_interval=0.0,
+                        fair_start=0.0, kill_grace=0.3, launcher_heartbeat=0.5, session_timeout=30.0)
+    async with LocalStack(settings, {"c0": 4}) as stack:
+        a = await Session.open(settings, kind="rigid", name="a")
+        b = await Session.open(settings, kind="rigid", name="b")
+        await a.request(RequestSpec(id="ra", cluster="c0", nodes=2, duration=600))
+        await a.wait_start("ra", 10)
+        await b.request(RequestSpec(id="rb", cluster="c0", nodes=4, duration=600))  # waits behind ra
+        nc = await bus.connect(settings.nats_url, "prober")
+        yield stack, a, b, nc
+        await bus.shutdown(nc)
+        await a.close()
+        await b.close()
+
+
+async def _state(nc) -> str:
+    st = await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply)
+    return json.dumps({"apps": sorted(x.app for x in st.apps),
+                       "requests": sorted((r.request, r.state, r.nodes, tuple(r.node_ids)) for r in st.requests),
+                       "clusters": [c.model_dump() for c in st.clusters]})
+
+
+async def _raw(nc, subject: str, payload) -> dict:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    msg = await nc.request(subject, data, timeout=5)
+    return json.loads(msg.data)
+
+
+def _cases(a: Session, b: Session, node_a: str) -> list[tuple[str, str, object, str]]:
+    """(what, subject, payload, expected error code)."""
+    ta, tb = a.token, b.token
+    req = subjects.app_request(a.app)
+    done = subjects.app_done(a.app)
+    return [
+        ("session.open: not JSON", subjects.SESSION_OPEN, b"{oops", "bad_message"),
+        ("session.open: wrong type", subjects.SESSION_OPEN, {"user": 5}, "bad_message"),
+        ("session.open: unknown field", subjects.SESSION_OPEN, {"colour": "red"}, "bad_message"),
+        ("clusters.info: not JSON", subjects.CLUSTERS_INFO, b"\xff\xfe", "bad_message"),
+        ("clusters.interinfo: argument", subjects.CLUSTERS_INTERINFO, {"x": 1}, "bad_message"),
+        ("request: not JSON", req, b"[1, 2", "bad_message"),
+        ("request: no token", req, {"requests": [{"id": "x", "cluster": "c0", "nodes": 1, "duration": 5}]},
+         "bad_message"),
+        ("request: wrong token", req, {"token": tb, "requests": [{"id": "x", "cluster": "c0", "nodes": 1,
+                                                                   "duration": 5}]}, "bad_token"),
+        ("request: negative nodes", req, {"token": ta, "requests": [{"id": "x", "cluster": "c0", "nodes": -1,
+                                                                      "duration": 5}]}, "bad_message"),
+        ("request: nodes as text", req, {"token": ta, "requests": [{"id": "x", "cluster": "c0", "nodes": "many",
+                                                                     "duration": 5}]}, "bad_message"),
+        ("request: unknown cluster", req, {"token": ta, "requests": [{"id": "x", "cluster": "c9", "nodes": 1,
+                                                                       "duration": 5}]}, "unknown_cluster"),
+        ("request: duplicate id", req, {"token": ta, "requests": [{"id": "ra", "cluster": "c0", "nodes": 1,
+                                                                    "duration": 5}]}, "duplicate"),
+        ("request: NEXT of another app's request", req,
+         {"token": ta, "requests": [{"id": "x", "cluster": "c0", "nodes": 1, "duration": 5, "related_to": "rb",
+                                     "related_how": "NEXT"}]}, "not_yours"),
+        ("request: relation cycle", req,
+         {"token": ta, "requests": [{"id": "x", "cluster": "c0", "nodes": 1, "duration": 5, "related_to": "y",
+                                     "related_how": "NEXT"},
+                                    {"id": "y", "cluster": "c0", "nodes": 1, "duration": 5, "related_to": "x",
+                                     "related_how": "NEXT"}]}, "bad_request"),
+        ("request: unknown app", subjects.app_request("nobody"),
+         {"token": ta, "requests": [{"id": "x", "cluster": "c0", "nodes": 1, "duration": 5}]}, "unknown_app"),
+        ("done: unknown request", done, {"token": ta, "request": "nope"}, "unknown_request"),
+        ("done: another app's request", done, {"token": ta, "request": "rb"}, "not_yours"),
+        ("done: a node it does not hold", done, {"token": ta, "request": "ra", "released": ["c0n99"]},
+         "bad_release"),
+        ("done: wrong token", done, {"token": "forged", "request": "ra"}, "bad_token"),
+        ("done: released as text", done, {"token": ta, "request": "ra", "released": "c0n0"}, "bad_message"),
+        ("close: wrong token", subjects.app_close(a.app), {"token": tb}, "bad_token"),
+        ("heartbeat: unknown app", subjects.app_heartbeat("ghost"), {"token": ta}, "unknown_app"),
+        ("launch: not the owner", subjects.node_launch(node_a),
+         {"token": tb, "app": b.app, "request": "rb", "argv": ["true"]}, "not_owner"),
+        ("launch: forged token", subjects.node_launch(node_a),
+         {"token": "forged", "app": a.app, "request": "ra", "argv": ["true"]}, "bad_token"),
+        ("launch: empty argv", subjects.node_launch(node_a),
+         {"token": ta, "app": a.app, "request": "ra", "argv": []}, "bad_message"),
+        ("kill: not JSON", subjects.node_kill(node_a), b"kill!", "bad_message"),
+        ("agent.register: no nodes", subjects.AGENT_REGISTER, {"agent": "x", "cluster": "c0", "nodes": []},
+         "bad_message"),
+        ("agent.register: a node of another cluster", subjects.AGENT_REGISTER,
+         {"agent": "x", "cluster": "c5", "nodes": [{"id": node_a, "cores": 1, "memory_mb": 1}]}, "bad_request"),
+        ("internal.nodes: unknown kind", subjects.NODES_EVENT, {"kind": "explode", "cluster": "c0",
+                                                                 "nodes": ["c0n0"]}, "bad_message"),
+        ("query.status: argument", subjects.QUERY_STATUS, {"all": True}, "bad_message"),
+    ]
+
+
+async def test_bad_input_on_every_subject_is_refused_with_a_reason_and_changes_nothing(system):
+    stack, a, b, nc = system
+    node_a = a._started["ra"].nodes[0]
+    before = await _state(nc)
+    for what, subject, payload, code in _cases(a, b, node_a):
+        reply = await _raw(nc, subject, payload)
+        assert reply.get("ok") is False, f"{what}: accepted: {reply}"
+        assert reply["error"]["code"] == code, f"{what}: {reply['error']}"
+        assert len(reply["error"]["message"]) > 10, what  # a readable reason
+        assert await _state(nc) == before, f"{what} changed the state"
+    # and the system still works: the good versions go through
+    (rid,) = await a.request(RequestSpec(id="ok", cluster="c0", nodes=1, duration=5))
+    assert rid == "ok"
+    assert (await a.launch("ra", node_a, ["true"]))  # the owner may launch
+
+
+async def test_a_session_cannot_act_on_another_sessions_subjects(system):
+    stack, a, b, nc = system
+    before = await _state(nc)
+    # b's token on a's subjects, a's token on b's
+    for subject, payload in ((subjects.app_done(a.app), {"token": b.token, "request": "ra"}),
+                             (subjects.app_done(b.app), {"token": a.token, "request": "rb"}),
+                             (subjects.app_close(a.app), {"token": b.token})):
+        reply = await _raw(nc, subject, payload)
+        assert reply["ok"] is False and reply["error"]["code"] == "bad_token"
+    assert await _state(nc) == before
