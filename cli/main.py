@@ -15,8 +15,20 @@ app.add_typer(protocol, name="protocol")
 
 
 @app.command()
-def demo(nodes: int = typer.Option(32, min=24, help="nodes of the demo cluster")) -> None:
-    """Run the NEA + malleable interaction (CooRMv2 Fig. 8) through the scheduling cores, narrated."""
+def demo(
+    out: Path = typer.Option(Path("coorm-demo"), "--out", help="folder for the utilisation PNG"),
+    limit: float = typer.Option(180.0, help="stop waiting for the applications after this many seconds"),
+) -> None:
+    """The main job: a mixed workload (rigid, moldable, CEM, PSA, AMR) live on the embedded default for
+    about two minutes; then a per-application table and a PNG of utilisation by request type."""
+    from cli.live_demo import run
+
+    raise typer.Exit(run(Console(), out, limit))
+
+
+@app.command()
+def story(nodes: int = typer.Option(32, min=24, help="nodes of the cluster")) -> None:
+    """The NEA + malleable interaction (CooRMv2 Fig. 8) through the scheduling cores in virtual time, narrated."""
     from cli.demo import run
 
     run(Console(), nodes)

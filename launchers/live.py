@@ -97,7 +97,8 @@ class LiveRunner:
             if self.result.started is None and item.nodes:
                 self.result.started = now
             await self._execute(lz.on_start(now, item.request, item.nodes))
-            if self.command and not lz.finished:
+            if self.command and not lz.finished and item.request in lz.running:
+                # (a request the launcher no longer wants -- cancelled, but started meanwhile -- runs nothing)
                 await self._launch(item)
         elif isinstance(item, Killed):
             if item.reason not in ("done", "next", "cancelled"):
@@ -105,7 +106,8 @@ class LiveRunner:
             await self._execute(lz.on_end(now, item.request, item.reason))
         elif isinstance(item, Exited):
             self._running_procs -= 1
-            if item.code != 0 and self.result.exit_code == 0:
+            if item.code != 0 and not item.killed and self.result.exit_code == 0:
+                # (processes the RMS killed on nodes the application released are no failure)
                 self.result.exit_code = item.code if item.code > 0 else 128 - item.code
             if self.command_ends_work and self._running_procs <= 0 and self._launched_any:
                 await self._execute(self._work_done())

@@ -154,6 +154,10 @@ class Session:
             await self.nc.subscribe(subjects.app_output_any(self.app), cb=self._on_output),
         ]
         await self.nc.flush()
+        # the first changeNotify may have been sent before we listened: ask for the views as they stand
+        note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify)
+        if note.changes:
+            self._apply_change(note, len(bus.encode(note)))
 
     async def close(self) -> None:
         """End the session: the RMS cancels what waits and ends what runs."""
@@ -301,7 +305,11 @@ class Session:
         return await asyncio.wait_for(self._events.get(), timeout)
 
     async def _on_change(self, msg) -> None:
-        note = ChangeNotify.model_validate_json(msg.data)
+        self._apply_change(ChangeNotify.model_validate_json(msg.data), len(msg.data))
+        async with self._exit_cond:
+            self._exit_cond.notify_all()
+
+    def _apply_change(self, note: ChangeNotify, size: int) -> None:
         if note.epoch < self.epoch:
             return  # an older schedule than the one we hold
         for ch in note.changes:
@@ -311,10 +319,8 @@ class Session:
             (self.np if ch.type is ChangeType.NON_PREEMPTIVE else self.p)[ch.cluster] = fn
         self.now, self.epoch = note.now, note.epoch
         self.stats.notifications += 1
-        self.stats.notification_bytes += len(msg.data)
-        self._events.put_nowait(ViewsChanged(self.views, note.epoch, len(msg.data)))
-        async with self._exit_cond:
-            self._exit_cond.notify_all()
+        self.stats.notification_bytes += size
+        self._events.put_nowait(ViewsChanged(self.views, note.epoch, size))
 
     async def _on_start(self, msg) -> None:
         note = StartNotify.model_validate_json(msg.data)

@@ -306,13 +306,15 @@ class StatusQuery(_Msg):
 
 
 class ClusterStatus(_Msg):
+    """A partition of the cluster's up nodes (the counts add up to ``up``)."""
+
     cluster: Identifier
     up: int
     non_preemptible: int  # nodes running non-preemptible requests
-    pre_allocated_unused: int  # nodes of started pre-allocations that no inner request uses
-    preemptible: int  # nodes held by preemptible requests
+    pre_allocated_unused: int  # idle nodes that started pre-allocations keep for their application
+    preemptible: int  # nodes held by preemptible requests (on pre-allocated nodes too)
     held: int  # fair-start holds
-    idle: int
+    idle: int  # free for anyone
 
 
 class AppStatus(_Msg):

@@ -22,6 +22,11 @@ def app_close(app: str) -> str:
     return f"{PREFIX}.app.{app}.close"
 
 
+def app_views(app: str) -> str:
+    """launcher -> view publisher, reply: ChangeNotify with every current view (after subscribing)."""
+    return f"{PREFIX}.app.{app}.views"
+
+
 def app_heartbeat(app: str) -> str:
     return f"{PREFIX}.app.{app}.heartbeat"
 
@@ -89,6 +94,7 @@ APP_REQUEST_ANY = f"{PREFIX}.app.*.request"
 APP_DONE_ANY = f"{PREFIX}.app.*.done"
 APP_CLOSE_ANY = f"{PREFIX}.app.*.close"
 APP_HEARTBEAT_ANY = f"{PREFIX}.app.*.heartbeat"
+APP_VIEWS_ANY = f"{PREFIX}.app.*.views"
 
 
 def app_of(subject: str) -> str:

@@ -43,12 +43,16 @@ def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str) -> St
             related_to=r.related_to, related_how=r.related_how.value, blocked=r.blocked, node_ids=ids))
     clusters = []
     for c, up in sorted(policy.clusters.items()):
-        held = sum(h.nodes for h in policy.holds if h.cluster == c and h.physical)
+        # a partition of the up nodes: what runs (non-preemptibly, preemptibly), what fair-start holds, and
+        # of the rest, what started pre-allocations keep for their application (preemptible work may run
+        # on pre-allocated nodes too: those count as preemptible)
         np_ = running_np.get(c, 0)
-        unused = max(pa_size.get(c, 0) - pa_used.get(c, 0), 0)
         pre = preemptible.get(c, 0)
-        clusters.append(ClusterStatus(cluster=c, up=up, non_preemptible=np_, pre_allocated_unused=unused,
-                                      preemptible=pre, held=held, idle=alloc.free_count(c)))
+        held = min(sum(h.nodes for h in policy.holds if h.cluster == c and h.physical), max(up - np_ - pre, 0))
+        rest = max(up - np_ - pre - held, 0)
+        reserved = min(rest, max(pa_size.get(c, 0) - pa_used.get(c, 0), 0))
+        clusters.append(ClusterStatus(cluster=c, up=up, non_preemptible=np_, pre_allocated_unused=reserved,
+                                      preemptible=pre, held=held, idle=rest - reserved))
     apps = []
     for a in policy.apps.values():
         s = sessions.get(a.id, {})

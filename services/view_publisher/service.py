@@ -72,6 +72,9 @@ class ViewPublisher:
         self.name = name
         self.inventory = Inventory.load(settings.inventory)
         self.sent: dict[str, dict[tuple[str, str], list]] = {}  # app -> (cluster, type) -> last CAP sent
+        self.current: dict[str, dict[str, object]] = {}  # app -> cluster -> its latest AppViews
+        self.latest_epoch = (0, 0.0)
+        self._lock = asyncio.Lock()  # an epoch and a refresh never interleave
         self.filters: dict[str, list[str] | None] = {}
         self.notifications = 0
         self.bytes = 0
@@ -84,6 +87,7 @@ class ViewPublisher:
             await bus.serve(self.nc, subjects.SCHEDULE_EPOCH, ViewsEpoch, self._on_epoch),
             await bus.serve(self.nc, subjects.CLUSTERS_INFO, InfoQuery, self._on_info),
             await bus.serve(self.nc, subjects.CLUSTERS_INTERINFO, InfoQuery, self._on_interinfo),
+            await bus.serve(self.nc, subjects.APP_VIEWS_ANY, InfoQuery, self._on_refresh),
         ]
         sync = asyncio.create_task(self._sync())
         self.ready.set()
@@ -119,27 +123,45 @@ class ViewPublisher:
         return self.filters[app]
 
     async def _on_epoch(self, msg: ViewsEpoch, raw: Msg | None) -> None:
-        for app in msg.closed:
-            self.sent.pop(app, None)
-            self.filters.pop(app, None)
-        for app, per_cluster in msg.views.items():
-            allowed = await self._filter(app)
-            last = self.sent.setdefault(app, {})
-            changes = []
-            for cluster, v in sorted(per_cluster.items()):
-                if allowed is not None and cluster not in allowed:
-                    continue
-                for typ, cap in ((ChangeType.NON_PREEMPTIVE, v.non_preemptive), (ChangeType.PREEMPTIVE, v.preemptive)):
-                    if _same(last.get((cluster, typ)), cap, msg.now):
-                        continue
-                    last[(cluster, typ)] = cap
-                    changes.append(Change(cluster=cluster, type=typ, cap=cap))
-            if changes:
-                data = bus.encode(ChangeNotify(app=app, epoch=msg.epoch, now=msg.now, changes=changes))
-                await self.nc.publish(subjects.notify_change(app), data)
-                self.notifications += 1
-                self.bytes += len(data)
+        async with self._lock:
+            self.latest_epoch = (msg.epoch, msg.now)
+            for app in msg.closed:
+                self.sent.pop(app, None)
+                self.filters.pop(app, None)
+                self.current.pop(app, None)
+            for app, per_cluster in msg.views.items():
+                self.current.setdefault(app, {}).update(per_cluster)
+                changes = await self._changes(app, per_cluster, msg.now)
+                if changes:
+                    data = bus.encode(ChangeNotify(app=app, epoch=msg.epoch, now=msg.now, changes=changes))
+                    await self.nc.publish(subjects.notify_change(app), data)
+                    self.notifications += 1
+                    self.bytes += len(data)
         return None
+
+    async def _changes(self, app: str, per_cluster: dict, now: float) -> list[Change]:
+        allowed = await self._filter(app)
+        last = self.sent.setdefault(app, {})
+        changes = []
+        for cluster, v in sorted(per_cluster.items()):
+            if allowed is not None and cluster not in allowed:
+                continue
+            for typ, cap in ((ChangeType.NON_PREEMPTIVE, v.non_preemptive), (ChangeType.PREEMPTIVE, v.preemptive)):
+                if _same(last.get((cluster, typ)), cap, now):
+                    continue
+                last[(cluster, typ)] = cap
+                changes.append(Change(cluster=cluster, type=typ, cap=cap))
+        return changes
+
+    async def _on_refresh(self, msg: InfoQuery, raw: Msg) -> ChangeNotify:
+        """Every current view of the application: a launcher asks once it has subscribed, since the first
+        ``changeNotify`` may have gone out before it listened."""
+        app = subjects.app_of(raw.subject)
+        async with self._lock:
+            self.sent.pop(app, None)
+            epoch, now = self.latest_epoch
+            changes = await self._changes(app, self.current.get(app, {}), now)
+            return ChangeNotify(app=app, epoch=epoch, now=now, changes=changes)
 
     # -- cluster info ---------------------------------------------------------------------------------
     async def _on_info(self, msg, raw: Msg) -> ClustersInfoReply:

@@ -14,8 +14,8 @@ def _coorm() -> list[str]:
     return [exe]
 
 
-def test_demo_runs_the_fig8_story_without_violations():
-    out = subprocess.run(_coorm() + ["demo"], capture_output=True, text=True, timeout=120, check=True).stdout
+def test_story_runs_the_fig8_story_without_violations():
+    out = subprocess.run(_coorm() + ["story"], capture_output=True, text=True, timeout=120, check=True).stdout
     assert "startNotify n2: 16 nodes" in out  # the NEA grew inside its pre-allocation
     assert "kills 10 tasks, keeps 8" in out  # the PSA released what the NEA needed
     assert "0 protocol violations" in out

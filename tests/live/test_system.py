@@ -138,6 +138,32 @@ async def test_coormv2_fig8_psa_releases_nodes_and_its_processes_stop(stack):
         await nea.close()
 
 
+async def test_status_partitions_the_nodes_while_applications_run(stack):
+    from shared import bus, subjects
+    from shared.protocol import StatusQuery, StatusReply
+
+    settings = stack.settings
+    a = await Session.open(settings, kind="amr", name="nea")
+    p = await Session.open(settings, kind="psa", name="psa")
+    try:
+        await a.request(rq("pa", "c0", 10, 600, type="pre-allocation"), rq("in", "c0", 3, 300),
+                        rq("x", "c1", 2, 300))
+        await a.wait_start("in", 10)
+        await p.wait_views()
+        await p.request(rq("m", "c0", p.views.preemptive["c0"].value_at(p.now), type="preemptible"))
+        m = await p.wait_start("m", 10)
+        await a.done("x")
+        st = await bus.call(stack.allocator.nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply)
+        by = {c.cluster: c for c in st.clusters}
+        for c in st.clusters:
+            assert c.non_preemptible + c.pre_allocated_unused + c.preemptible + c.held + c.idle == c.up
+        assert by["c0"].non_preemptible == 3 and by["c0"].preemptible == len(m.nodes) == 13
+        assert by["c1"].held == 2  # x's nodes, for fair-start
+    finally:
+        await a.close()
+        await p.close()
+
+
 # ==================================================================================================
 # preemption: a violator that ignores its shrink is killed after the grace
 # ==================================================================================================
