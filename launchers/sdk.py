@@ -9,7 +9,7 @@ what the RMS says -- new views, starts, kills, process exits -- as :class:`Event
 Example (a rigid job of two nodes)::
 
     async with await Session.open(kind="rigid") as s:
-        (rid,) = await s.request(RequestSpec(id="job", cluster="c0", nodes=2, duration=600))
+        (rid,) = await s.request(RequestSpec(id=s.rid("job"), cluster="c0", nodes=2, duration=600))
         start = await s.wait_start(rid)
         for node in start.nodes:
             await s.launch(rid, node, ["hostname"])
@@ -190,6 +190,11 @@ class Session:
     @property
     def token(self) -> str:
         return self.reply.token
+
+    def rid(self, name: str) -> str:
+        """A request id of this application: ids are unique across the RMS, so prefix yours with the app id
+        (the shipped launchers use ``<app>.<n>``)."""
+        return f"{self.app}.{name}"
 
     # ============================================================================================
     # information

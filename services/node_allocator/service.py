@@ -69,6 +69,7 @@ class NodeAllocatorService:
         self.agents: dict[str, dict] = {}  # agent -> {cluster, nodes, last_seen, up}
         self.ready = asyncio.Event()
         self._kills: set[asyncio.Task] = set()
+        self._digests: dict[str, str] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         self.redis = redis_client(self.settings.redis_url)
@@ -119,6 +120,8 @@ class NodeAllocatorService:
             if d.type is RequestType.PRE_ALLOCATION:  # no node IDs: the application still learns it started
                 await self.nc.publish(subjects.notify_start(d.app), bus.encode(
                     StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=[], end=d.end)))
+        elif isinstance(d, SessionEnded):
+            self._digests.pop(d.app, None)
         elif isinstance(d, NodesAssigned):
             await self._assigned(d)
         elif isinstance(d, NodesFreed):
@@ -132,9 +135,18 @@ class NodeAllocatorService:
                     KillNotify(app=d.app, request=d.request, reason=d.reason, nodes=nodes)))
             await self.redis.delete(keys.allocation(d.request))
 
+    async def _digest(self, app: str) -> str:
+        """SHA-256 of the application's session token (what an agent checks a launch against)."""
+        digest = self._digests.get(app)
+        if digest is None:
+            session = json.loads(await self.redis.hget(keys.SESSIONS, app) or "{}")
+            digest = hashlib.sha256(session.get("token", "").encode()).hexdigest()
+            if session:
+                self._digests[app] = digest
+        return digest
+
     async def _assigned(self, d: NodesAssigned) -> None:
-        session = json.loads(await self.redis.hget(keys.SESSIONS, d.app) or "{}")
-        digest = hashlib.sha256(session.get("token", "").encode()).hexdigest()
+        digest = await self._digest(d.app)
         end = self.ends.get(d.request)
         previous = self.carry.get(d.request) if d.kept else None
         assign = NodeAssign(app=d.app, request=d.request, nodes=list(d.nodes), token_sha256=digest, end=end,
@@ -167,13 +179,16 @@ class NodeAllocatorService:
             log.warning("could not reach the agent to kill", node=node, request=request, error=str(e))
 
     async def _set_owner(self, nodes, app: str | None, request: str | None) -> None:
-        for node in nodes:
-            raw = await self.redis.hget(keys.NODES, node)
-            if raw is None:
-                continue
-            rec = json.loads(raw)
-            rec["app"], rec["request"] = app, request
-            await self.redis.hset(keys.NODES, node, json.dumps(rec))
+        nodes = list(nodes)
+        if not nodes:
+            return
+        raws = await self.redis.hmget(keys.NODES, nodes)
+        updates = {}
+        for node, raw in zip(nodes, raws, strict=True):
+            if raw is not None:
+                updates[node] = json.dumps(json.loads(raw) | {"app": app, "request": request})
+        if updates:
+            await self.redis.hset(keys.NODES, mapping=updates)
 
     # ============================================================================================
     # agents

@@ -198,6 +198,7 @@ class PolicyEngine:
         self.sessions = {app: json.loads(v) for app, v in raw.items()}
         entries = await self.redis.xrange(keys.EVENT_LOG)
         self._replayed = len(entries)
+        self._seq = int(await self.redis.get(keys.EVENT_SEQ) or 0)
         tail: list[tuple[object, list]] = []
         for i, (_, fields) in enumerate(entries):
             event = _EVENTS.validate_json(fields["e"])
@@ -218,9 +219,13 @@ class PolicyEngine:
     async def apply(self, make) -> list:
         """Stamp, log, apply and publish one event; ``make(at, stimulus_id)`` builds it."""
         async with self._lock:
-            seq = await self.redis.incr(keys.EVENT_SEQ)
-            event = make(max(clock(), self.cores.now), f"e{seq}")
-            await self.redis.xadd(keys.EVENT_LOG, {"e": event.model_dump_json()})
+            self._seq += 1
+            event = make(max(clock(), self.cores.now), f"e{self._seq}")
+            # one round trip: the event is durable before it is applied (and before anyone hears of it)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(keys.EVENT_LOG, {"e": event.model_dump_json()})
+                pipe.set(keys.EVENT_SEQ, self._seq)
+                await pipe.execute()
             out = self.cores.handle(event)
             await self._publish(event, out)
         self._wake.set()
@@ -231,12 +236,14 @@ class PolicyEngine:
         closed: list[str] = []
         for i, d in enumerate(decisions):
             if isinstance(d, _FOR_ALLOCATOR) or d.kind in ("assigned", "freed", "capacity"):
-                await self.js.publish(subjects.DECISIONS, d.model_dump_json().encode(),
-                                      headers={"Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}"})
+                # acknowledged by JetStream in the background: a decision lost with a dying leader is
+                # published again by the next one (the last events' decisions, de-duplicated by id)
+                await self.js.publish_async(subjects.DECISIONS, d.model_dump_json().encode(),
+                                            headers={"Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}"})
             life = self._lifecycle(event, d)
             if life is not None:
-                await self.js.publish(subjects.LIFECYCLE, bus.encode(life),
-                                      headers={"Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}.life"})
+                await self.js.publish_async(subjects.LIFECYCLE, bus.encode(life),
+                                            headers={"Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}.life"})
             if isinstance(d, ViewsChanged):
                 views_for = d.apps
             if isinstance(d, SessionEnded):

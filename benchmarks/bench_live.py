@@ -1,0 +1,109 @@
+"""The live system's speed, on the embedded default (``coorm up``'s servers, services and agents as
+separate processes), with N concurrent launchers (one process here, one NATS connection each):
+
+* request -> startNotify latency on an idle cluster (p50, p99), beside the re-scheduling interval;
+* rigid-job throughput: sessions that open, request one node, run a trivial command (``true``) through the
+  node's agent, wait for its exit, ``done`` and close -- submitted and completed jobs per second;
+* notification bytes per application (CooRM §IV-B reports 175 KB per application for its CORBA RMS).
+
+    python benchmarks/bench_live.py              # N = 10, 100, 1000
+    python benchmarks/bench_live.py --n 10 100   # fewer
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cli.up import Up  # noqa: E402
+from launchers.sdk import Session  # noqa: E402
+from shared.requests import RequestSpec  # noqa: E402
+
+INTERVAL = 0.01
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+async def latency(settings, n: int) -> dict:
+    """N launchers each ask for one node at the same moment; the time from each request to its start."""
+    sessions = await asyncio.gather(*(Session.open(settings, kind="rigid", name=f"lat{i}") for i in range(n)))
+    await asyncio.gather(*(s.wait_views() for s in sessions))
+
+    async def one(s: Session) -> float:
+        t = time.perf_counter()
+        (rid,) = await s.request(RequestSpec(id=s.rid("r"), cluster="c0", nodes=1, duration=600))
+        await s.wait_start(rid, 60)
+        return time.perf_counter() - t
+
+    lat = await asyncio.gather(*(one(s) for s in sessions))
+    await asyncio.gather(*(s.done(s.rid("r")) for s in sessions))
+    await asyncio.gather(*(s.close() for s in sessions))
+    return {"p50_ms": 1000 * pct(lat, 50), "p99_ms": 1000 * pct(lat, 99)}
+
+
+async def throughput(settings, n: int, jobs_per_launcher: int) -> dict:
+    """N launchers, each running ``jobs_per_launcher`` rigid jobs one after the other."""
+    sizes: list[int] = []
+
+    async def launcher(i: int) -> int:
+        done = 0
+        for j in range(jobs_per_launcher):
+            s = await Session.open(settings, kind="rigid", name=f"tp{i}.{j}")
+            (rid,) = await s.request(RequestSpec(id=s.rid("j"), cluster="c0", nodes=1, duration=600))
+            start = await s.wait_start(rid, 120)
+            await s.launch(rid, start.nodes[0], ["true"])
+            (ex,) = await s.wait_exits(rid, 1, 120)
+            await s.done(rid)
+            await s.close()
+            sizes.append(s.stats.notification_bytes)
+            done += ex.code == 0
+        return done
+
+    t = time.perf_counter()
+    completed = sum(await asyncio.gather(*(launcher(i) for i in range(n))))
+    dt = time.perf_counter() - t
+    total = n * jobs_per_launcher
+    return {"jobs": total, "completed": completed, "seconds": dt, "completed_per_s": completed / dt,
+            "submitted_per_s": total / dt, "bytes_per_app_mean": statistics.mean(sizes),
+            "bytes_per_app_max": max(sizes)}
+
+
+async def run(ns: list[int], nodes: int, jobs: int) -> None:
+    env = {"COORM_RESCHEDULE_INTERVAL": str(INTERVAL), "COORM_FAIR_START": "0", "COORM_LOG_LEVEL": "WARNING",
+           "COORM_SESSION_TIMEOUT": "120"}
+    up = Up({"c0": nodes}, env=env, write_connection=False, accounting=False)
+    settings = await asyncio.to_thread(up.start, 120)
+    try:
+        print(f"embedded system: 1 cluster of {nodes} emulated nodes, re-scheduling interval {INTERVAL * 1000:g} ms")
+        print(f"{'N':>6} {'p50 ms':>8} {'p99 ms':>8} {'jobs':>6} {'done/s':>8} {'submitted/s':>12} "
+              f"{'bytes/app':>10} {'max':>8}")
+        for n in ns:
+            lat = await latency(settings, n)
+            tp = await throughput(settings, n, max(1, jobs // n))
+            print(f"{n:>6} {lat['p50_ms']:>8.1f} {lat['p99_ms']:>8.1f} {tp['jobs']:>6} {tp['completed_per_s']:>8.1f} "
+                  f"{tp['submitted_per_s']:>12.1f} {tp['bytes_per_app_mean']:>10.0f} {tp['bytes_per_app_max']:>8}",
+                  flush=True)
+    finally:
+        await asyncio.to_thread(up.stop)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[10, 100, 1000], help="concurrent launchers")
+    ap.add_argument("--nodes", type=int, default=1024, help="emulated nodes (>= the largest N)")
+    ap.add_argument("--jobs", type=int, default=1000, help="rigid jobs per throughput run")
+    args = ap.parse_args()
+    asyncio.run(run(args.n, max(args.nodes, max(args.n)), args.jobs))
+
+
+if __name__ == "__main__":
+    main()
