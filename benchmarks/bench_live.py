@@ -35,7 +35,7 @@ def pct(xs: list[float], p: float) -> float:
 
 async def latency(settings, n: int) -> dict:
     """N launchers each ask for one node at the same moment; the time from each request to its start."""
-    sessions = await asyncio.gather(*(Session.open(settings, kind="rigid", name=f"lat{i}") for i in range(n)))
+    sessions = await asyncio.gather(*(Session.open(settings, kind="rigid", name=f"lat{i}", preemptive_views=False) for i in range(n)))
     await asyncio.gather(*(s.wait_views() for s in sessions))
 
     async def one(s: Session) -> float:
@@ -57,7 +57,7 @@ async def throughput(settings, n: int, jobs_per_launcher: int) -> dict:
     async def launcher(i: int) -> int:
         done = 0
         for j in range(jobs_per_launcher):
-            s = await Session.open(settings, kind="rigid", name=f"tp{i}.{j}")
+            s = await Session.open(settings, kind="rigid", name=f"tp{i}.{j}", preemptive_views=False)
             (rid,) = await s.request(RequestSpec(id=s.rid("j"), cluster="c0", nodes=1, duration=600))
             start = await s.wait_start(rid, 120)
             await s.launch(rid, start.nodes[0], ["true"])

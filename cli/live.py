@@ -24,6 +24,7 @@ err = Console(stderr=True)
 
 SERVICES = ("policy-engine", "node-allocator", "view-publisher", "accounting")
 KINDS = ("rigid", "moldable", "cem", "psa", "amr", "next")
+PREEMPTIVE_KINDS = ("psa",)  # the shipped launchers that follow a preemptive view
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -144,7 +145,8 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
     from shared import bus
 
     try:
-        session = await Session.open(settings, kind="rigid", name=name or Path(command[0]).name)
+        session = await Session.open(settings, kind="rigid", name=name or Path(command[0]).name,
+                                     preemptive_views=False)
     except Exception as e:  # noqa: BLE001 - any failure to connect reads the same to a user
         raise _unreachable(e, settings) from None
     if announce is not None:
@@ -268,7 +270,8 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
     from simulator.scenario import make_launcher
 
     try:
-        session = await Session.open(settings, kind=app_spec.kind, name=name or app_spec.kind)
+        session = await Session.open(settings, kind=app_spec.kind, name=name or app_spec.kind,
+                                     preemptive_views=app_spec.kind in PREEMPTIVE_KINDS)
     except Exception as e:  # noqa: BLE001
         raise _unreachable(e, settings) from None
     props = await session.cluster_props()
@@ -300,7 +303,7 @@ async def _status(settings: Settings):
     try:
         return await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=5)
     finally:
-        await nc.drain()
+        await bus.shutdown(nc)
 
 
 def fetch_status():
@@ -406,7 +409,7 @@ def estimate(cluster: str, nodes: int, walltime: str, as_json: bool) -> None:
         from launchers.sdk import Session
 
         try:
-            s = await Session.open(settings, kind="estimate", name="coorm estimate")
+            s = await Session.open(settings, kind="estimate", name="coorm estimate", preemptive_views=False)
         except Exception as e:  # noqa: BLE001
             raise _unreachable(e, settings) from None
         try:

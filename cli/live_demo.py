@@ -119,7 +119,7 @@ def _table(entries: list[Entry], t0: float, final: bool = False) -> Table:
 
 
 async def _run_entry(e: Entry, settings: Settings) -> None:
-    session = await Session.open(settings, kind=e.kind, name=e.name)
+    session = await Session.open(settings, kind=e.kind, name=e.name, preemptive_views=e.kind == "psa")
     e.app = session.app
     e.submitted = time.time()
     props = await session.cluster_props()

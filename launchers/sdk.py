@@ -131,13 +131,14 @@ class Session:
     # ============================================================================================
     @classmethod
     async def open(cls, settings: Settings | None = None, *, clusters: list[str] | None = None, user: str = "",
-                   name: str = "", kind: str = "", nc=None) -> Session:
+                   name: str = "", kind: str = "", preemptive_views: bool = True, nc=None) -> Session:
         """``subscribe``: open a session; the RMS answers with the application id and its subjects."""
         settings = settings or Settings()
         own = nc is None
         if nc is None:
             nc = await bus.connect(settings.nats_url, f"launcher-{kind or 'app'}")
-        msg = SessionOpen(filter=Filter(clusters=clusters), user=user or _whoami(), name=name, kind=kind)
+        msg = SessionOpen(filter=Filter(clusters=clusters, preemptive_views=preemptive_views), user=user or _whoami(),
+                          name=name, kind=kind)
         reply = await _call_retrying(nc, subjects.SESSION_OPEN, msg, SessionOpenReply)
         self = cls(nc=nc, reply=reply, settings=settings, own_connection=own)
         await self._subscribe()
@@ -374,19 +375,19 @@ class Session:
                                      attempts=1)
 
 
-async def _call_retrying(nc, subject: str, message, reply, *, attempts: int = 20, timeout: float = 5.0):
-    """Request/reply that rides over a policy engine take-over (no responders for a moment)."""
+async def _call_retrying(nc, subject: str, message, reply, *, attempts: int = 40, timeout: float = 30.0):
+    """Request/reply that rides over a policy engine take-over: nobody answering (no leader for a moment)
+    is retried; a timeout is not (the command may have been applied: a retry could apply it twice)."""
     from nats.errors import NoRespondersError
-    from nats.errors import TimeoutError as NatsTimeout
 
     delay = 0.05
     for i in range(attempts):
         try:
             return await bus.call(nc, subject, message, reply, timeout=timeout)
-        except (NoRespondersError, NatsTimeout):
+        except NoRespondersError:
             if i == attempts - 1:
                 raise
-            await asyncio.sleep(delay)  # back-off before retrying a request nobody answered
+            await asyncio.sleep(delay)  # back-off before asking again
             delay = min(delay * 2, 1.0)
     raise AssertionError("unreachable")
 

@@ -38,7 +38,7 @@ from node_agent import procs
 from node_agent.nodes import default_agent_id, host_node_info, parse_nodes
 from node_agent.state import NodeBook, ProcessRecord, Refused
 from shared import subjects
-from shared.bus import WireError, call, connect, decode, encode
+from shared.bus import WireError, call, connect, decode, encode, shutdown
 from shared.events import ErrorCode
 from shared.protocol import (
     Ack,
@@ -63,6 +63,8 @@ REGISTER_BACKOFF = (0.1, 2.0)  # first and longest pause between attempts
 STRAY_KILL_WAIT = 5.0  # how long to wait for a SIGKILLed group to be gone
 OUTPUT_DRAIN = 2.0  # after a group is gone, how long its output pipes may stay open (escaped daemons)
 POLL = 0.02  # polling a group that has no parent we can wait on
+EXIT_CHECK = 1.0  # how often to check that a process whose exit status has not come yet still exists
+STOP_WAIT = 5.0  # on stop, how long (beyond the kill grace) to wait for exits to be published
 
 
 class _Pipes(asyncio.SubprocessProtocol):
@@ -189,11 +191,13 @@ class Agent:
             if pids:
                 self._log.info("stopping: killing processes", pids=pids)
             await self._terminate(pids, self.settings.kill_grace)
-            while self._tasks:
-                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            deadline = time.monotonic() + self.settings.kill_grace + STOP_WAIT
+            while self._tasks and time.monotonic() < deadline:
+                await asyncio.wait(list(self._tasks), timeout=max(0.0, deadline - time.monotonic()))
+            for t in list(self._tasks):  # what is still waiting cannot be waited for any longer
+                t.cancel()
             if self.nc is not None and not self.nc.is_closed:
-                with contextlib.suppress(Exception):
-                    await self.nc.drain()
+                await shutdown(self.nc)
             self._log.info("agent stopped")
         finally:
             if self._subreaper_held:
@@ -396,7 +400,7 @@ class Agent:
         """Pump the output, wait for the leader, clean the rest of its group, publish the exit."""
         pump = asyncio.create_task(self._pump(run))
         try:
-            code = await run.pipes.exited
+            code = await self._exit_code(run)
             # the leader is reaped: its pid may be reused from now on, so it leaves the books at once
             rec = self._forget(run)
             await self._finish_group(run)
@@ -420,6 +424,22 @@ class Agent:
             run.pipes.transport.close()
             self._forget(run)
             run.done.set()
+
+    async def _exit_code(self, run: _Running) -> int:
+        """The leader's exit status, as asyncio's child watcher reports it -- or, should its status have
+        been collected elsewhere (a subreaper's reap of a group racing the watcher), -SIGKILL once the
+        process is gone: an agent must never wait for ever on a process that no longer exists."""
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(run.pipes.exited), EXIT_CHECK)
+            except TimeoutError:
+                try:
+                    os.kill(run.pid, 0)
+                except ProcessLookupError:
+                    self._log.warning("exit status lost: the process is gone", pid=run.pid)
+                    return -signal.SIGKILL
+                except PermissionError:  # pragma: no cover
+                    pass
 
     def _forget(self, run: _Running) -> ProcessRecord | None:
         """Take the process off the books (once); its last record."""

@@ -5,9 +5,10 @@ processes of ``coorm up`` do; this form lets tests reach into each part and stop
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass, field
+
+import structlog
 
 from node_agent.agent import Agent
 from node_agent.nodes import host_node_info
@@ -15,6 +16,8 @@ from services.node_allocator.service import NodeAllocatorService
 from services.policy_engine.service import PolicyEngine
 from services.view_publisher.service import ViewPublisher
 from shared.settings import Settings
+
+log = structlog.get_logger("coorm.stack")
 
 
 def node_names(cluster: str, n: int) -> list[str]:
@@ -112,12 +115,20 @@ class LocalStack:
         await asyncio.wait_for(part.task, 15)
 
     async def stop(self) -> None:
-        for agent in self.agents.values():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(agent.stop(), 15)
+        for cluster, agent in self.agents.items():
+            await self._timed(f"agent-{cluster}", agent.stop())
         for name in list(self.parts)[::-1]:
-            with contextlib.suppress(Exception):
-                await self.stop_part(name)
+            await self._timed(name, self.stop_part(name))
+
+    @staticmethod
+    async def _timed(name: str, coro) -> None:
+        t = time.monotonic()
+        try:
+            await asyncio.wait_for(coro, 15)
+        except Exception as e:  # noqa: BLE001 - stop the others regardless
+            log.warning("could not stop cleanly", part=name, error=repr(e))
+        if time.monotonic() - t > 2:
+            log.warning("slow to stop", part=name, seconds=round(time.monotonic() - t, 1))
 
     async def __aenter__(self) -> LocalStack:
         try:

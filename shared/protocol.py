@@ -24,9 +24,11 @@ class _Msg(BaseModel):
 
 
 class Filter(_Msg):
-    """FILTER: which clusters an application can use."""
+    """FILTER: which clusters an application can use, and which views it wants (an application that never
+    asks for preemptible nodes -- a rigid or moldable one -- spares the RMS computing its preemptive view)."""
 
     clusters: list[Identifier] | None = None
+    preemptive_views: bool = True
     min_nodes: int = Field(default=0, ge=0)
     min_cores_per_node: int = Field(default=0, ge=0)
     min_memory_mb_per_node: int = Field(default=0, ge=0)
@@ -274,7 +276,7 @@ class AppViews(_Msg):
     """One application's views on one cluster."""
 
     non_preemptive: Steps
-    preemptive: Steps
+    preemptive: Steps | None = None  # None: the application did not ask for preemptive views
 
 
 class ViewsEpoch(_Msg):

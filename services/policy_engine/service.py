@@ -295,9 +295,10 @@ class PolicyEngine:
             for app in (list(policy.apps) if full else apps):
                 if app not in policy.apps:
                     continue
+                wants_p = self.sessions.get(app, {}).get("filter", {}).get("preemptive_views", True)
                 views[app] = {
                     c: AppViews(non_preemptive=[tuple(x) for x in sched.np_view(app, c).to_wire()],
-                                preemptive=[tuple(x) for x in sched.p_view(app, c).to_wire()])
+                                preemptive=[tuple(x) for x in sched.p_view(app, c).to_wire()] if wants_p else None)
                     for c in policy.clusters
                 }
         return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views=views, closed=list(closed), full=full)

@@ -147,7 +147,7 @@ class ViewPublisher:
             if allowed is not None and cluster not in allowed:
                 continue
             for typ, cap in ((ChangeType.NON_PREEMPTIVE, v.non_preemptive), (ChangeType.PREEMPTIVE, v.preemptive)):
-                if _same(last.get((cluster, typ)), cap, now):
+                if cap is None or _same(last.get((cluster, typ)), cap, now):
                     continue
                 last[(cluster, typ)] = cap
                 changes.append(Change(cluster=cluster, type=typ, cap=cap))

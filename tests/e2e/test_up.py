@@ -34,12 +34,14 @@ def up(tmp_path_factory):
                COORM_FAIR_START="0", COORM_KILL_GRACE="0.5")
     env.pop("COORM_NATS_URL", None)
     env.pop("COORM_REDIS_URL", None)
-    proc = subprocess.Popen([*COORM, "up", "--clusters", "c0=4,c1=2", "--workdir", str(tmp / "work")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = tmp / "up.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*COORM, "up", "--clusters", "c0=4,c1=2", "--workdir", str(tmp / "work")],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_for(lambda: conn.exists() or proc.poll() is not None, 90, "coorm up to write its connection file")
         if proc.poll() is not None:
-            pytest.fail(f"coorm up exited: {proc.stdout.read()}")
+            pytest.fail(f"coorm up exited: {log.read_text()}")
         user_env = dict(os.environ, COORM_CONNECTION_FILE=str(conn))  # as another terminal of the same user
         user_env.pop("COORM_NATS_URL", None)
         user_env.pop("COORM_REDIS_URL", None)
