@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _coorm() -> list[str]:
     exe = shutil.which("coorm") or str(Path(sys.executable).parent / "coorm")
@@ -52,3 +54,16 @@ def test_simulate_refuses_a_bad_scenario_readably(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert "invalid scenario" in run.stdout and "nodes" in run.stdout
+
+
+@pytest.mark.slow
+def test_demo_runs_the_mixed_workload_live_and_draws_utilisation(tmp_path):
+    """The README's main job, as a user runs it (about two minutes)."""
+    r = subprocess.run(_coorm() + ["demo", "--out", str(tmp_path)], capture_output=True, text=True, timeout=400,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "every application completed" in r.stdout
+    for kind in ("amr", "psa", "rigid", "moldable", "cem"):
+        assert f" {kind} " in r.stdout
+    png = tmp_path / "utilisation.png"
+    assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"

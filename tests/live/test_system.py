@@ -284,3 +284,65 @@ async def test_output_and_exit_code_reach_the_application(stack):
         assert all(isinstance(e, Exited) for e in exits)
         started = [e for e in [start] if isinstance(e, Started)]
         assert started
+
+
+# ==================================================================================================
+# a silent agent's nodes go down; their requests end with node_failure and their owners are told
+# ==================================================================================================
+@pytest.mark.parametrize("stack", [{"clusters": {"c0": 4, "c1": 4}, "agent_timeout": 1.0}], indirect=True)
+async def test_a_silent_agents_nodes_go_down_and_their_owner_is_told(stack):
+    settings = stack.settings
+    async with await Session.open(settings, kind="rigid") as app:
+        (rid,) = await app.request(rq("x", "c1", 4, 600))
+        await app.wait_start(rid, 10)
+        await stack.agents["c1"].stop()  # the host dies: no more heartbeats
+        killed = await next_of(app, Killed, 10)
+        assert killed.request == rid and killed.reason == "node_failure"
+        v = await next_of(app, ViewsChanged, 10, lambda e: e.views.non_preemptive["c1"].value_at(e.views.now) == 0)
+        assert v is not None
+        assert stack.engine.cores.allocator.up("c1") == 0 and stack.engine.cores.allocator.up("c0") == 4
+
+
+# ==================================================================================================
+# the shipped launchers run live through the same decision objects as in the simulator
+# ==================================================================================================
+@pytest.mark.parametrize("stack", [{"clusters": {"c0": 8, "c1": 8}}], indirect=True)
+async def test_the_shipped_launchers_run_live(stack):
+    from launchers.cem import CEMLauncher, CEMModel
+    from launchers.moldable import MoldableLauncher
+    from launchers.next_chain import NextChainLauncher
+
+    settings = stack.settings
+
+    async def run(kind, make, command, ends_work):
+        s = await Session.open(settings, kind=kind, preemptive_views=False)
+        launcher = make(s.app, await s.cluster_props())
+        result = await asyncio.wait_for(LiveRunner(s, launcher, command=command, command_ends_work=ends_work).run(),
+                                        30)
+        return launcher, result
+
+    chain, r1 = await run("next", lambda app, props: NextChainLauncher(app, "c0", [(2, 0.5), (4, 0.5), (1, 0.5)]),
+                          None, False)
+    assert r1.exit_code == 0 and chain.finished and chain.ids == [f"{r1.app}.1", f"{r1.app}.2", f"{r1.app}.3"]
+    mold, r2 = await run("moldable", lambda app, props: MoldableLauncher(app, "c1", [(4, 30), (8, 20)]),
+                         ["sh", "-c", "echo $COORM_NODE"], True)
+    assert r2.exit_code == 0 and mold.choice.config == ("c1", 8, 20.0) and r2.processes == 8
+    cem, r3 = await run("cem", lambda app, props: CEMLauncher(app, model=CEMModel(iterations=5, work=10.0)),
+                        ["true"], True)
+    assert r3.exit_code == 0 and cem.selection is not None and r3.processes == cem.selection.total_hosts
+
+
+async def test_the_synchronous_wrapper_runs_a_job(stack):
+    from launchers.sdk import SyncSession
+
+    def script():
+        with SyncSession(stack.settings, kind="rigid") as s:
+            (rid,) = s.request(rq(s.rid("job"), "c0", 1, 60))
+            start = s.wait_start(rid, 10)
+            s.launch(rid, start.nodes[0], ["sh", "-c", "exit 5"])
+            (ex,) = s.wait_exits(rid, 1, 10)
+            s.done(rid)
+            return ex.code
+
+    assert await asyncio.to_thread(script) == 5
+
