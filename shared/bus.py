@@ -73,12 +73,27 @@ def decode(data: bytes, model: type[M]) -> M:
 Handler = Callable[[M, Msg], Awaitable[BaseModel | None]]
 
 
-async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, queue: str = ""):
+_running: set[asyncio.Task] = set()
+
+
+async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, queue: str = "",
+                concurrent: bool = False):
     """Subscribe ``handler`` to ``subject``: it gets the parsed message and returns the reply model (or None
     for a publish that expects no reply). A :class:`WireError` becomes an ``ErrorReply``; any other
-    exception too (code ``unavailable``), logged, so that the caller never waits for nothing."""
+    exception too (code ``unavailable``), logged, so that the caller never waits for nothing.
+
+    A subscription's messages are handled one after the other; with ``concurrent`` each gets its own task,
+    so that a handler waiting on I/O does not hold the next (callers that need an order wait for replies)."""
 
     async def on_msg(msg: Msg) -> None:
+        if concurrent:
+            task = asyncio.create_task(handle(msg))
+            _running.add(task)
+            task.add_done_callback(_running.discard)
+        else:
+            await handle(msg)
+
+    async def handle(msg: Msg) -> None:
         try:
             parsed = decode(msg.data, model)
             out = await handler(parsed, msg)

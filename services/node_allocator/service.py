@@ -153,15 +153,16 @@ class NodeAllocatorService:
                             previous=previous)
         for node in d.nodes:
             await self.nc.publish(subjects.node_assign(node), bus.encode(assign))
-        await self.redis.hset(keys.allocation(d.request), mapping={
-            "app": d.app, "cluster": d.cluster, "nodes": json.dumps(list(d.nodes)), "end": json.dumps(end)})
-        await self._set_owner(d.nodes, d.app, d.request)
         # the agents hear of the assignment before the application can ask them to launch: the server
         # forwards one connection's messages in order, so the assignments are in the agents' queues before
         # the startNotify reaches the application (a flush here would cost a round trip per start)
         await self.nc.publish(subjects.notify_start(d.app), bus.encode(
             StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=list(d.nodes), kept=list(d.kept),
                         end=end)))
+        # the bookkeeping for coorm nodes and kill notifications comes after: not on the start's path
+        await self.redis.hset(keys.allocation(d.request), mapping={
+            "app": d.app, "cluster": d.cluster, "nodes": json.dumps(list(d.nodes)), "end": json.dumps(end)})
+        await self._set_owner(d.nodes, d.app, d.request)
 
     async def _freed(self, d: NodesFreed) -> None:
         await self._set_owner(d.nodes, None, None)

@@ -563,27 +563,46 @@ class PolicyCore:
             if h.physical:
                 free[h.cluster] -= h.nodes
         starts: list[StartRequest] = []
+        waiting_for_nodes: list[tuple[Request, int]] = []  # (request, free nodes set aside for it)
         for r in self._due:
             if r.state is WAITING:
                 if not r.is_preallocation:
-                    pred = self._running_predecessor(r)
-                    kept = min(pred.nodes - len(pred.released), r.nodes) if pred else 0
-                    need = r.nodes - kept
-                    # the predecessor's other nodes (released or surplus) are freed as it hands over, before
-                    # the successor takes new ones: the successor may use them (it would otherwise wait for
-                    # its own predecessor, which waits for it)
-                    surplus = pred.nodes - kept if pred else 0
-                    if need > free[r.cluster] + surplus:
+                    got = self._fits(r, free)
+                    if got is None:
                         if not r.blocked:
                             self._tell(r.id, "blocked", "nodes still held preemptibly")
                         r.blocked = True
-                        free[r.cluster] -= min(need, max(free[r.cluster], 0))
+                        # what is free stays set aside for it: later (lower-priority) starts do not take it
+                        aside = min(r.nodes, max(free[r.cluster], 0))
+                        free[r.cluster] -= aside
+                        waiting_for_nodes.append((r, aside))
                         continue
-                    free[r.cluster] += surplus - need
                 starts.append(self._start(r, stimulus))
+        # a NEXT hand-over later in the order may have freed its predecessor's surplus: a request blocked
+        # before it gets a second look (a lower-priority chain must not hold a higher-priority start back)
+        for r, aside in waiting_for_nodes:
+            free[r.cluster] += aside
+            if r.state is WAITING and self._fits(r, free) is not None:
+                starts.append(self._start(r, stimulus))
+            else:
+                free[r.cluster] -= aside
         self._end_overdue()
         starts.extend(preemption.start_preemptible(self, schedule, free, stimulus))
         return starts
+
+    def _fits(self, r: Request, free: dict[str, int]) -> int | None:
+        """Take from ``free`` the nodes ``r`` needs beyond what its NEXT predecessor hands over, and give
+        back that predecessor's other nodes (released or surplus: freed as it hands over, before the
+        successor takes new ones, so the successor may use them -- it would otherwise wait for its own
+        predecessor, which waits for it). None if they are not free (held preemptibly)."""
+        pred = self._running_predecessor(r)
+        kept = min(pred.nodes - len(pred.released), r.nodes) if pred else 0
+        need = r.nodes - kept
+        surplus = pred.nodes - kept if pred else 0
+        if need > free[r.cluster] + surplus:
+            return None
+        free[r.cluster] += surplus - need
+        return need
 
     def _running_predecessor(self, r: Request) -> Request | None:
         """The NEXT predecessor still running (kept past its end) whose nodes ``r`` takes over."""

@@ -78,6 +78,7 @@ LoggedEvent = Annotated[
     OpenSession | CloseSession | Submit | Done | Tick | RegisterNodes | NodeDown, Field(discriminator="kind")
 ]
 _EVENTS = TypeAdapter(LoggedEvent)
+_BATCH = 256  # events logged in one Redis round trip at most
 _REPUBLISH = 64  # on take-over, decisions of the last events are published again (de-duplicated)
 
 # decisions the node allocator acts on
@@ -111,7 +112,7 @@ class PolicyEngine:
         self.sessions: dict[str, dict] = {}  # app -> {token, user, name, kind, filter}
         self.last_seen: dict[str, float] = {}
         self.leader = asyncio.Event()
-        self._lock = asyncio.Lock()
+        self._inbox: asyncio.Queue = asyncio.Queue()
         self._wake = asyncio.Event()
         self._subs: list = []
         self.nc = None
@@ -157,18 +158,19 @@ class PolicyEngine:
         await self._restore()
         log.info("leading", instance=self.instance, events=self._replayed, apps=len(self.sessions))
         self._subs = [
-            await bus.serve(self.nc, subjects.SESSION_OPEN, SessionOpen, self._on_open),
-            await bus.serve(self.nc, subjects.APP_REQUEST_ANY, RequestMsg, self._on_request),
-            await bus.serve(self.nc, subjects.APP_DONE_ANY, DoneMsg, self._on_done),
-            await bus.serve(self.nc, subjects.APP_CLOSE_ANY, CloseMsg, self._on_close),
-            await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat),
+            await bus.serve(self.nc, subjects.SESSION_OPEN, SessionOpen, self._on_open, concurrent=True),
+            await bus.serve(self.nc, subjects.APP_REQUEST_ANY, RequestMsg, self._on_request, concurrent=True),
+            await bus.serve(self.nc, subjects.APP_DONE_ANY, DoneMsg, self._on_done, concurrent=True),
+            await bus.serve(self.nc, subjects.APP_CLOSE_ANY, CloseMsg, self._on_close, concurrent=True),
+            await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat, concurrent=True),
             await bus.serve(self.nc, subjects.NODES_EVENT, NodesEvent, self._on_nodes),
             await bus.serve(self.nc, subjects.VIEWS_QUERY, ViewsQuery, self._on_views_query),
             await bus.serve(self.nc, subjects.QUERY_STATUS, StatusQuery, self._on_status),
         ]
         self.leader.set()
         await self._publish_views(full=True)
-        tasks = [asyncio.create_task(self._timer_loop()), asyncio.create_task(self._reaper_loop())]
+        tasks = [asyncio.create_task(self._sequencer()), asyncio.create_task(self._timer_loop()),
+                 asyncio.create_task(self._reaper_loop())]
         try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -217,19 +219,42 @@ class PolicyEngine:
     # the one way in
     # ============================================================================================
     async def apply(self, make) -> list:
-        """Stamp, log, apply and publish one event; ``make(at, stimulus_id)`` builds it."""
-        async with self._lock:
+        """Stamp, log, apply and publish one event; ``make(at, stimulus_id)`` builds it. Events that arrive
+        together are logged in one Redis round trip (:meth:`_sequencer`), then applied one by one."""
+        fut = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait((make, fut))
+        return await fut
+
+    async def _sequencer(self) -> None:
+        while True:
+            batch = [await self._inbox.get()]
+            while len(batch) < _BATCH and not self._inbox.empty():
+                batch.append(self._inbox.get_nowait())
+            try:
+                await self._apply_batch(batch)
+            except Exception as e:  # noqa: BLE001 - every caller gets an answer
+                log.exception("could not apply events")
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(e)
+            self._wake.set()
+
+    async def _apply_batch(self, batch) -> None:
+        events = []
+        for make, _ in batch:
             self._seq += 1
-            event = make(max(clock(), self.cores.now), f"e{self._seq}")
-            # one round trip: the event is durable before it is applied (and before anyone hears of it)
-            async with self.redis.pipeline(transaction=False) as pipe:
+            events.append(make(max(clock(), self.cores.now), f"e{self._seq}"))
+        # durable before applied (and before anyone hears of it)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for event in events:
                 pipe.xadd(keys.EVENT_LOG, {"e": event.model_dump_json()})
-                pipe.set(keys.EVENT_SEQ, self._seq)
-                await pipe.execute()
+            pipe.set(keys.EVENT_SEQ, self._seq)
+            await pipe.execute()
+        for event, (_, fut) in zip(events, batch, strict=True):
             out = self.cores.handle(event)
             await self._publish(event, out)
-        self._wake.set()
-        return out
+            if not fut.done():
+                fut.set_result(out)
 
     async def _publish(self, event, decisions: list) -> None:
         views_for: tuple[str, ...] = ()

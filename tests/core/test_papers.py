@@ -430,3 +430,26 @@ def test_a_preallocations_fair_start_hold_spares_the_nodes_a_successor_keeps():
     d.submit(1.0, "a2", rq("z", "c0", 1, 5))
     # P's other node is held until 6; x's node went on with y; the third node is free
     assert d.started("z") is not None and d.started("z").at == 1.0
+
+
+def test_a_lower_priority_next_hand_over_does_not_hold_back_a_higher_priority_start():
+    """Found by the property tests (CI): at t=18, a4's r5 (9 nodes) reaches its end and hands over to its
+    NEXT successor r25 (1 node); a2's r23 (2 nodes, higher priority) is due in the same pass. r5's 8 other
+    nodes are freed by the hand-over, later in the start order than r23: r23 must still start then, as it
+    does when a4 asks for nothing. The events are the property test's own (tests/core/data/)."""
+    from pathlib import Path
+
+    import shared.events as ev
+    from services.coupled import CoupledCores as Cores
+    from services.policy_engine.core import PolicySettings as Settings
+
+    script = (Path(__file__).parent / "data" / "inv4_next_deferral.txt").read_text().splitlines()
+    starts = {}
+    for with_extra in (False, True):
+        env = {"CoupledCores": Cores, "PolicySettings": Settings, **{k: getattr(ev, k) for k in dir(ev)}}
+        exec("\n".join(script if with_extra else script[:-1]), env)  # noqa: S102 - our own recorded events
+        cores = env["cores"]
+        cores.tick(18.0)
+        starts[with_extra] = {r for r in ("r23", "r25")
+                              if (18.0, "started") in [(t, what) for t, what, _ in cores.policy.story(r)]}
+    assert starts == {False: {"r23"}, True: {"r23", "r25"}}

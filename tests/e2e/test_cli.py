@@ -59,11 +59,14 @@ def test_simulate_refuses_a_bad_scenario_readably(tmp_path):
 @pytest.mark.slow
 def test_demo_runs_the_mixed_workload_live_and_draws_utilisation(tmp_path):
     """The README's main job, as a user runs it (about two minutes)."""
+    import os
+
+    env = dict(os.environ, COLUMNS="200")  # the table's columns in full
     r = subprocess.run(_coorm() + ["demo", "--out", str(tmp_path)], capture_output=True, text=True, timeout=400,
-                       cwd=tmp_path)
+                       cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "every application completed" in r.stdout
-    for kind in ("amr", "psa", "rigid", "moldable", "cem"):
-        assert f" {kind} " in r.stdout
+    for name in ("amr", "psa", "rigid-1", "rigid-6", "moldable", "cem"):
+        assert f" {name} " in r.stdout
     png = tmp_path / "utilisation.png"
     assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
