@@ -33,8 +33,12 @@ def configure_logging(level: str = "INFO") -> None:
     )
 
 
-def redis_client(url: str) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, decode_responses=True)
+def redis_client(url: str, max_connections: int = 32) -> aioredis.Redis:
+    """A client whose pool waits for a free connection under load (rather than failing with
+    ``MaxConnectionsError`` when a thousand launchers open sessions at once)."""
+    pool = aioredis.BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=max_connections,
+                                                    timeout=None)
+    return aioredis.Redis(connection_pool=pool)
 
 
 async def ensure_streams(js) -> None:
