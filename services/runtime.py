@@ -38,7 +38,7 @@ def redis_client(url: str, max_connections: int = 32) -> aioredis.Redis:
     ``MaxConnectionsError`` when a thousand launchers open sessions at once)."""
     pool = aioredis.BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=max_connections,
                                                     timeout=None)
-    return aioredis.Redis(connection_pool=pool)
+    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes its connections
 
 
 async def ensure_streams(js) -> None:
