@@ -202,27 +202,18 @@ def _submit_detached(cluster: str, nodes: int, walltime: str, command: list[str]
 def detached_submit(fd: int, cluster: str, nodes: int, walltime: str, command: list[str], output: Path | None,
                     name: str) -> None:
     pipe = os.fdopen(fd, "w")
+    holder: dict[str, str] = {}
 
     def announce(app: str) -> None:
+        """The job's id: to the waiting ``coorm submit --no-wait``, and into the output file's name."""
+        holder["app"] = app
         pipe.write(app + "\n")
         pipe.close()
 
-    out = output or Path("coorm-%j.out")
-    settings = _settings()
-
-    async def go() -> int:
-        holder: dict[str, str] = {}
-
-        def remember(app: str) -> None:
-            holder["app"] = app
-            announce(app)
-
-        target = Path(str(out).replace("%j", "{app}"))
-        # the file's name needs the job id, known once the session is open: open lazily
-        return await _submit(settings, cluster, nodes, parse_walltime(walltime), command,
-                             _Lazy(target, holder), False, name, announce=remember)
-
-    raise typer.Exit(asyncio.run(go()))
+    # the file's name needs the job id, known once the session is open: it is opened lazily
+    target = Path(str(output or Path("coorm-%j.out")).replace("%j", "{app}"))
+    raise typer.Exit(asyncio.run(_submit(_settings(), cluster, nodes, parse_walltime(walltime), command,
+                                         _Lazy(target, holder), False, name, announce=announce)))
 
 
 class _Lazy(os.PathLike):

@@ -181,14 +181,15 @@ class NodeAllocatorService:
             log.warning("could not reach the agent to kill", node=node, request=request, error=str(e))
 
     async def _set_owner(self, nodes, app: str | None, request: str | None) -> None:
+        await self._update_nodes(nodes, app=app, request=request)
+
+    async def _update_nodes(self, nodes, **fields) -> None:
+        """Merge ``fields`` into the records of ``nodes`` (those that have one): one read, one write."""
         nodes = list(nodes)
         if not nodes:
             return
         raws = await self.redis.hmget(keys.NODES, nodes)
-        updates = {}
-        for node, raw in zip(nodes, raws, strict=True):
-            if raw is not None:
-                updates[node] = json.dumps(json.loads(raw) | {"app": app, "request": request})
+        updates = {node: json.dumps(json.loads(raw) | fields) for node, raw in zip(nodes, raws, strict=True) if raw}
         if updates:
             await self.redis.hset(keys.NODES, mapping=updates)
 
@@ -204,23 +205,22 @@ class NodeAllocatorService:
             a["nodes"].append(node)
 
     async def _on_register(self, msg: AgentRegister, raw: Msg) -> Ack:
-        for info in msg.nodes:
-            old = await self.redis.hget(keys.NODES, info.id)
-            if old is not None and json.loads(old)["cluster"] != msg.cluster:
-                raise bus.WireError(ErrorCode.BAD_REQUEST,
-                                    f"node {info.id} is registered in cluster {json.loads(old)['cluster']}")
+        ids = [n.id for n in msg.nodes]
+        known = {n: json.loads(raw) for n, raw in zip(ids, await self.redis.hmget(keys.NODES, ids), strict=True) if raw}
+        for node, rec in known.items():
+            if rec["cluster"] != msg.cluster:
+                raise bus.WireError(ErrorCode.BAD_REQUEST, f"node {node} is registered in cluster {rec['cluster']}")
         try:
             await bus.call(self.nc, subjects.NODES_EVENT,
                            NodesEvent(kind="register", cluster=msg.cluster, nodes=[n.id for n in msg.nodes]), Ack)
         except (NoRespondersError, NatsTimeout) as e:
             raise bus.WireError(ErrorCode.UNAVAILABLE, "no policy engine leader yet: register again") from e
-        for info in msg.nodes:
-            old = json.loads(await self.redis.hget(keys.NODES, info.id) or "{}")
-            await self.redis.hset(keys.NODES, info.id, json.dumps({
-                "cluster": msg.cluster, "agent": msg.agent, "cores": info.cores, "memory_mb": info.memory_mb,
-                "state": "up", "since": clock(), "app": old.get("app"), "request": old.get("request")}))
-        self.agents[msg.agent] = {"cluster": msg.cluster, "nodes": [n.id for n in msg.nodes],
-                                  "last_seen": clock(), "up": True}
+        now = clock()
+        await self.redis.hset(keys.NODES, mapping={info.id: json.dumps({
+            "cluster": msg.cluster, "agent": msg.agent, "cores": info.cores, "memory_mb": info.memory_mb,
+            "state": "up", "since": now, "app": known.get(info.id, {}).get("app"),
+            "request": known.get(info.id, {}).get("request")}) for info in msg.nodes})
+        self.agents[msg.agent] = {"cluster": msg.cluster, "nodes": ids, "last_seen": now, "up": True}
         log.info("agent registered", agent=msg.agent, cluster=msg.cluster, nodes=len(msg.nodes))
         return Ack()
 
@@ -247,11 +247,7 @@ class NodeAllocatorService:
                     except (NoRespondersError, NatsTimeout):
                         continue  # no leader now: try again at the next scan
                     a["up"] = False
-                    for node in a["nodes"]:
-                        raw = await self.redis.hget(keys.NODES, node)
-                        if raw:
-                            rec = json.loads(raw) | {"state": "down", "since": now, "app": None, "request": None}
-                            await self.redis.hset(keys.NODES, node, json.dumps(rec))
+                    await self._update_nodes(a["nodes"], state="down", since=now, app=None, request=None)
 
 
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
