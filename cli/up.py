@@ -5,6 +5,7 @@ other ``coorm`` command of this user finds them; in the foreground until Ctrl-C,
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.panel import Panel
 
-from shared.servers import start_servers
+from shared.servers import free_port, start_servers
 from shared.settings import Settings, connection_file
 
 
@@ -50,6 +51,7 @@ class Up:
         self.write_connection = write_connection
         self.servers = None
         self.procs: dict[str, subprocess.Popen] = {}
+        self.metrics_ports: dict[str, int] = {}  # process name -> where it serves its Prometheus metrics
         self.settings: Settings | None = None
 
     def _env(self) -> dict[str, str]:
@@ -59,10 +61,14 @@ class Up:
         env["COORM_REDIS_URL"] = self.servers.redis_url
         return env
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], *, metrics: bool = True) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = self._env()
+        if metrics:
+            self.metrics_ports[name] = free_port()
+            env.update(COORM_METRICS_PORT=str(self.metrics_ports[name]), COORM_METRICS_ADDR="127.0.0.1")
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "cli.main", *args], env=self._env(),
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "cli.main", *args], env=env,
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, cwd=self.workdir)
         log.close()
@@ -78,15 +84,25 @@ class Up:
         for s in services:
             self._spawn(s, ["service", s])
         if self.accounting:
-            self._spawn("celery-worker", ["_celery", "worker"])
+            self._spawn("celery-worker", ["_celery", "worker"], metrics=False)
         for cluster, n in self.clusters.items():
             span = f"{cluster}n0..{cluster}n{n - 1}"
             self._spawn(f"agent-{cluster}", ["agent", "--cluster", cluster, "--nodes", span, "--cores", "1",
                                              "--memory-mb", "1024", "--id", f"agent-{cluster}"])
         self._wait_nodes(timeout)
+        self.targets_file.write_text(json.dumps(self.prometheus_targets(), indent=1) + "\n")
         if self.write_connection:
             self.settings.write_connection_file()
         return self.settings
+
+    @property
+    def targets_file(self) -> Path:
+        """Prometheus file-based service discovery (``file_sd_configs``) of every process's metrics."""
+        return self.workdir / "prometheus-targets.json"
+
+    def prometheus_targets(self) -> list[dict]:
+        return [{"targets": [f"127.0.0.1:{port}"], "labels": {"job": name}}
+                for name, port in sorted(self.metrics_ports.items())]
 
     def _wait_nodes(self, timeout: float) -> None:
         """Until the policy engine reports every node up (polling its status: nothing to wait on)."""
@@ -163,7 +179,9 @@ def run(clusters_text: str, workdir: Path | None) -> None:
     nodes = ", ".join(f"{c}: {n} nodes" for c, n in clusters.items())
     console.print(Panel.fit(
         f"[bold]CooRM is up[/bold] — {nodes}\n\n"
-        f"NATS   {s.nats_url}\nRedis  {s.redis_url}\nlogs   {up.log_dir}\n\n"
+        f"NATS   {s.nats_url}\nRedis  {s.redis_url}\nlogs   {up.log_dir}\n"
+        f"metrics  http://127.0.0.1:{up.metrics_ports['policy-engine']}/metrics (policy engine); every process's "
+        f"in {up.targets_file} (Prometheus file_sd)\n\n"
         f"Other [bold]coorm[/bold] commands of this user find it through {connection_file()}; elsewhere:\n"
         f"  export COORM_NATS_URL={s.nats_url} COORM_REDIS_URL={s.redis_url}\n\n"
         "Try, in another terminal:\n"

@@ -37,7 +37,7 @@ from nats.aio.msg import Msg
 from node_agent import procs
 from node_agent.nodes import default_agent_id, host_node_info, parse_nodes
 from node_agent.state import NodeBook, ProcessRecord, Refused
-from shared import subjects
+from shared import metrics, subjects
 from shared.bus import WireError, call, connect, decode, encode, shutdown
 from shared.events import ErrorCode
 from shared.protocol import (
@@ -240,6 +240,8 @@ class Agent:
             try:
                 hb = AgentHeartbeat(agent=self.agent_id, nodes=nodes, processes=self.book.process_count)
                 await self.nc.publish(subjects.AGENT_HEARTBEAT, encode(hb))
+                metrics.agent_heartbeats.labels(self.agent_id, self.cluster).inc()
+                metrics.agent_processes.labels(self.agent_id, self.cluster).set(hb.processes)
             except nats.errors.Error as e:
                 self._log.warning("heartbeat not sent", error=str(e))
             await asyncio.sleep(self.settings.agent_heartbeat)  # the heartbeat period
@@ -414,6 +416,8 @@ class Agent:
                                    killed=rec.killed)
                 self._log.info("process exited", node=rec.node, app=rec.app, request=rec.request,
                                pid=run.pid, code=code, killed=rec.killed)
+                outcome = "killed" if rec.killed else "ok" if code == 0 else "failed"
+                metrics.agent_process_exits.labels(self.agent_id, self.cluster, outcome).inc()
                 try:
                     await self.nc.publish(subjects.app_exited(rec.app), encode(ev))
                     await self.nc.publish(subjects.AGENT_EXITED, encode(ev))
@@ -521,6 +525,8 @@ def main(cluster: str, nodes: str, agent_id: str | None = None, cores: int | Non
 
 
 async def serve_agent(settings: Settings, agent_id: str, cluster: str, nodes: list[NodeInfo]) -> None:
+    metrics.serve(settings.metrics_port, settings.metrics_addr)
+    metrics.zero(metrics.agent_process_exits, *((agent_id, cluster, o) for o in ("ok", "failed", "killed")))
     agent = Agent(settings, agent_id, cluster, nodes)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -16,6 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
+from shared import metrics, subjects
 from shared.events import ErrorCode
 from shared.protocol import ErrorBody, ErrorReply
 
@@ -94,6 +95,7 @@ async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, que
             await handle(msg)
 
     async def handle(msg: Msg) -> None:
+        metrics.messages_received.labels(subjects.verb_of(msg.subject)).inc()
         try:
             parsed = decode(msg.data, model)
             out = await handler(parsed, msg)
@@ -102,6 +104,8 @@ async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, que
         except Exception as e:  # noqa: BLE001 - a reply must go out whatever went wrong
             log.exception("handler failed", subject=msg.subject)
             out = WireError(ErrorCode.UNAVAILABLE, f"internal error: {type(e).__name__}: {e}").reply()
+        if isinstance(out, ErrorReply):
+            metrics.error_replies.labels(out.error.code.value).inc()
         if msg.reply and out is not None:
             await msg.respond(encode(out))
 

@@ -63,6 +63,10 @@ class Settings(BaseSettings):
 
     inventory: Path | None = Field(default=None, description="YAML: cluster speeds, WAN latencies/bandwidths")
 
+    # observability: each process serves its Prometheus metrics here (0: a free port, unset: none)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_addr: str = "0.0.0.0"
+
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings):

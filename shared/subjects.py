@@ -100,3 +100,14 @@ APP_VIEWS_ANY = f"{PREFIX}.app.*.views"
 def app_of(subject: str) -> str:
     """The application id in ``coorm.v1.app.<app>.<verb>``."""
     return subject.split(".")[3]
+
+
+def verb_of(subject: str) -> str:
+    """A subject without its application or node id (``coorm.v1.app.a7.request`` -> ``app.request``): a
+    label of bounded cardinality for metrics."""
+    parts = subject.removeprefix(PREFIX + ".").split(".")
+    if len(parts) >= 3 and parts[0] in ("app", "node"):
+        del parts[1]
+        if parts[1] == "output":
+            del parts[2:]
+    return ".".join(parts)

@@ -32,7 +32,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from services.accounting.core import Malformed, PreemptionRecord, check, event_id, marker, request_fields
 from services.accounting.tasks import ROLLUP_PREEMPTION, ROLLUP_REQUEST, make_celery
 from services.runtime import clock, ensure_streams, redis_client
-from shared import bus, keys, subjects
+from shared import bus, keys, metrics, subjects
 from shared.protocol import Lifecycle, LifecycleKind
 from shared.settings import Settings
 
@@ -155,7 +155,9 @@ class AccountingService:
             return False
         eid = event_id(life, msg_id)
         new = await self.record(life, eid)
-        if not new:
+        if new:
+            observe(life)
+        else:
             log.info("duplicate lifecycle event ignored", event_id=eid, kind=life.kind.value, request=life.request)
         if life.kind is LifecycleKind.ENDED:
             await asyncio.to_thread(self.celery.send_task, ROLLUP_REQUEST, args=[life.request])
@@ -188,8 +190,27 @@ class AccountingService:
             await pipe.execute()
 
 
+def observe(life: Lifecycle) -> None:
+    """The usage counters by user (counted once per recorded event; the totals of record are the roll-ups
+    in Redis, which survive a restart of this process)."""
+    metrics.lifecycle_events.labels(life.kind.value).inc()
+    user = life.user or "unknown"
+    if life.kind is LifecycleKind.STARTED and life.type:
+        metrics.usage_requests.labels(user, life.type).inc()
+        if life.submitted_at is not None and life.started_at is not None:
+            metrics.usage_wait_seconds.labels(user).inc(max(0.0, life.started_at - life.submitted_at))
+    elif life.kind is LifecycleKind.ENDED and life.type:
+        if life.started_at is not None:
+            metrics.usage_node_seconds.labels(user, life.type).inc(max(0.0, life.at - life.started_at) * life.nodes)
+        if life.reason in metrics.KILL_REASONS:
+            metrics.usage_preemptions.labels(user).inc()
+
+
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
     from services.runtime import stop_on_signals
 
-    service = AccountingService(settings or Settings())
+    settings = settings or Settings()
+    metrics.serve(settings.metrics_port, settings.metrics_addr)
+    metrics.zero(metrics.lifecycle_events, *((k.value,) for k in LifecycleKind))
+    service = AccountingService(settings)
     await service.run(stop or stop_on_signals())

@@ -28,7 +28,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import TypeAdapter
 
 from services.runtime import clock, ensure_streams, redis_client
-from shared import bus, keys, subjects
+from shared import bus, keys, metrics, subjects
 from shared.events import (
     CapacityChanged,
     EndRequest,
@@ -118,8 +118,8 @@ class NodeAllocatorService:
             if d.carry_from:
                 self.carry[d.request] = d.carry_from
             if d.type is RequestType.PRE_ALLOCATION:  # no node IDs: the application still learns it started
-                await self.nc.publish(subjects.notify_start(d.app), bus.encode(
-                    StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=[], end=d.end)))
+                await self._notify("start", subjects.notify_start(d.app),
+                                   StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=[], end=d.end))
         elif isinstance(d, SessionEnded):
             self._digests.pop(d.app, None)
         elif isinstance(d, NodesAssigned):
@@ -131,9 +131,15 @@ class NodeAllocatorService:
             self.carry.pop(d.request, None)
             if d.started:  # every end of a started request, its own done and NEXT hand-overs too
                 nodes = json.loads(await self.redis.hget(keys.allocation(d.request), "nodes") or "[]")
-                await self.nc.publish(subjects.notify_kill(d.app), bus.encode(
-                    KillNotify(app=d.app, request=d.request, reason=d.reason, nodes=nodes)))
+                await self._notify("kill", subjects.notify_kill(d.app),
+                                   KillNotify(app=d.app, request=d.request, reason=d.reason, nodes=nodes))
             await self.redis.delete(keys.allocation(d.request))
+
+    async def _notify(self, kind: str, subject: str, message) -> None:
+        data = bus.encode(message)
+        await self.nc.publish(subject, data)
+        metrics.notifications.labels(kind).inc()
+        metrics.notification_bytes.labels(kind).inc(len(data))
 
     async def _digest(self, app: str) -> str:
         """SHA-256 of the application's session token (what an agent checks a launch against)."""
@@ -156,9 +162,9 @@ class NodeAllocatorService:
         # the agents hear of the assignment before the application can ask them to launch: the server
         # forwards one connection's messages in order, so the assignments are in the agents' queues before
         # the startNotify reaches the application (a flush here would cost a round trip per start)
-        await self.nc.publish(subjects.notify_start(d.app), bus.encode(
-            StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=list(d.nodes), kept=list(d.kept),
-                        end=end)))
+        await self._notify("start", subjects.notify_start(d.app),
+                           StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=list(d.nodes),
+                                       kept=list(d.kept), end=end))
         # the bookkeeping for coorm nodes and kill notifications comes after: not on the start's path
         await self.redis.hset(keys.allocation(d.request), mapping={
             "app": d.app, "cluster": d.cluster, "nodes": json.dumps(list(d.nodes)), "end": json.dumps(end)})
@@ -238,6 +244,7 @@ class NodeAllocatorService:
         while True:
             await asyncio.sleep(min(1.0, timeout / 4))  # a periodic scan of liveness, not a synchronisation
             now = clock()
+            self._observe(now)
             for agent, a in list(self.agents.items()):
                 if a["up"] and now - a["last_seen"] > timeout:
                     log.warning("agent silent: its nodes go down", agent=agent, nodes=len(a["nodes"]))
@@ -249,8 +256,20 @@ class NodeAllocatorService:
                     a["up"] = False
                     await self._update_nodes(a["nodes"], state="down", since=now, app=None, request=None)
 
+    def _observe(self, now: float) -> None:
+        metrics.agent_nodes.clear()
+        metrics.agent_heartbeat_age.clear()
+        for a in self.agents.values():
+            metrics.agent_nodes.labels(a["cluster"], "up").set(0)
+            metrics.agent_nodes.labels(a["cluster"], "down").set(0)
+        for agent, a in self.agents.items():
+            metrics.agent_nodes.labels(a["cluster"], "up" if a["up"] else "down").inc(len(a["nodes"]))
+            metrics.agent_heartbeat_age.labels(agent, a["cluster"]).set(max(0.0, now - a["last_seen"]))
+
 
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
     from services.runtime import stop_on_signals
 
-    await NodeAllocatorService(settings or Settings()).run(stop or stop_on_signals())
+    settings = settings or Settings()
+    metrics.serve(settings.metrics_port, settings.metrics_addr)
+    await NodeAllocatorService(settings).run(stop or stop_on_signals())

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import time
 import uuid
 from typing import Annotated
 
@@ -31,10 +32,11 @@ from nats.aio.msg import Msg
 from pydantic import Field, TypeAdapter
 
 from services.coupled import CoupledCores
+from services.policy_engine import observe
 from services.policy_engine.core import PolicySettings
 from services.policy_engine.status import status_of
 from services.runtime import clock, ensure_streams, redis_client
-from shared import bus, keys, subjects
+from shared import bus, keys, metrics, subjects
 from shared.events import (
     Accepted,
     CloseSession,
@@ -123,6 +125,7 @@ class PolicyEngine:
     # lifecycle: standby, lead, stop
     # ============================================================================================
     async def run(self, stop: asyncio.Event) -> None:
+        observe.init()
         self.redis = redis_client(self.settings.redis_url)
         self.nc = await bus.connect(self.settings.nats_url, self.instance)
         self.js = self.nc.jetstream()
@@ -170,7 +173,8 @@ class PolicyEngine:
         self.leader.set()
         await self._publish_views(full=True)
         tasks = [asyncio.create_task(self._sequencer()), asyncio.create_task(self._timer_loop()),
-                 asyncio.create_task(self._reaper_loop())]
+                 asyncio.create_task(self._reaper_loop()), asyncio.create_task(self._gauges_loop())]
+        metrics.leader.set(1)
         try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -180,6 +184,7 @@ class PolicyEngine:
                     break
         finally:
             self.leader.clear()
+            metrics.leader.set(0)
             for t in tasks:
                 t.cancel()
             for t in tasks:
@@ -250,8 +255,13 @@ class PolicyEngine:
                 pipe.xadd(keys.EVENT_LOG, {"e": event.model_dump_json()})
             pipe.set(keys.EVENT_SEQ, self._seq)
             await pipe.execute()
+        policy = self.cores.policy
         for event, (_, fut) in zip(events, batch, strict=True):
+            epoch, t0 = policy.epoch, time.perf_counter()
             out = self.cores.handle(event)
+            if policy.epoch != epoch:
+                metrics.policy_pass_seconds.observe(time.perf_counter() - t0)
+            observe.decisions(out, self._kind_of, self._submitted_at)
             await self._publish(event, out)
             if not fut.done():
                 fut.set_result(out)
@@ -300,6 +310,13 @@ class PolicyEngine:
         if isinstance(d, SessionEnded):
             return self._life(LifecycleKind.SESSION_ENDED, at, d.app, reason=d.reason)
         return None
+
+    def _kind_of(self, app: str) -> str:
+        return self.sessions.get(app, {}).get("kind") or "unknown"
+
+    def _submitted_at(self, request: str) -> float | None:
+        r = self.cores.policy.requests.get(request)
+        return None if r is None else r.submitted_at
 
     def _started_at(self, request: str) -> float | None:
         story = self.cores.policy.stories.get(request, [])
@@ -414,6 +431,12 @@ class PolicyEngine:
             except TimeoutError:
                 await self.apply(lambda at, sid: Tick(at=at, stimulus_id=sid))
 
+    async def _gauges_loop(self) -> None:
+        """The metrics' gauges, from a status read once a second (a scrape never touches the cores)."""
+        while True:
+            observe.status(status_of(self.cores, self.sessions, self.instance))
+            await asyncio.sleep(1.0)  # a sampling period, not a synchronisation
+
     async def _reaper_loop(self) -> None:
         """End the sessions of launchers that went silent (their processes are killed, nodes freed)."""
         timeout = self.settings.session_timeout
@@ -431,5 +454,7 @@ class PolicyEngine:
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
     from services.runtime import stop_on_signals
 
-    engine = PolicyEngine(settings or Settings())
+    settings = settings or Settings()
+    metrics.serve(settings.metrics_port, settings.metrics_addr)
+    engine = PolicyEngine(settings)
     await engine.run(stop or stop_on_signals())

@@ -22,7 +22,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.runtime import redis_client
-from shared import bus, keys, subjects
+from shared import bus, keys, metrics, subjects
 from shared.protocol import (
     Change,
     ChangeNotify,
@@ -137,6 +137,8 @@ class ViewPublisher:
                     await self.nc.publish(subjects.notify_change(app), data)
                     self.notifications += 1
                     self.bytes += len(data)
+                    metrics.notifications.labels("change").inc()
+                    metrics.notification_bytes.labels("change").inc(len(data))
         return None
 
     async def _changes(self, app: str, per_cluster: dict, now: float) -> list[Change]:
@@ -203,4 +205,6 @@ def _same(old: list | None, new: list, now: float) -> bool:
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
     from services.runtime import stop_on_signals
 
-    await ViewPublisher(settings or Settings()).run(stop or stop_on_signals())
+    settings = settings or Settings()
+    metrics.serve(settings.metrics_port, settings.metrics_addr)
+    await ViewPublisher(settings).run(stop or stop_on_signals())

@@ -1,0 +1,74 @@
+"""The policy engine's Prometheus metrics: counters fed from the decisions as they are published, gauges
+refreshed from the cores' status (a read, like ``coorm status``) once a second. Outside the cores: they
+never see a metric."""
+
+from __future__ import annotations
+
+import statistics
+
+from shared import metrics as m
+from shared.events import EndRequest, PreemptionDeadline, StartRequest
+from shared.protocol import StatusReply
+from shared.requests import RequestType
+
+_TYPES = tuple(t.value for t in RequestType)
+SHIPPED_KINDS = ("rigid", "moldable", "cem", "psa", "amr", "next")
+
+
+def init() -> None:
+    """Every series a dashboard shows exists from the start (a quiet counter reads 0, not 'no data')."""
+    m.zero(m.kills, *((r,) for r in m.KILL_REASONS))
+    m.zero(m.request_start_latency_seconds, *((t,) for t in _TYPES))
+    m.zero(m.allocation_changes, *((k, d) for k in SHIPPED_KINDS for d in ("grow", "shrink")))
+    m.leader.set(0)
+
+
+def decisions(decisions: list, kind_of_app, submitted_at) -> None:
+    """Count what the RMS decided: starts (and how long they waited), ends by the RMS, preemptions, and
+    every application's grow/shrink."""
+    for d in decisions:
+        if isinstance(d, StartRequest):
+            sub = submitted_at(d.request)
+            if sub is not None:
+                m.request_start_latency_seconds.labels(d.type.value).observe(max(0.0, d.at - sub))
+            if d.type is not RequestType.PRE_ALLOCATION:
+                m.allocation_changes.labels(kind_of_app(d.app), "grow").inc(d.nodes)
+        elif isinstance(d, EndRequest):
+            if d.reason.value in m.KILL_REASONS and d.started:
+                m.kills.labels(d.reason.value).inc()
+            if d.started and d.type is not RequestType.PRE_ALLOCATION:
+                m.allocation_changes.labels(kind_of_app(d.app), "shrink").inc(d.nodes)
+        elif isinstance(d, PreemptionDeadline):
+            m.preemptions.labels(d.cluster).inc(max(0, d.held - d.allowed))
+
+
+def status(st: StatusReply) -> None:
+    """Set the gauges from a status read (clearing series of clusters, kinds or types that went away)."""
+    for g in (m.cluster_nodes, m.requests_waiting, m.requests_running, m.waiting_estimated_start, m.sessions,
+              m.app_nodes):
+        g.clear()
+    for c in st.clusters:
+        for state, value in (("up", c.up), ("non_preemptible", c.non_preemptible),
+                             ("pre_allocated_unused", c.pre_allocated_unused), ("preemptible", c.preemptible),
+                             ("fair_start_held", c.held), ("idle", c.idle)):
+            m.cluster_nodes.labels(c.cluster, state).set(value)
+        m.zero(m.preemptions, (c.cluster,))
+        for t in _TYPES:
+            m.requests_waiting.labels(c.cluster, t).set(0)
+            m.requests_running.labels(c.cluster, t).set(0)
+    kind = {a.app: a.kind or "unknown" for a in st.apps}
+    for k in kind.values():
+        m.sessions.labels(k).inc()
+    waits: dict[str, list[float]] = {}
+    for r in st.requests:
+        if r.state == "started":
+            m.requests_running.labels(r.cluster, r.type).inc()
+            m.app_nodes.labels(kind.get(r.app, "unknown"), r.type).inc(len(r.node_ids))
+        elif r.state == "waiting":
+            m.requests_waiting.labels(r.cluster, r.type).inc()
+            if r.start is not None:
+                waits.setdefault(r.cluster, []).append(max(0.0, r.start - st.now))
+    for c, ws in waits.items():
+        m.waiting_estimated_start.labels(c, "soonest").set(min(ws))
+        m.waiting_estimated_start.labels(c, "median").set(statistics.median(ws))
+        m.waiting_estimated_start.labels(c, "latest").set(max(ws))
