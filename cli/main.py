@@ -8,10 +8,13 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from cli.dashboards import app as dashboards_app
+
 app = typer.Typer(help="CooRM: a resource manager where applications cooperate through their launchers.",
                   no_args_is_help=True)
 protocol = typer.Typer(help="The wire protocol.", no_args_is_help=True)
 app.add_typer(protocol, name="protocol")
+app.add_typer(dashboards_app, name="dashboards")
 
 
 @app.command()
@@ -189,15 +192,27 @@ def submit(
     run(cluster, nodes, walltime, command or [], no_wait, output, label, name)
 
 
-@app.command("_celery", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+_CELERY_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.command("celery", context_settings=_CELERY_CONTEXT)
+@app.command("_celery", hidden=True, context_settings=_CELERY_CONTEXT)  # the name `coorm up` uses
 def celery_worker(ctx: typer.Context) -> None:
-    """The accounting roll-ups' Celery worker (``coorm up`` runs one; compose runs it as its own service)."""
+    """Celery for the accounting roll-ups: `coorm celery worker` (the default; `coorm up` runs one), `coorm
+    celery beat` (the hourly full roll-up); other arguments go to celery as they are (`inspect ping`)."""
+    import click
+
     from services.accounting.tasks import celery_app
 
     args = list(ctx.args) or ["worker"]
     if args[0] == "worker" and not any(a.startswith("--pool") for a in args):
         args += ["--pool=solo", "--loglevel=WARNING"]
-    celery_app.worker_main(args)
+    try:
+        code = celery_app.start(args)
+    except click.ClickException as e:  # celery's own errors (broker unreachable...): its message, no traceback
+        e.show()
+        code = e.exit_code
+    raise typer.Exit(code or 0)
 
 
 @app.command("_detached-submit", hidden=True, context_settings={"allow_interspersed_args": False})
