@@ -31,16 +31,16 @@ class CoupledCores:
     def now(self) -> float:
         return self.policy.now
 
-    def handle(self, event) -> list:
+    def handle(self, event, *, pass_now: bool = True) -> list:
         """Feed a policy event (open, submit, done, close, tick) and return every decision it caused,
-        the allocator's included."""
+        the allocator's included. ``pass_now=False``: see :meth:`PolicyCore.handle`."""
         if isinstance(event, Done) and event.released:
             why = self.allocator.check_release(event.request, event.released)
             if why is not None and event.request in self.policy.requests:
                 return [Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.BAD_RELEASE, reason=why)]
         if isinstance(event, (RegisterNodes, NodeDown)):
-            return self._node_event(event)
-        return self._feed(self.policy.handle(event), event.at)
+            return self._node_event(event, pass_now)
+        return self._feed(self.policy.handle(event, pass_now=pass_now), event.at)
 
     def register(self, at: float, cluster: str, nodes: list[str]) -> list:
         return self.handle(RegisterNodes(at=at, cluster=cluster, nodes=tuple(nodes)))
@@ -55,12 +55,12 @@ class CoupledCores:
         times = [t for t in (self.policy.next_wakeup(), self.allocator.next_wakeup()) if t is not None]
         return min(times) if times else None
 
-    def _node_event(self, event) -> list:
+    def _node_event(self, event, pass_now: bool = True) -> list:
         out: list = []
         for d in self.allocator.handle(event):
             out.append(d)
             if isinstance(d, CapacityChanged):
-                out.extend(self._feed(self.policy.handle(d.as_event(event.at)), event.at))
+                out.extend(self._feed(self.policy.handle(d.as_event(event.at), pass_now=pass_now), event.at))
         return out
 
     def _feed(self, decisions: list, at: float) -> list:

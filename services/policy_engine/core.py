@@ -109,7 +109,9 @@ class PolicyCore:
     # ============================================================================================
     # public API
     # ============================================================================================
-    def handle(self, event) -> list:
+    def handle(self, event, *, pass_now: bool = True) -> list:
+        """Apply ``event``; then run a pass if one is due, unless ``pass_now`` is False (more events that
+        arrived with this one follow: the pass runs once, after the last of them)."""
         at = max(event.at, self.now)
         self.now = at
         out: list = []
@@ -120,7 +122,7 @@ class PolicyCore:
         else:
             if reply is not None:
                 out.append(reply)
-        if self._pass_due():
+        if pass_now and self._pass_due():
             out.extend(self._run_pass(event.stimulus_id))
         if self.validate:
             from services.policy_engine.invariants import check
@@ -622,8 +624,11 @@ class PolicyCore:
         carry_from, carried = None, 0
         running = self._running_predecessor(r)
         if running is not None:
-            reason = EndReason.DONE if running.done_at is not None else EndReason.NEXT
-            self._end(running, reason, running.end)
+            # done (possibly after its end had passed, before a pass saw it) ends at the done's time
+            if running.done_at is not None:
+                self._end(running, EndReason.DONE, max(running.end, running.done_at))
+            else:
+                self._end(running, EndReason.NEXT, running.end)
         pred = self.ended.get(r.related_to) if r.related_how is Relation.NEXT else None
         if pred is not None and r.type is not RequestType.PRE_ALLOCATION:
             pred_req = next((p for p in self._pending_ends if p.id == r.related_to), None)

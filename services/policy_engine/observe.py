@@ -42,11 +42,16 @@ def decisions(decisions: list, kind_of_app, submitted_at) -> None:
             m.preemptions.labels(d.cluster).inc(max(0, d.held - d.allowed))
 
 
-def status(st: StatusReply) -> None:
-    """Set the gauges from a status read (clearing series of clusters, kinds or types that went away)."""
+def clear() -> None:
+    """No state gauges: a standby (or a leader that lost its lease) must not be summed with the leader."""
     for g in (m.cluster_nodes, m.requests_waiting, m.requests_running, m.waiting_estimated_start, m.sessions,
               m.app_nodes):
         g.clear()
+
+
+def status(st: StatusReply) -> None:
+    """Set the gauges from a status read (clearing series of clusters, kinds or types that went away)."""
+    clear()
     for c in st.clusters:
         for state, value in (("up", c.up), ("non_preemptible", c.non_preemptible),
                              ("pre_allocated_unused", c.pre_allocated_unused), ("preemptible", c.preemptible),

@@ -190,6 +190,7 @@ class PolicyEngine:
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            observe.clear()
             for sub in self._subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
@@ -209,7 +210,7 @@ class PolicyEngine:
         tail: list[tuple[object, list]] = []
         for i, (_, fields) in enumerate(entries):
             event = _EVENTS.validate_json(fields["e"])
-            out = self.cores.handle(event)
+            out = self.cores.handle(event, pass_now=fields.get("d") != "1")
             if i >= len(entries) - _REPUBLISH:
                 tail.append((event, out))
         for event, out in tail:
@@ -250,15 +251,18 @@ class PolicyEngine:
             self._seq += 1
             events.append(make(max(clock(), self.cores.now), f"e{self._seq}"))
         # durable before applied (and before anyone hears of it)
+        # the events of a batch are applied with one pass, after the last: the log says which were
+        # deferred ("d"), so that a replay runs the passes where this leader ran them
+        last = len(events) - 1
         async with self.redis.pipeline(transaction=False) as pipe:
-            for event in events:
-                pipe.xadd(keys.EVENT_LOG, {"e": event.model_dump_json()})
+            for i, event in enumerate(events):
+                pipe.xadd(keys.EVENT_LOG, {"e": event.model_dump_json(), **({"d": "1"} if i < last else {})})
             pipe.set(keys.EVENT_SEQ, self._seq)
             await pipe.execute()
         policy = self.cores.policy
-        for event, (_, fut) in zip(events, batch, strict=True):
+        for i, (event, (_, fut)) in enumerate(zip(events, batch, strict=True)):
             epoch, t0 = policy.epoch, time.perf_counter()
-            out = self.cores.handle(event)
+            out = self.cores.handle(event, pass_now=i == last)
             if policy.epoch != epoch:
                 metrics.policy_pass_seconds.observe(time.perf_counter() - t0)
             observe.decisions(out, self._kind_of, self._submitted_at)

@@ -338,9 +338,12 @@ class Monitor:
 # ================================================================================================
 class Driver:
     def __init__(
-        self, data, settings: PolicySettings, sizes: list[int], register: bool = True, apps: int = 0
+        self, data, settings: PolicySettings, sizes: list[int], register: bool = True, apps: int = 0,
+        defer: bool = False,
     ) -> None:
         self.data = data
+        self.defer = defer  # let random events arrive batched with the next (the pass after the batch)
+        self.passes_now: list[bool] = []
         self.settings = settings
         self.cores = CoupledCores(settings, validate=True)
         self.monitor = Monitor(self.cores)
@@ -359,10 +362,10 @@ class Driver:
             self.open()
 
     @classmethod
-    def replay(cls, events: list, settings: PolicySettings) -> Driver:
+    def replay(cls, events: list, settings: PolicySettings, passes_now: list[bool] | None = None) -> Driver:
         d = cls(None, settings, [], register=False)
-        for ev in events:
-            d.feed(ev)
+        for i, ev in enumerate(events):
+            d.feed(ev, pass_now=True if passes_now is None else passes_now[i])
         return d
 
     # -- plumbing ------------------------------------------------------------------------------------
@@ -370,11 +373,14 @@ class Driver:
     def policy(self):
         return self.cores.policy
 
-    def feed(self, ev) -> list:
+    def feed(self, ev, pass_now: bool | None = None) -> list:
+        if pass_now is None:
+            pass_now = not (self.defer and self.data is not None and self.draw(st.booleans()))
         self.monitor.before(ev)
         self.events.append(ev)
+        self.passes_now.append(pass_now)
         try:
-            out = self.cores.handle(ev)
+            out = self.cores.handle(ev, pass_now=pass_now)
         except AllocationError as e:  # inv. 1: the allocator never has to refuse the policy
             raise AssertionError(f"inv1: the allocator raised AllocationError on {_fmt(ev)}: {e}") from e
         self.outs.append(out)
@@ -700,9 +706,11 @@ def _fmt(ev) -> str:
     return f"{type(ev).__name__}({args})"
 
 
-def repro(settings: PolicySettings, events: list) -> str:
+def repro(settings: PolicySettings, events: list, passes_now: list[bool] | None = None) -> str:
     lines = [f"cores = CoupledCores(PolicySettings(**{settings.model_dump()!r}), validate=True)"]
-    lines += [f"cores.handle({_fmt(ev)})" for ev in events]
+    flags = passes_now or [True] * len(events)
+    lines += [f"cores.handle({_fmt(ev)}{'' if now else ', pass_now=False'})"
+              for ev, now in zip(events, flags, strict=True)]
     return "\n".join(lines)
 
 
@@ -718,9 +726,10 @@ class explain:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None and self.drivers:
-            note("events fed (reproduction):\n" + repro(self.settings, self.drivers[0].events))
+            d0 = self.drivers[0]
+            note("events fed (reproduction):\n" + repro(self.settings, d0.events, d0.passes_now))
             for i, d in enumerate(self.drivers[1:], 1):
-                note(f"events fed to copy {i}:\n" + repro(self.settings, d.events))
+                note(f"events fed to copy {i}:\n" + repro(self.settings, d.events, d.passes_now))
         return False
 
 
@@ -737,7 +746,7 @@ def test_safety_invariants_hold_after_every_event(data, settings, sizes, steps):
     inv. 2 (non-preemptible requests end only by done, walltime/NEXT, node failure, violation after a
     deadline, session close or their pre-allocation ending), waiting starts >= now after a pass;
     checked by the monitor after every event."""
-    drv = Driver(data, settings, sizes, apps=data.draw(st.integers(0, 3)))
+    drv = Driver(data, settings, sizes, apps=data.draw(st.integers(0, 3)), defer=data.draw(st.booleans()))
     with explain(settings, drv):
         drv.run(steps)
         # let time run out so that every timer fires and its decisions are checked too
@@ -1012,12 +1021,12 @@ def _dump(outs: list[list]) -> list[list[dict]]:
 def test_same_events_same_decisions(data, settings, sizes, steps):
     """The event list produced by a random run is replayed through two fresh CoupledCores; all three runs
     must make exactly the same decisions (model_dump), event by event."""
-    drv = Driver(data, settings, sizes, apps=data.draw(st.integers(0, 3)))
+    drv = Driver(data, settings, sizes, apps=data.draw(st.integers(0, 3)), defer=data.draw(st.booleans()))
     with explain(settings, drv):
         drv.run(steps)
     first = _dump(drv.outs)
     for copy in (1, 2):
-        again = Driver.replay(drv.events, settings)
+        again = Driver.replay(drv.events, settings, drv.passes_now)
         with explain(settings, again):
             second = _dump(again.outs)
             for i, (x, y) in enumerate(zip(first, second, strict=True)):
