@@ -453,3 +453,23 @@ def test_a_lower_priority_next_hand_over_does_not_hold_back_a_higher_priority_st
         starts[with_extra] = {r for r in ("r23", "r25")
                               if (18.0, "started") in [(t, what) for t, what, _ in cores.policy.story(r)]}
     assert starts == {False: {"r23"}, True: {"r23", "r25"}}
+
+
+def test_a_next_predecessor_done_after_its_end_in_the_same_batch_ends_as_done_at_the_done():
+    # found by the property tests once events could arrive batched (one pass after the batch): r2 reached
+    # its end at 5, kept for its NEXT successor r3; the tick due at 6 and r2's done at 6 came in one batch;
+    # the hand-over reported r2 as done at 5, before the done was sent
+    from shared.events import Done, Tick
+
+    d = Driver({"c0": 2, "c1": 2}, reschedule_interval=2.0)
+    d.open(0.0, "a1")
+    d.submit(0.0, "a1", rq("r1", "c0", 1, 1.0))
+    d.tick(2.0)
+    d.submit(2.0, "a1", rq("r2", "c0", 1, 1.0, to="r1", how="NEXT"), rq("r3", "c0", 1, 1.0, to="r2", how="NEXT"))
+    d.done(2.0, "a1", "r1")
+    d.tick(4.0)
+    assert d.started("r2").at == 4.0
+    d._record(d.cores.handle(Tick(at=6.0), pass_now=False))
+    d._record(d.cores.handle(Done(at=6.0, app="a1", request="r2")))
+    assert d.started("r3").at == 6.0
+    assert d.ended("r2").reason == "done" and d.ended("r2").at == 6.0
