@@ -53,6 +53,21 @@ from shared.protocol import (
 from shared.requests import RequestType
 from shared.settings import Settings
 
+# KEYS[1]: the node records; ARGV[1]: fields to merge (JSON); ARGV[2..]: node IDs (those without a record
+# are left alone)
+_MERGE = """
+local fields = cjson.decode(ARGV[1])
+for i = 2, #ARGV do
+  local raw = redis.call('hget', KEYS[1], ARGV[i])
+  if raw then
+    local rec = cjson.decode(raw)
+    for k, v in pairs(fields) do rec[k] = v end
+    redis.call('hset', KEYS[1], ARGV[i], cjson.encode(rec))
+  end
+end
+return 0
+"""
+
 log = structlog.get_logger("coorm.node_allocator")
 
 _DECISION = TypeAdapter(
@@ -66,6 +81,7 @@ class NodeAllocatorService:
         self.name = name
         self.ends: dict[str, float | None] = {}  # started request -> its end (wall clock)
         self.carry: dict[str, str] = {}  # started request -> its NEXT predecessor
+        self.held: dict[str, list[str]] = {}  # started request -> its node IDs (for its end notification)
         self.agents: dict[str, dict] = {}  # agent -> {cluster, nodes, last_seen, up}
         self.ready = asyncio.Event()
         self._kills: set[asyncio.Task] = set()
@@ -130,9 +146,12 @@ class NodeAllocatorService:
             self.ends.pop(d.request, None)
             self.carry.pop(d.request, None)
             if d.started:  # every end of a started request, its own done and NEXT hand-overs too
-                nodes = json.loads(await self.redis.hget(keys.allocation(d.request), "nodes") or "[]")
+                nodes = self.held.get(d.request)
+                if nodes is None:  # assigned before this instance started
+                    nodes = json.loads(await self.redis.hget(keys.allocation(d.request), "nodes") or "[]")
                 await self._notify("kill", subjects.notify_kill(d.app),
                                    KillNotify(app=d.app, request=d.request, reason=d.reason, nodes=nodes))
+            self.held.pop(d.request, None)
             await self.redis.delete(keys.allocation(d.request))
 
     async def _notify(self, kind: str, subject: str, message) -> None:
@@ -166,9 +185,12 @@ class NodeAllocatorService:
                            StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=list(d.nodes),
                                        kept=list(d.kept), end=end))
         # the bookkeeping for coorm nodes and kill notifications comes after: not on the start's path
-        await self.redis.hset(keys.allocation(d.request), mapping={
-            "app": d.app, "cluster": d.cluster, "nodes": json.dumps(list(d.nodes)), "end": json.dumps(end)})
-        await self._set_owner(d.nodes, d.app, d.request)
+        self.held[d.request] = list(d.nodes)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.allocation(d.request), mapping={
+                "app": d.app, "cluster": d.cluster, "nodes": json.dumps(list(d.nodes)), "end": json.dumps(end)})
+            await self._set_owner(d.nodes, d.app, d.request, pipe)
+            await pipe.execute()
 
     async def _freed(self, d: NodesFreed) -> None:
         await self._set_owner(d.nodes, None, None)
@@ -186,18 +208,20 @@ class NodeAllocatorService:
             # its agent is gone: the node goes down when the agent's silence is noticed
             log.warning("could not reach the agent to kill", node=node, request=request, error=str(e))
 
-    async def _set_owner(self, nodes, app: str | None, request: str | None) -> None:
-        await self._update_nodes(nodes, app=app, request=request)
+    async def _set_owner(self, nodes, app: str | None, request: str | None, pipe=None) -> None:
+        await self._update_nodes(nodes, pipe, app=app, request=request)
 
-    async def _update_nodes(self, nodes, **fields) -> None:
-        """Merge ``fields`` into the records of ``nodes`` (those that have one): one read, one write."""
+    async def _update_nodes(self, nodes, pipe=None, **fields) -> None:
+        """Merge ``fields`` into the records of ``nodes`` (those that have one), in Redis: one round trip
+        (or none of its own, queued on ``pipe``)."""
         nodes = list(nodes)
         if not nodes:
             return
-        raws = await self.redis.hmget(keys.NODES, nodes)
-        updates = {node: json.dumps(json.loads(raw) | fields) for node, raw in zip(nodes, raws, strict=True) if raw}
-        if updates:
-            await self.redis.hset(keys.NODES, mapping=updates)
+        args = (_MERGE, 1, keys.NODES, json.dumps(fields), *nodes)
+        if pipe is not None:
+            pipe.eval(*args)
+        else:
+            await self.redis.eval(*args)
 
     # ============================================================================================
     # agents
