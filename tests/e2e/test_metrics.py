@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -22,25 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from cli.dashboards import load_dashboards, metric_names, panel_queries, render_query
 from shared import metrics
 from shared.servers import free_port
+from tests.e2e.processes import interrupt, wait_for
 
 COORM = [sys.executable, "-m", "cli.main"]
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 PROMETHEUS = shutil.which("prometheus")
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    """Poll what another process produces (a file, an HTTP answer), with a deadline."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except (OSError, ValueError) as e:
-            value, last = None, e
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} (last error: {last})")
 
 
 def _get(url: str, timeout: float = 5.0) -> str:
@@ -73,7 +57,7 @@ def system(tmp_path_factory):
     user = dict(env)
     procs: list[subprocess.Popen] = []
     try:
-        _wait_for(lambda: conn.exists() or up.poll() is not None, 90, "coorm up to write its connection file")
+        wait_for(lambda: conn.exists() or up.poll() is not None, 90, "coorm up to write its connection file")
         if up.poll() is not None:
             pytest.fail(f"coorm up exited: {(tmp / 'up.log').read_text()}")
         targets = json.loads((work / "prometheus-targets.json").read_text())
@@ -88,28 +72,14 @@ def system(tmp_path_factory):
                                           stderr=subprocess.DEVNULL, cwd=tmp, start_new_session=True))
 
         background("submit", "-c", "c0", "-N", "4", "-t", "10m", "--", "sleep", "600")
-        _wait_for(lambda: _requests(user, "started", "c0"), 30, "the first c0 job to start")
+        wait_for(lambda: _requests(user, "started", "c0"), 30, "the first c0 job to start")
         background("submit", "-c", "c0", "-N", "2", "-t", "10m", "--", "sleep", "1")
-        _wait_for(lambda: _requests(user, "waiting", "c0"), 30, "a c0 job to wait behind it")
+        wait_for(lambda: _requests(user, "waiting", "c0"), 30, "a c0 job to wait behind it")
         background("launch", "psa", "-c", "c1", "--set", "task_duration=2", "--", "true")
         yield {"targets": targets, "work": work, "tmp": tmp}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        if up.poll() is None:
-            os.killpg(up.pid, signal.SIGINT)
-            try:
-                up.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(up.pid, signal.SIGKILL)
-                up.wait()
+        for p in [*procs, up]:
+            interrupt(p)
 
 
 def _requests(env, state: str, cluster: str) -> bool:
@@ -198,7 +168,8 @@ def test_every_dashboard_query_evaluates_to_data_in_a_real_prometheus(system, tm
 
     try:
         n = len(system["targets"])
-        _wait_for(lambda: len(query("up == 1")) == n, 60, f"Prometheus to scrape all {n} targets")
+        wait_for(lambda: len(query("up == 1")) == n, 60, f"Prometheus to scrape all {n} targets",
+                 errors=(OSError, ValueError))
         queries = {q for d in load_dashboards(DASHBOARDS) for q in panel_queries(d)}
         empty: set[str] = set(queries)
 
@@ -209,7 +180,7 @@ def test_every_dashboard_query_evaluates_to_data_in_a_real_prometheus(system, tm
             return not empty
 
         try:
-            _wait_for(all_have_data, 90, "every dashboard query to return data")
+            wait_for(all_have_data, 90, "every dashboard query to return data")
         except TimeoutError:
             pytest.fail(f"{len(empty)} of {len(queries)} dashboard queries return no data: {sorted(empty)}")
     finally:

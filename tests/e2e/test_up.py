@@ -7,23 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
+from tests.e2e.processes import interrupt, wait_for
+
 COORM = [sys.executable, "-m", "cli.main"]
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    """Poll something another process produces (a file, a command's answer), with a deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(what)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +28,7 @@ def up(tmp_path_factory):
         proc = subprocess.Popen([*COORM, "up", "--clusters", "c0=4,c1=2", "--workdir", str(tmp / "work")],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for(lambda: conn.exists() or proc.poll() is not None, 90, "coorm up to write its connection file")
+        wait_for(lambda: conn.exists() or proc.poll() is not None, 90, "coorm up to write its connection file")
         if proc.poll() is not None:
             pytest.fail(f"coorm up exited: {log.read_text()}")
         user_env = dict(os.environ, COORM_CONNECTION_FILE=str(conn))  # as another terminal of the same user
@@ -47,13 +36,7 @@ def up(tmp_path_factory):
         user_env.pop("COORM_REDIS_URL", None)
         yield proc, user_env, tmp, conn
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        interrupt(proc)
 
 
 def _run(env, *args, cwd=None, timeout=60) -> subprocess.CompletedProcess:
@@ -95,16 +78,16 @@ def test_status_nodes_estimate_and_no_wait(up):
              "echo done on $COORM_NODE; sleep 6", cwd=tmp)
     assert r.returncode == 0 and r.stdout.startswith("Submitted job "), r.stderr
     job = r.stdout.split()[-1]
-    running = _wait_for(lambda: [x for x in json.loads(_run(env, "requests", "--json").stdout)
+    running = wait_for(lambda: [x for x in json.loads(_run(env, "requests", "--json").stdout)
                                  if x["app"] == job and x["state"] == "started"], 30, "the job to start")
     assert running[0]["nodes"] == 4 and len(running[0]["node_ids"]) == 4
     est = json.loads(_run(env, "estimate", "-c", "c0", "-N", "4", "-t", "1h", "--json").stdout)
     assert est["start"] is not None and est["wait"] > 0  # behind the job that holds all of c0
     out = tmp / f"coorm-{job}.out"
-    text = _wait_for(lambda: out.exists() and out.read_text().count("done on") == 4 and out.read_text(), 60,
+    text = wait_for(lambda: out.exists() and out.read_text().count("done on") == 4 and out.read_text(), 60,
                      "the job's output file")
     assert sorted(text.split()) == sorted(("done on c0n0 done on c0n1 done on c0n2 done on c0n3").split())
-    usage = _wait_for(lambda: json.loads(_run(env, "usage", "--json").stdout), 30, "accounting")
+    usage = wait_for(lambda: json.loads(_run(env, "usage", "--json").stdout), 30, "accounting")
     assert any(row["node_hours"]["non-preemptible"] > 0 for row in usage)
 
 
