@@ -76,6 +76,13 @@ def system(tmp_path_factory):
         background("submit", "-c", "c0", "-N", "2", "-t", "10m", "--", "sleep", "1")
         wait_for(lambda: _requests(user, "waiting", "c0"), 30, "a c0 job to wait behind it")
         background("launch", "psa", "-c", "c1", "--set", "task_duration=2", "--", "true")
+        # what is exported asynchronously: the policy engine's gauges (refreshed every second) and
+        # accounting's counters (from the lifecycle stream) catch up with what the commands saw
+        port = {t["labels"]["job"]: t["targets"][0] for t in targets}
+        wait_for(lambda: 'coorm_waiting_estimated_start_seconds{cluster="c0"'
+                 in _get(f"http://{port['policy-engine']}/metrics"), 30, "the waiting job's estimate in the metrics")
+        wait_for(lambda: "coorm_usage_node_seconds_total{" in _get(f"http://{port['accounting']}/metrics"), 30,
+                 "accounting to count the ended jobs")
         yield {"targets": targets, "work": work, "tmp": tmp}
     finally:
         for p in [*procs, up]:
