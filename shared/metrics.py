@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics import MetricWrapperBase
 
 # --- the policy engine: what the cluster is doing (refreshed from the cores' status every second) -------
 CLUSTER_NODE_STATES = ("up", "non_preemptible", "pre_allocated_unused", "preemptible", "fair_start_held", "idle")
@@ -72,6 +73,11 @@ usage_wait_seconds = Counter("coorm_usage_wait_seconds_total", "Seconds requests
                              ["user"])
 usage_preemptions = Counter("coorm_usage_preemptions_total", "Ends by the RMS (preemption, violation, "
                             "walltime...) suffered, by user", ["user"])
+
+
+def defined() -> list[MetricWrapperBase]:
+    """Every metric of this module (what the dashboards may query, and what a live system must export)."""
+    return [obj for obj in globals().values() if isinstance(obj, MetricWrapperBase)]
 
 
 def serve(port: int | None, addr: str = "0.0.0.0") -> int | None:

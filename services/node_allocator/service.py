@@ -281,14 +281,15 @@ class NodeAllocatorService:
                     await self._update_nodes(a["nodes"], state="down", since=now, app=None, request=None)
 
     def _observe(self, now: float) -> None:
-        metrics.agent_nodes.clear()
+        # both states of every cluster, 0 included: a dashboard's "nodes down" reads 0, not "no data"
+        nodes = {(a["cluster"], state): 0 for a in self.agents.values() for state in ("up", "down")}
         metrics.agent_heartbeat_age.clear()
-        for a in self.agents.values():
-            metrics.agent_nodes.labels(a["cluster"], "up").set(0)
-            metrics.agent_nodes.labels(a["cluster"], "down").set(0)
         for agent, a in self.agents.items():
-            metrics.agent_nodes.labels(a["cluster"], "up" if a["up"] else "down").inc(len(a["nodes"]))
+            nodes[a["cluster"], "up" if a["up"] else "down"] += len(a["nodes"])
             metrics.agent_heartbeat_age.labels(agent, a["cluster"]).set(max(0.0, now - a["last_seen"]))
+        metrics.agent_nodes.clear()
+        for (cluster, state), n in nodes.items():
+            metrics.agent_nodes.labels(cluster, state).set(n)
 
 
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:

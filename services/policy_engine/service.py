@@ -300,10 +300,9 @@ class PolicyEngine:
         if isinstance(d, Accepted) and isinstance(event, Submit):
             return None  # each request's submission is recorded at its start or end, with its time
         if isinstance(d, StartRequest):
-            r = self.cores.policy.requests.get(d.request)
             return self._life(LifecycleKind.STARTED, d.at, d.app, request=d.request, type=d.type.value,
-                              cluster=d.cluster, nodes=d.nodes,
-                              submitted_at=getattr(r, "submitted_at", None), started_at=d.at)
+                              cluster=d.cluster, nodes=d.nodes, submitted_at=self._submitted_at(d.request),
+                              started_at=d.at)
         if isinstance(d, EndRequest):
             return self._life(LifecycleKind.ENDED, d.at, d.app, request=d.request, type=d.type.value,
                               cluster=d.cluster, nodes=d.nodes, reason=d.reason.value,

@@ -76,8 +76,6 @@ class ViewPublisher:
         self.latest_epoch = (0, 0.0)
         self._lock = asyncio.Lock()  # an epoch and a refresh never interleave
         self.filters: dict[str, list[str] | None] = {}
-        self.notifications = 0
-        self.bytes = 0
         self.ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -135,8 +133,6 @@ class ViewPublisher:
                 if changes:
                     data = bus.encode(ChangeNotify(app=app, epoch=msg.epoch, now=msg.now, changes=changes))
                     await self.nc.publish(subjects.notify_change(app), data)
-                    self.notifications += 1
-                    self.bytes += len(data)
                     metrics.notifications.labels("change").inc()
                     metrics.notification_bytes.labels("change").inc(len(data))
         return None

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import prometheus_client
 import pytest
 import yaml
 
@@ -40,9 +39,7 @@ SCRAPE_LABELS = {"job", "instance"}  # added by Prometheus on scrape
 def _exported() -> dict[str, set[str]]:
     """Every series name ``shared/metrics.py`` makes a process export -> the labels it carries."""
     out: dict[str, set[str]] = {}
-    for obj in vars(metrics).values():
-        if not isinstance(obj, prometheus_client.metrics.MetricWrapperBase):
-            continue
+    for obj in metrics.defined():
         labels = set(obj._labelnames) | SCRAPE_LABELS
         if obj._type == "counter":
             out[obj._name + "_total"] = labels
@@ -219,9 +216,8 @@ def test_query_refers_only_to_defined_metrics_labels_and_values(dash, title, ref
 
 def test_every_metric_the_brief_names_is_shown_somewhere():
     shown = set().union(*(metric_names(e) for *_x, e in QUERIES))
-    for obj in vars(metrics).values():
-        if isinstance(obj, prometheus_client.metrics.MetricWrapperBase):
-            assert any(n.startswith(obj._name) for n in shown), f"{obj._name} is on no dashboard"
+    for obj in metrics.defined():
+        assert any(n.startswith(obj._name) for n in shown), f"{obj._name} is on no dashboard"
     assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= shown
 
 

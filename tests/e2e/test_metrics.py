@@ -14,7 +14,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.dashboards import load_dashboards, metric_names, panel_queries, render_query
@@ -34,11 +33,7 @@ def _get(url: str, timeout: float = 5.0) -> str:
 
 def _defined() -> dict[str, str]:
     """Every metric shared/metrics.py defines: its sample name -> its type."""
-    out = {}
-    for obj in vars(metrics).values():
-        if isinstance(obj, (Counter, Gauge, Histogram)):
-            out[obj._name] = obj._type
-    return out
+    return {obj._name: obj._type for obj in metrics.defined()}
 
 
 @pytest.fixture(scope="module")
