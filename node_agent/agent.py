@@ -525,6 +525,7 @@ def main(cluster: str, nodes: str, agent_id: str | None = None, cores: int | Non
 
 
 async def serve_agent(settings: Settings, agent_id: str, cluster: str, nodes: list[NodeInfo]) -> None:
+    procs.use_pidfd_child_watcher()
     metrics.serve(settings.metrics_port, settings.metrics_addr)
     metrics.zero(metrics.agent_process_exits, *((agent_id, cluster, o) for o in ("ok", "failed", "killed")))
     agent = Agent(settings, agent_id, cluster, nodes)

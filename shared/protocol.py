@@ -9,11 +9,21 @@ seconds; the last step lasts forever). Every request gets a reply: :class:`Ack` 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.events import EndReason, ErrorCode
+from shared.events import (
+    CapacityChanged,
+    EndReason,
+    EndRequest,
+    ErrorCode,
+    NodesAssigned,
+    NodesFreed,
+    PreemptionDeadline,
+    SessionEnded,
+    StartRequest,
+)
 from shared.requests import MAX_BATCH, Identifier, RequestSpec
 
 Steps = list[tuple[float, int]]
@@ -288,6 +298,20 @@ class ViewsEpoch(_Msg):
     views: dict[str, dict[str, AppViews]] = Field(default_factory=dict)
     closed: list[str] = Field(default_factory=list)
     full: bool = False
+
+
+AllocatorDecision = Annotated[
+    StartRequest | EndRequest | NodesAssigned | NodesFreed | CapacityChanged | SessionEnded | PreemptionDeadline,
+    Field(discriminator="kind"),
+]
+
+
+class AllocatorDecisions(_Msg):
+    """policy engine -> node allocator, on the durable stream ``subjects.DECISIONS``: what the node side acts
+    on after one event, in the order the cores decided it (one message per event, not per decision: each
+    message costs a store, an acknowledgement and a delivery)."""
+
+    decisions: list[AllocatorDecision] = Field(min_length=1)
 
 
 class ViewsQuery(_Msg):

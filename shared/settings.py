@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     fair_start: float = Field(default=5.0, ge=0)
     preempt_grace: float = Field(default=10.0, ge=0)
     preemptible: Literal["filling", "strict"] = "filling"
+    view_period: float = Field(default=0.1, ge=0, description="seconds at least between two rounds of views")
+    view_rate: float = Field(default=2000.0, gt=0, description="view notifications a second at most, all apps")
 
     # liveness
     launcher_heartbeat: float = Field(default=2.0, gt=0, description="how often a launcher says it is alive")

@@ -25,17 +25,14 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from pydantic import TypeAdapter
 
 from services.runtime import clock, ensure_streams, redis_client
 from shared import bus, keys, metrics, subjects
 from shared.events import (
-    CapacityChanged,
     EndRequest,
     ErrorCode,
     NodesAssigned,
     NodesFreed,
-    PreemptionDeadline,
     SessionEnded,
     StartRequest,
 )
@@ -43,6 +40,7 @@ from shared.protocol import (
     Ack,
     AgentHeartbeat,
     AgentRegister,
+    AllocatorDecisions,
     KillMsg,
     KillNotify,
     KillReply,
@@ -70,9 +68,6 @@ return 0
 
 log = structlog.get_logger("coorm.node_allocator")
 
-_DECISION = TypeAdapter(
-    StartRequest | EndRequest | NodesAssigned | NodesFreed | CapacityChanged | SessionEnded | PreemptionDeadline
-)
 
 
 class NodeAllocatorService:
@@ -123,9 +118,15 @@ class NodeAllocatorService:
     # ============================================================================================
     async def _on_decision(self, m) -> None:
         try:
-            await self._act(_DECISION.validate_json(m.data))
-        except Exception:  # noqa: BLE001 - one bad decision must not stop the node side
-            log.exception("could not act on a decision", data=m.data[:200])
+            decisions = bus.decode(m.data, AllocatorDecisions).decisions
+        except bus.WireError:
+            log.exception("not a decision message", data=m.data[:200])
+            decisions = []
+        for d in decisions:
+            try:
+                await self._act(d)
+            except Exception:  # noqa: BLE001 - one bad decision must not stop the node side
+                log.exception("could not act on a decision", decision=d.kind, request=getattr(d, "request", None))
         await m.ack()
 
     async def _act(self, d) -> None:

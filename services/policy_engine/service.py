@@ -14,7 +14,9 @@ Theory of operation
   decision stream (``subjects.DECISIONS``, durable, de-duplicated by decision id, so a new leader may
   republish the decisions of the last events without doubling them).
 * After a pass, the views of the applications whose views changed go to the view publisher
-  (``subjects.SCHEDULE_EPOCH``), lifecycle events to accounting (``subjects.LIFECYCLE``).
+  (``subjects.SCHEDULE_EPOCH``) in paced rounds (:mod:`services.policy_engine.view_pacing`: at most one
+  round per ``view_period``, fewer when rounds are large, a preemption at once), lifecycle events to
+  accounting (``subjects.LIFECYCLE``).
 """
 
 from __future__ import annotations
@@ -35,15 +37,19 @@ from services.coupled import CoupledCores
 from services.policy_engine import observe
 from services.policy_engine.core import PolicySettings
 from services.policy_engine.status import status_of
+from services.policy_engine.view_pacing import ViewPacer
 from services.runtime import clock, ensure_streams, redis_client
 from shared import bus, keys, metrics, subjects
 from shared.events import (
     Accepted,
+    CapacityChanged,
     CloseSession,
     Done,
     EndRequest,
     ErrorCode,
     NodeDown,
+    NodesAssigned,
+    NodesFreed,
     OpenSession,
     PreemptionDeadline,
     RegisterNodes,
@@ -56,6 +62,7 @@ from shared.events import (
 )
 from shared.protocol import (
     Ack,
+    AllocatorDecisions,
     AppViews,
     CloseMsg,
     DoneMsg,
@@ -82,9 +89,11 @@ LoggedEvent = Annotated[
 _EVENTS = TypeAdapter(LoggedEvent)
 _BATCH = 256  # events logged in one Redis round trip at most
 _REPUBLISH = 64  # on take-over, decisions of the last events are published again (de-duplicated)
+_VIEWS_PER_MESSAGE = 256  # a round's views are split so that a message stays far below NATS's max payload
 
 # decisions the node allocator acts on
-_FOR_ALLOCATOR = (StartRequest, EndRequest, SessionEnded, PreemptionDeadline)
+_FOR_ALLOCATOR = (StartRequest, EndRequest, SessionEnded, PreemptionDeadline, NodesAssigned, NodesFreed,
+                  CapacityChanged)
 
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -116,6 +125,8 @@ class PolicyEngine:
         self.leader = asyncio.Event()
         self._inbox: asyncio.Queue = asyncio.Queue()
         self._wake = asyncio.Event()
+        self._views_wake = asyncio.Event()
+        self.pacer = ViewPacer()
         self._subs: list = []
         self.nc = None
         self.js = None
@@ -173,7 +184,8 @@ class PolicyEngine:
         self.leader.set()
         await self._publish_views(full=True)
         tasks = [asyncio.create_task(self._sequencer()), asyncio.create_task(self._timer_loop()),
-                 asyncio.create_task(self._reaper_loop()), asyncio.create_task(self._gauges_loop())]
+                 asyncio.create_task(self._reaper_loop()), asyncio.create_task(self._gauges_loop()),
+                 asyncio.create_task(self._views_loop())]
         metrics.leader.set(1)
         try:
             while not stop.is_set():
@@ -200,6 +212,7 @@ class PolicyEngine:
         """Rebuild the cores by replaying the event log; publish again the decisions of the last events
         (their ids make JetStream drop those the previous leader had published)."""
         self.cores = CoupledCores(policy_settings(self.settings))
+        self.pacer = ViewPacer(period=self.settings.view_period, rate=self.settings.view_rate)
         await self.redis.set(keys.INCARNATION, uuid.uuid4().hex[:12], nx=True)
         self.incarnation = await self.redis.get(keys.INCARNATION)
         raw = await self.redis.hgetall(keys.SESSIONS)
@@ -269,29 +282,31 @@ class PolicyEngine:
             await self._publish(event, out)
             if not fut.done():
                 fut.set_result(out)
+        await self._views_round()
 
     async def _publish(self, event, decisions: list) -> None:
-        views_for: tuple[str, ...] = ()
-        closed: list[str] = []
+        if isinstance(event, OpenSession):
+            self.pacer.opened(event.app)
+        for_allocator = [d for d in decisions if isinstance(d, _FOR_ALLOCATOR)]
+        if for_allocator:
+            # acknowledged by JetStream in the background: the decisions lost with a dying leader are
+            # published again by the next one (the last events' decisions, de-duplicated by the event's id)
+            await self.js.publish_async(subjects.DECISIONS, bus.encode(AllocatorDecisions(decisions=for_allocator)),
+                                        headers={"Nats-Msg-Id": f"{self.incarnation}.{event.stimulus_id}"})
         for i, d in enumerate(decisions):
-            if isinstance(d, _FOR_ALLOCATOR) or d.kind in ("assigned", "freed", "capacity"):
-                # acknowledged by JetStream in the background: a decision lost with a dying leader is
-                # published again by the next one (the last events' decisions, de-duplicated by id)
-                await self.js.publish_async(subjects.DECISIONS, d.model_dump_json().encode(),
-                                            headers={"Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}"})
             life = self._lifecycle(event, d)
             if life is not None:
                 await self.js.publish_async(subjects.LIFECYCLE, bus.encode(life),
                                             headers={"Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}.life"})
             if isinstance(d, ViewsChanged):
-                views_for = d.apps
+                self.pacer.changed(d.apps)
+            if isinstance(d, PreemptionDeadline):
+                self.pacer.changed((d.app,), urgent=True)
             if isinstance(d, SessionEnded):
-                closed.append(d.app)
+                self.pacer.ended(d.app)
                 self.sessions.pop(d.app, None)
                 self.last_seen.pop(d.app, None)
                 await self.redis.hdel(keys.SESSIONS, d.app)
-        if views_for or closed:
-            await self._publish_views(apps=views_for, closed=closed)
 
     def _lifecycle(self, event, d) -> Lifecycle | None:
         at = event.at
@@ -329,24 +344,43 @@ class PolicyEngine:
         s = self.sessions.get(app, {})
         return Lifecycle(kind=kind, at=at, app=app, user=s.get("user", ""), app_kind=s.get("kind", ""), **kw)
 
-    async def _publish_views(self, apps=(), closed=(), full: bool = False) -> None:
-        await self.nc.publish(subjects.SCHEDULE_EPOCH, bus.encode(self._views(apps, closed, full)))
+    async def _views_round(self) -> None:
+        """Send the round of views that is due, if one is; else have :meth:`_views_loop` wait for it."""
+        round_ = self.pacer.take(clock())
+        if round_ is not None:
+            await self._publish_views(*round_)
+        self._views_wake.set()
 
-    def _views(self, apps=(), closed=(), full: bool = False) -> ViewsEpoch:
+    async def _views_loop(self) -> None:
+        while True:
+            self._views_wake.clear()
+            due = self.pacer.due_at()
+            delay = None if due is None else max(0.0, due - clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._views_wake.wait(), delay)
+            await self._views_round()
+
+    async def _publish_views(self, apps=(), closed=(), full: bool = False) -> None:
+        for epoch in self._views_messages(apps, closed, full):
+            await self.nc.publish(subjects.SCHEDULE_EPOCH, bus.encode(epoch))
+
+    def _views_messages(self, apps=(), closed=(), full: bool = False) -> list[ViewsEpoch]:
+        """The views of ``apps`` (every application if ``full``) as they stand, in messages of at most
+        ``_VIEWS_PER_MESSAGE`` applications; the first also names the ``closed`` sessions."""
+        policy = self.cores.policy
+        wanted = [a for a in (policy.apps if full else apps) if a in policy.apps] if policy.schedule else []
+        chunks = [wanted[i:i + _VIEWS_PER_MESSAGE] for i in range(0, len(wanted), _VIEWS_PER_MESSAGE)] or [[]]
+        return [ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views={a: self._app_views(a) for a in chunk},
+                           closed=list(closed) if i == 0 else [], full=full)
+                for i, chunk in enumerate(chunks)]
+
+    def _app_views(self, app: str) -> dict[str, AppViews]:
         policy = self.cores.policy
         sched = policy.schedule
-        views: dict[str, dict[str, AppViews]] = {}
-        if sched is not None:
-            for app in (list(policy.apps) if full else apps):
-                if app not in policy.apps:
-                    continue
-                wants_p = self.sessions.get(app, {}).get("filter", {}).get("preemptive_views", True)
-                views[app] = {
-                    c: AppViews(non_preemptive=[tuple(x) for x in sched.np_view(app, c).to_wire()],
-                                preemptive=[tuple(x) for x in sched.p_view(app, c).to_wire()] if wants_p else None)
-                    for c in policy.clusters
-                }
-        return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views=views, closed=list(closed), full=full)
+        wants_p = self.sessions.get(app, {}).get("filter", {}).get("preemptive_views", True)
+        return {c: AppViews(non_preemptive=[tuple(x) for x in sched.np_view(app, c).to_wire()],
+                            preemptive=[tuple(x) for x in sched.p_view(app, c).to_wire()] if wants_p else None)
+                for c in policy.clusters}
 
     # ============================================================================================
     # handlers
@@ -414,7 +448,9 @@ class PolicyEngine:
         return Ack()
 
     async def _on_views_query(self, msg: ViewsQuery, raw: Msg) -> ViewsEpoch:
-        return self._views(full=True)
+        policy = self.cores.policy
+        views = {a: self._app_views(a) for a in policy.apps} if policy.schedule else {}
+        return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views=views, full=True)
 
     async def _on_status(self, msg: StatusQuery, raw: Msg) -> StatusReply:
         return status_of(self.cores, self.sessions, self.instance)

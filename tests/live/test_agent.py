@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -594,3 +595,31 @@ async def test_the_agent_command_serves_until_sigterm(nats_url, nc, allocator, p
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_the_agent_waits_for_its_children_without_a_thread_each(tmp_path):
+    """``procs.use_pidfd_child_watcher`` (called by the agent command): exit codes still come back, and a
+    running child costs no waiting thread (Python 3.11's default watcher starts one per child)."""
+    code = """
+import asyncio, sys, threading
+from node_agent import procs
+
+async def main():
+    procs.use_pidfd_child_watcher()
+    before = threading.active_count()
+    sleepers = [await asyncio.create_subprocess_exec("sleep", "30") for _ in range(3)]
+    during = threading.active_count()
+    quick = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
+    code = await quick.wait()
+    for p in sleepers:
+        p.kill()
+    codes = [await p.wait() for p in sleepers]
+    print(before, during, code, codes)
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    before, during, code, *killed = out.stdout.replace("[", " ").replace("]", " ").replace(",", " ").split()
+    assert during == before, out.stdout
+    assert int(code) == 3
+    assert [int(k) for k in killed] == [-signal.SIGKILL] * 3
