@@ -1,7 +1,9 @@
 """The live system's speed, on the embedded default (``coorm up``'s servers, services and agents as
 separate processes), with N concurrent launchers (one process here, one NATS connection each):
 
-* request -> startNotify latency on an idle cluster (p50, p99), beside the re-scheduling interval;
+* request -> startNotify latency on an idle cluster (p50, p99), beside the re-scheduling interval: with
+  the N launchers' requests arriving one by one (a Poisson stream from random launchers, each request done
+  once started), and with all N asking at the same moment (a burst: the last waits for the N-1 before it);
 * rigid-job throughput: sessions that open, request one node, run a trivial command (``true``) through the
   node's agent, wait for its exit, ``done`` and close -- submitted and completed jobs per second; and the
   same jobs submitted one after the other in each of the N launchers' sessions (a workflow manager);
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import time
@@ -32,6 +35,31 @@ INTERVAL = 0.01
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+async def latency_idle(settings, n: int, samples: int = 200, rate: float = 25.0) -> dict:
+    """N launchers with open sessions (receiving their views); requests arrive at ``rate`` a second in all,
+    each from a random launcher, and each is done once started: the time from request to start."""
+    rng = random.Random(n)
+    sessions = await asyncio.gather(*(Session.open(settings, kind="rigid", name=f"idle{i}", preemptive_views=False)
+                                      for i in range(n)))
+    await asyncio.gather(*(s.wait_views() for s in sessions))
+    lat: list[float] = []
+
+    async def one(s: Session, k: int) -> None:
+        t = time.perf_counter()
+        (rid,) = await s.request(RequestSpec(id=s.rid(f"i{k}"), cluster="c0", nodes=1, duration=600))
+        await s.wait_start(rid, 60)
+        lat.append(time.perf_counter() - t)
+        await s.done(rid)
+
+    tasks = []
+    for k in range(samples):
+        tasks.append(asyncio.create_task(one(rng.choice(sessions), k)))
+        await asyncio.sleep(rng.expovariate(rate))  # the arrival process itself, not a synchronisation
+    await asyncio.gather(*tasks)
+    await asyncio.gather(*(s.close() for s in sessions))
+    return {"p50_ms": 1000 * pct(lat, 50), "p99_ms": 1000 * pct(lat, 99)}
 
 
 async def latency(settings, n: int, samples: int = 200) -> dict:
@@ -119,15 +147,18 @@ async def run(ns: list[int], nodes: int, jobs: int) -> None:
         print(f"embedded system: 1 cluster of {nodes} emulated nodes, re-scheduling interval {INTERVAL * 1000:g} ms")
         print("done/s: a session per job (as coorm submit); in-session: N launchers' sessions, jobs one after "
               "the other in each")
-        print(f"{'N':>6} {'p50 ms':>8} {'p99 ms':>8} {'jobs':>6} {'done/s':>8} {'submitted/s':>12} "
-              f"{'in-session/s':>13} {'bytes/app':>10} {'max':>8}")
+        print("latency: one by one (25 requests/s in all) and burst (all N at once), p50/p99 in ms")
+        print(f"{'N':>6} {'p50':>6} {'p99':>6} {'burst50':>8} {'burst99':>8} {'jobs':>6} {'done/s':>8} "
+              f"{'submitted/s':>12} {'in-session/s':>13} {'bytes/app':>10} {'max':>8}")
         for n in ns:
+            idle = await latency_idle(settings, n)
             lat = await latency(settings, n)
             tp = await throughput(settings, n, max(1, jobs // n))
             ts = await throughput_in_session(settings, n, max(1, jobs // n))
-            print(f"{n:>6} {lat['p50_ms']:>8.1f} {lat['p99_ms']:>8.1f} {tp['jobs']:>6} {tp['completed_per_s']:>8.1f} "
-                  f"{tp['submitted_per_s']:>12.1f} {ts['completed_per_s']:>13.1f} {tp['bytes_per_app_mean']:>10.0f} "
-                  f"{tp['bytes_per_app_max']:>8}", flush=True)
+            print(f"{n:>6} {idle['p50_ms']:>6.1f} {idle['p99_ms']:>6.1f} {lat['p50_ms']:>8.1f} {lat['p99_ms']:>8.1f} "
+                  f"{tp['jobs']:>6} {tp['completed_per_s']:>8.1f} {tp['submitted_per_s']:>12.1f} "
+                  f"{ts['completed_per_s']:>13.1f} {tp['bytes_per_app_mean']:>10.0f} {tp['bytes_per_app_max']:>8}",
+                  flush=True)
     finally:
         await asyncio.to_thread(up.stop)
 

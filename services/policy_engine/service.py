@@ -103,6 +103,14 @@ return 0
 """
 
 
+# a new application id and its session's record, in one round trip
+_NEW_SESSION = """
+local app = 'a' .. redis.call('incr', KEYS[1])
+redis.call('hset', KEYS[2], app, ARGV[1])
+return app
+"""
+
+
 def policy_settings(s: Settings) -> PolicySettings:
     return PolicySettings(fair_start=s.fair_start, reschedule_interval=s.reschedule_interval,
                           preempt_grace=s.preempt_grace, preemptible=s.preemptible)
@@ -375,12 +383,15 @@ class PolicyEngine:
                 for i, chunk in enumerate(chunks)]
 
     def _app_views(self, app: str) -> dict[str, AppViews]:
+        """The application's views of the clusters of its filter."""
         policy = self.cores.policy
         sched = policy.schedule
-        wants_p = self.sessions.get(app, {}).get("filter", {}).get("preemptive_views", True)
+        flt = self.sessions.get(app, {}).get("filter", {})
+        wants_p = flt.get("preemptive_views", True)
+        allowed = flt.get("clusters")
         return {c: AppViews(non_preemptive=[tuple(x) for x in sched.np_view(app, c).to_wire()],
                             preemptive=[tuple(x) for x in sched.p_view(app, c).to_wire()] if wants_p else None)
-                for c in policy.clusters}
+                for c in policy.clusters if allowed is None or c in allowed}
 
     # ============================================================================================
     # handlers
@@ -405,12 +416,11 @@ class PolicyEngine:
         return Ack(requests=list(first.requests))
 
     async def _on_open(self, msg: SessionOpen, raw: Msg) -> SessionOpenReply:
-        app = f"a{await self.redis.incr(keys.APP_SEQ)}"
         token = secrets.token_urlsafe(24)
         record = {"token": token, "user": msg.user, "name": msg.name, "kind": msg.kind,
                   "filter": msg.filter.model_dump(), "opened": clock()}
         # the session's record goes first: a leader that replays the open finds the token
-        await self.redis.hset(keys.SESSIONS, app, json.dumps(record))
+        app = await self.redis.eval(_NEW_SESSION, 2, keys.APP_SEQ, keys.SESSIONS, json.dumps(record))
         self.sessions[app] = record
         self.last_seen[app] = clock()
         out = await self.apply(lambda at, sid: OpenSession(at=at, stimulus_id=sid, app=app, user=msg.user,

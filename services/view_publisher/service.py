@@ -1,11 +1,11 @@
 """The view publisher: ``changeNotify`` to each application when, and only when, one of its views changed;
 ``listClustersInfo`` and ``listInterClusterInfo`` (DESIGN §2, §3).
 
-The policy engine sends the views of the applications whose views changed after each pass
-(:class:`~shared.protocol.ViewsEpoch`); this service compares them with what it last sent each application,
-per cluster and view type, and sends only the changes, restricted to the clusters of the application's
-filter. Cluster properties come from the agents' registrations (``keys.NODES``) and an optional inventory
-file (speeds, WAN latencies and bandwidths)."""
+The policy engine sends, in paced rounds, the views of the applications whose views changed -- only the
+clusters of each application's filter (:class:`~shared.protocol.ViewsEpoch`); this service compares them with
+what it last sent each application, per cluster and view type, and sends only the changes. Cluster
+properties come from the agents' registrations (``keys.NODES``) and an optional inventory file (speeds, WAN
+latencies and bandwidths)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,6 @@ class ViewPublisher:
         self.current: dict[str, dict[str, object]] = {}  # app -> cluster -> its latest AppViews
         self.latest_epoch = (0, 0.0)
         self._lock = asyncio.Lock()  # an epoch and a refresh never interleave
-        self.filters: dict[str, list[str] | None] = {}
         self.ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -113,23 +112,15 @@ class ViewPublisher:
             return
 
     # -- views ----------------------------------------------------------------------------------------
-    async def _filter(self, app: str) -> list[str] | None:
-        if app not in self.filters:
-            raw = await self.redis.hget(keys.SESSIONS, app)
-            flt = json.loads(raw).get("filter", {}) if raw else {}
-            self.filters[app] = flt.get("clusters")
-        return self.filters[app]
-
     async def _on_epoch(self, msg: ViewsEpoch, raw: Msg | None) -> None:
         async with self._lock:
             self.latest_epoch = (msg.epoch, msg.now)
             for app in msg.closed:
                 self.sent.pop(app, None)
-                self.filters.pop(app, None)
                 self.current.pop(app, None)
             for app, per_cluster in msg.views.items():
                 self.current.setdefault(app, {}).update(per_cluster)
-                changes = await self._changes(app, per_cluster, msg.now)
+                changes = self._changes(app, per_cluster)
                 if changes:
                     data = bus.encode(ChangeNotify(app=app, epoch=msg.epoch, now=msg.now, changes=changes))
                     await self.nc.publish(subjects.notify_change(app), data)
@@ -137,15 +128,12 @@ class ViewPublisher:
                     metrics.notification_bytes.labels("change").inc(len(data))
         return None
 
-    async def _changes(self, app: str, per_cluster: dict, now: float) -> list[Change]:
-        allowed = await self._filter(app)
+    def _changes(self, app: str, per_cluster: dict) -> list[Change]:
         last = self.sent.setdefault(app, {})
         changes = []
         for cluster, v in sorted(per_cluster.items()):
-            if allowed is not None and cluster not in allowed:
-                continue
             for typ, cap in ((ChangeType.NON_PREEMPTIVE, v.non_preemptive), (ChangeType.PREEMPTIVE, v.preemptive)):
-                if cap is None or _same(last.get((cluster, typ)), cap, now):
+                if cap is None or _same(last.get((cluster, typ)), cap):
                     continue
                 last[(cluster, typ)] = cap
                 changes.append(Change(cluster=cluster, type=typ, cap=cap))
@@ -158,7 +146,7 @@ class ViewPublisher:
         async with self._lock:
             self.sent.pop(app, None)
             epoch, now = self.latest_epoch
-            changes = await self._changes(app, self.current.get(app, {}), now)
+            changes = self._changes(app, self.current.get(app, {}))
             return ChangeNotify(app=app, epoch=epoch, now=now, changes=changes)
 
     # -- cluster info ---------------------------------------------------------------------------------
@@ -187,7 +175,7 @@ class ViewPublisher:
         return InterClusterInfoReply(links=links)
 
 
-def _same(old: list | None, new: list, now: float) -> bool:
+def _same(old: list | None, new: list) -> bool:
     """Views are step functions from ``now`` on: the same future, re-based at a later ``now``, is no
     change (the first step's time moves with the clock)."""
     if old is None:

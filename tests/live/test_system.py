@@ -87,6 +87,23 @@ async def test_coorm_fig4_single_application_interaction(stack):
             assert v.value_at(late.now) in (4, 16) and v.value_at(late.now + settings.fair_start + 0.01) == 16
 
 
+async def test_a_filter_limits_the_views_to_its_clusters(stack):
+    """``subscribe`` with a filter: the application hears only of the clusters it asked for, in its first
+    views and in later changes."""
+    settings = stack.settings
+    async with await Session.open(settings, clusters=["c1"], name="only-c1") as app, \
+            await Session.open(settings, name="all") as other:
+        assert set((await app.wait_views()).non_preemptive) == {"c1"}
+        await other.wait_views()
+        (r0,) = await other.request(rq(other.rid("r0"), "c0", 4, 600))
+        (r1,) = await other.request(rq(other.rid("r1"), "c1", 3, 600))
+        await other.wait_start(r0, 10)
+        await other.wait_start(r1, 10)
+        ev = await next_of(app, ViewsChanged, pred=lambda e: e.views.non_preemptive["c1"].value_at(app.now) == 5)
+        assert set(ev.views.non_preemptive) == {"c1"}
+        assert set(app.np) == {"c1"}
+
+
 async def test_a_process_outlives_its_walltime_and_is_killed(stack):
     async with await Session.open(stack.settings, kind="rigid") as app:
         (rid,) = await app.request(rq("w", "c1", 2, 1.0))
