@@ -368,8 +368,12 @@ class Session:
         return await _call_retrying(self.nc, subject, message, reply)
 
     async def _beat(self) -> None:
-        while True:
+        # ``closed`` ends the loop even if ``close``'s cancellation is lost: Python 3.11's ``wait_for`` drops
+        # a cancellation that comes as the reply lands, and the loop went on beating while ``close`` waited
+        while not self.closed:
             await asyncio.sleep(self.reply.heartbeat_interval)  # the heartbeat's period
+            if self.closed:
+                return
             with contextlib.suppress(Exception):
                 await _call_retrying(self.nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
                                      attempts=1)

@@ -383,7 +383,7 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     SessionOpen, InfoQuery, SessionOpenReply, ClustersInfoReply, InterClusterInfoReply, RequestMsg, DoneMsg, CloseMsg,
     HeartbeatMsg, Ack, ErrorReply, ChangeNotify, StartNotify, KillNotify, LaunchMsg, LaunchReply, KillMsg,
     KillReply, NodeAssign, AgentRegister, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
-    ViewsEpoch, ViewsQuery, NodesEvent, StatusQuery, StatusReply,
+    ViewsEpoch, ViewsQuery, NodesEvent, StatusQuery, StatusReply, AllocatorDecisions,
 )
 
 

@@ -13,6 +13,8 @@ from launchers.live import LiveRunner
 from launchers.psa import PSALauncher
 from launchers.sdk import Exited, Killed, Session, Started, ViewsChanged
 from services.stack import LocalStack, wait_until
+from shared import bus, subjects
+from shared.protocol import StatusQuery, StatusReply
 from shared.requests import RequestSpec
 from shared.settings import Settings
 
@@ -156,8 +158,6 @@ async def test_coormv2_fig8_psa_releases_nodes_and_its_processes_stop(stack):
 
 
 async def test_status_partitions_the_nodes_while_applications_run(stack):
-    from shared import bus, subjects
-    from shared.protocol import StatusQuery, StatusReply
 
     settings = stack.settings
     a = await Session.open(settings, kind="amr", name="nea")
@@ -363,3 +363,17 @@ async def test_the_synchronous_wrapper_runs_a_job(stack):
 
     assert await asyncio.to_thread(script) == 5
 
+
+
+@pytest.mark.parametrize("stack", [{"launcher_heartbeat": 0.001}], indirect=True)
+async def test_close_returns_even_when_a_heartbeat_reply_races_it(stack):
+    """Python 3.11's ``wait_for`` may swallow a cancellation when the awaited reply lands in the same loop
+    iteration: a heartbeat loop cancelled by ``close`` then went on beating, and ``close`` waited for it for
+    ever (seen with 1,000 launchers). Sessions that heartbeat all the time must all close, and be gone."""
+    settings = stack.settings
+    for _ in range(3):
+        sessions = await asyncio.gather(*(Session.open(settings, name=f"hb{i}") for i in range(30)))
+        await asyncio.gather(*(s.wait_views() for s in sessions))
+        await asyncio.wait_for(asyncio.gather(*(s.close() for s in sessions)), 20)
+        status = await bus.call(stack.allocator.nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply)
+        assert not {s.app for s in sessions} & {a.app for a in status.apps}
