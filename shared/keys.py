@@ -8,6 +8,7 @@ SESSIONS = f"{PREFIX}:sessions"  # hash app -> session record
 POLICY_LEASE = f"{PREFIX}:policy:leader"  # leader lease of the policy engine
 SCHEDULE_EPOCH = f"{PREFIX}:schedule:epoch"  # last published schedule
 EVENT_LOG = f"{PREFIX}:policy:events"  # stream of accepted events (replayed on take-over)
+SNAPSHOT = f"{PREFIX}:policy:snapshot"  # hash: the cores' state up to an event log entry (the log is trimmed)
 INCARNATION = f"{PREFIX}:policy:incarnation"  # this state's id: decision ids stay unique if Redis is reset
 EVENT_SEQ = f"{PREFIX}:policy:seq"  # counter: stimulus ids stay unique across leaders
 APP_SEQ = f"{PREFIX}:policy:apps"  # counter: application ids

@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     agent_timeout: float = Field(default=5.0, gt=0, description="a silent agent's nodes go down")
     kill_grace: float = Field(default=5.0, ge=0, description="TERM, then KILL after this many seconds")
     leader_lease: float = Field(default=3.0, gt=0, description="the policy engine leader's lease in Redis")
+    snapshot_every: int = Field(default=10_000, ge=0, description="events between two snapshots (0: none)")
 
     inventory: Path | None = Field(default=None, description="YAML: cluster speeds, WAN latencies/bandwidths")
 

@@ -36,6 +36,8 @@ from pydantic import Field, TypeAdapter
 from services.coupled import CoupledCores
 from services.policy_engine import observe
 from services.policy_engine.core import PolicySettings
+from services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
+from services.policy_engine.snapshot import Snapshot
 from services.policy_engine.status import status_of
 from services.policy_engine.view_pacing import ViewPacer
 from services.runtime import clock, ensure_streams, redis_client
@@ -217,16 +219,23 @@ class PolicyEngine:
             self._subs = []
 
     async def _restore(self) -> None:
-        """Rebuild the cores by replaying the event log; publish again the decisions of the last events
-        (their ids make JetStream drop those the previous leader had published)."""
-        self.cores = CoupledCores(policy_settings(self.settings))
+        """Rebuild the cores: the last snapshot, then the event log after it; publish again the decisions of
+        the last events (their ids make JetStream drop those the previous leader had published)."""
+        snap = Snapshot.from_fields(await self.redis.hgetall(keys.SNAPSHOT))
+        self.cores = snap.cores() if snap else CoupledCores(policy_settings(self.settings))
+        self.cores.policy.settings = policy_settings(self.settings)  # the settings of this run, not the writer's
+        self._events_applied = snap.events if snap else 0
+        self._since_snapshot = 0
         self.pacer = ViewPacer(period=self.settings.view_period, rate=self.settings.view_rate)
         await self.redis.set(keys.INCARNATION, uuid.uuid4().hex[:12], nx=True)
         self.incarnation = await self.redis.get(keys.INCARNATION)
         raw = await self.redis.hgetall(keys.SESSIONS)
         self.sessions = {app: json.loads(v) for app, v in raw.items()}
-        entries = await self.redis.xrange(keys.EVENT_LOG)
+        entries = await self.redis.xrange(keys.EVENT_LOG, min=f"({snap.last}" if snap else "-")
         self._replayed = len(entries)
+        self._last_entry = entries[-1][0] if entries else (snap.last if snap else "")
+        self._events_applied += len(entries)
+        self._since_snapshot = len(entries)
         self._seq = int(await self.redis.get(keys.EVENT_SEQ) or 0)
         tail: list[tuple[object, list]] = []
         for i, (_, fields) in enumerate(entries):
@@ -279,7 +288,8 @@ class PolicyEngine:
             for i, event in enumerate(events):
                 pipe.xadd(keys.EVENT_LOG, {"e": event.model_dump_json(), **({"d": "1"} if i < last else {})})
             pipe.set(keys.EVENT_SEQ, self._seq)
-            await pipe.execute()
+            ids = await pipe.execute()
+        self._last_entry = ids[len(events) - 1]
         policy = self.cores.policy
         for i, (event, (_, fut)) in enumerate(zip(events, batch, strict=True)):
             epoch, t0 = policy.epoch, time.perf_counter()
@@ -291,6 +301,25 @@ class PolicyEngine:
             if not fut.done():
                 fut.set_result(out)
         await self._views_round()
+        self._events_applied += len(events)
+        self._since_snapshot += len(events)
+        if self.settings.snapshot_every and self._since_snapshot >= self.settings.snapshot_every:
+            await self._snapshot()
+
+    async def _snapshot(self) -> None:
+        """Write the cores' state (as of the last event applied) and trim the log before it. The decisions of
+        those events are in JetStream first: a new leader republishes only what it replays."""
+        await self.js.publish_async_completed()
+        snap = Snapshot.of(self.cores, self._last_entry, self._events_applied)
+        t0 = time.perf_counter()
+        written = await self.redis.eval(_WRITE_SNAPSHOT, 3, keys.POLICY_LEASE, keys.SNAPSHOT, keys.EVENT_LOG,
+                                        *snap.script_args(self.instance))
+        if written:
+            self._since_snapshot = 0
+            log.info("snapshot written", events=snap.events, bytes=len(snap.state),
+                     seconds=round(time.perf_counter() - t0, 3))
+        else:
+            log.warning("snapshot not written: this instance no longer holds the lease")
 
     async def _publish(self, event, decisions: list) -> None:
         if isinstance(event, OpenSession):

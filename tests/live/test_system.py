@@ -231,8 +231,11 @@ async def test_a_launcher_that_vanished_is_reaped_and_its_processes_killed(stack
 # ==================================================================================================
 # an accepted request survives the policy engine's leader being killed
 # ==================================================================================================
-async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, redis_url, tmp_path):
-    """The leader is a real process, killed with SIGKILL: no goodbye, its lease in Redis lapses."""
+@pytest.mark.parametrize("snapshot_every", [0, 2])
+async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, redis_url, tmp_path, snapshot_every):
+    """The leader is a real process, killed with SIGKILL: no goodbye, its lease in Redis lapses. Without
+    snapshots the standby replays the whole event log; with a snapshot every 2 events it loads the last
+    snapshot and replays the (trimmed) log after it."""
     import signal
     import subprocess
     import sys
@@ -242,10 +245,10 @@ async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, 
     from services.policy_engine.service import PolicyEngine
     from shared import keys
 
-    settings = _settings(servers, leader_lease=1.0)
+    settings = _settings(servers, leader_lease=1.0, snapshot_every=snapshot_every)
     env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
                COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0.5",
-               COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
+               COORM_SNAPSHOT_EVERY=str(snapshot_every), COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
     leader = subprocess.Popen([sys.executable, "-m", "cli.main", "service", "policy-engine"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     r = redis.Redis.from_url(servers.redis_url, decode_responses=True)
@@ -262,6 +265,13 @@ async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, 
             await app.wait_start(busy, 10)
             (queued,) = await app.request(rq("queued", "c1", 8, 60))  # accepted, waiting behind "busy"
             assert not standby.leader.is_set()
+            logged = int(r.get(keys.EVENT_SEQ))
+            if snapshot_every:
+                snap = r.hgetall(keys.SNAPSHOT)
+                assert 0 < int(snap["events"]) <= logged
+                assert r.xlen(keys.EVENT_LOG) == logged - int(snap["events"]) < snapshot_every  # trimmed
+            else:
+                assert not r.exists(keys.SNAPSHOT) and r.xlen(keys.EVENT_LOG) == logged
             os.killpg(leader.pid, signal.SIGKILL)
             leader.wait()
             await asyncio.wait_for(standby.leader.wait(), 10)
