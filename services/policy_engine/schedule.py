@@ -81,6 +81,11 @@ class Schedule:
         self.log_ids = [x for i, x in enumerate(self.log_ids) if i not in gone]
 
     # -- non-preemptive views ---------------------------------------------------------------------
+    def np_view_key(self, app: str) -> int:
+        """Applications with the same key have the same non-preemptive views (those placed after the same
+        requests: every application without a request sees what a newcomer would)."""
+        return self.marks.get(app, len(self.log))
+
     def np_view(self, app: str, cluster: str) -> StepFunction:
         mark = self.marks.get(app, len(self.log))
         items = list(self.base[cluster])

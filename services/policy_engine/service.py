@@ -407,20 +407,32 @@ class PolicyEngine:
         policy = self.cores.policy
         wanted = [a for a in (policy.apps if full else apps) if a in policy.apps] if policy.schedule else []
         chunks = [wanted[i:i + _VIEWS_PER_MESSAGE] for i in range(0, len(wanted), _VIEWS_PER_MESSAGE)] or [[]]
-        return [ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views={a: self._app_views(a) for a in chunk},
+        memo: dict = {}
+        return [ViewsEpoch(epoch=policy.epoch, now=self.cores.now,
+                           views={a: self._app_views(a, memo) for a in chunk},
                            closed=list(closed) if i == 0 else [], full=full)
                 for i, chunk in enumerate(chunks)]
 
-    def _app_views(self, app: str) -> dict[str, AppViews]:
-        """The application's views of the clusters of its filter."""
+    def _app_views(self, app: str, memo: dict | None = None) -> dict[str, AppViews]:
+        """The application's views of the clusters of its filter. ``memo`` shares the non-preemptive views
+        between the applications that see the same ones (with a thousand idle launchers, most do)."""
         policy = self.cores.policy
         sched = policy.schedule
+        memo = {} if memo is None else memo
         flt = self.sessions.get(app, {}).get("filter", {})
         wants_p = flt.get("preemptive_views", True)
         allowed = flt.get("clusters")
-        return {c: AppViews(non_preemptive=[tuple(x) for x in sched.np_view(app, c).to_wire()],
-                            preemptive=[tuple(x) for x in sched.p_view(app, c).to_wire()] if wants_p else None)
-                for c in policy.clusters if allowed is None or c in allowed}
+        key = sched.np_view_key(app)
+        out = {}
+        for c in policy.clusters:
+            if allowed is not None and c not in allowed:
+                continue
+            np = memo.get((key, c))
+            if np is None:
+                np = memo[key, c] = [tuple(x) for x in sched.np_view(app, c).to_wire()]
+            out[c] = AppViews(non_preemptive=np,
+                              preemptive=[tuple(x) for x in sched.p_view(app, c).to_wire()] if wants_p else None)
+        return out
 
     # ============================================================================================
     # handlers

@@ -1033,3 +1033,23 @@ def test_same_events_same_decisions(data, settings, sizes, steps):
                 assert x == y, (
                     f"inv6: replay {copy} differs at event {i} ({_fmt(drv.events[i])}):\n{x}\n!=\n{y}"
                 )
+
+
+@given(data=st.data(), settings=settings_st, sizes=sizes_st, steps=steps_st(5, 35))
+def test_applications_with_the_same_view_key_see_the_same_non_preemptive_views(data, settings, sizes, steps):
+    """The policy engine computes one non-preemptive view per ``Schedule.np_view_key`` and cluster, and
+    sends it to every application with that key: they must indeed see the same."""
+    drv = Driver(data, settings, sizes, apps=data.draw(st.integers(2, 4)), defer=data.draw(st.booleans()))
+    with explain(settings, drv):
+        drv.run(steps)
+    sched = drv.policy.schedule
+    if sched is None:
+        return
+    by_key: dict[int, list[str]] = defaultdict(list)
+    for app in drv.policy.apps:
+        by_key[sched.np_view_key(app)].append(app)
+    for apps in by_key.values():
+        for c in drv.policy.clusters:
+            first = sched.np_view(apps[0], c).to_wire()
+            for other in apps[1:]:
+                assert sched.np_view(other, c).to_wire() == first, (apps[0], other, c)
