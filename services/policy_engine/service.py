@@ -5,7 +5,9 @@ Theory of operation
   nodes coming up or going down, time passing -- becomes one core event, stamped with the wall clock and a
   stimulus id, appended to the event log in Redis (``keys.EVENT_LOG``) *before* it is applied and before
   the caller gets its reply. So nothing accepted is ever lost: the cores are deterministic (property-tested),
-  and replaying the log through fresh cores rebuilds exactly the state the last leader had.
+  and replaying the log through fresh cores rebuilds exactly the state the last leader had. Every
+  ``snapshot_every`` events the cores' state is saved (``keys.SNAPSHOT``) and the log before it trimmed
+  (:mod:`services.policy_engine.snapshot`): a replay starts from the snapshot.
 * **One leader.** The engine holds a lease in Redis (``keys.POLICY_LEASE``) and renews it; a second
   instance waits as a standby and takes over, replaying the log, when the lease lapses. It serves nothing
   while standby, so launchers' requests reach only the leader.
@@ -225,7 +227,6 @@ class PolicyEngine:
         self.cores = snap.cores() if snap else CoupledCores(policy_settings(self.settings))
         self.cores.policy.settings = policy_settings(self.settings)  # the settings of this run, not the writer's
         self._events_applied = snap.events if snap else 0
-        self._since_snapshot = 0
         self.pacer = ViewPacer(period=self.settings.view_period, rate=self.settings.view_rate)
         await self.redis.set(keys.INCARNATION, uuid.uuid4().hex[:12], nx=True)
         self.incarnation = await self.redis.get(keys.INCARNATION)
@@ -309,7 +310,11 @@ class PolicyEngine:
     async def _snapshot(self) -> None:
         """Write the cores' state (as of the last event applied) and trim the log before it. The decisions of
         those events are in JetStream first: a new leader republishes only what it replays."""
-        await self.js.publish_async_completed()
+        try:
+            await asyncio.wait_for(self.js.publish_async_completed(), 5.0)
+        except TimeoutError:
+            log.warning("snapshot put off: JetStream has not acknowledged the decisions yet")
+            return
         snap = Snapshot.of(self.cores, self._last_entry, self._events_applied)
         t0 = time.perf_counter()
         written = await self.redis.eval(_WRITE_SNAPSHOT, 3, keys.POLICY_LEASE, keys.SNAPSHOT, keys.EVENT_LOG,
