@@ -17,6 +17,7 @@ from shared import bus, subjects
 from shared.protocol import StatusQuery, StatusReply
 from shared.requests import RequestSpec
 from shared.settings import Settings
+from tests.live.test_agent import group_gone
 
 
 def _settings(servers, **kw) -> Settings:
@@ -48,14 +49,6 @@ async def next_of(session: Session, kind, timeout: float = 10.0, pred=lambda e: 
             return ev
 
 
-def _group_gone(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 # ==================================================================================================
 # CooRM Fig. 4: one application, from subscribe to done
 # ==================================================================================================
@@ -82,7 +75,7 @@ async def test_coorm_fig4_single_application_interaction(stack):
         await app.done(rid)
         exits = await app.wait_exits(rid, 12, 10)
         assert {e.node for e in exits} == set(start.nodes) and all(e.killed for e in exits)
-        assert all(_group_gone(p) for p in pids.values())
+        assert all(group_gone(p) for p in pids.values())
         async with await Session.open(settings, kind="rigid", name="late") as late:
             v = (await late.wait_views()).non_preemptive["c0"]
             # held for fair-start now (the hold may also have ended already if the machine is slow)
@@ -114,7 +107,7 @@ async def test_a_process_outlives_its_walltime_and_is_killed(stack):
         killed = await next_of(app, Killed, 10)
         assert killed.request == rid and killed.reason == "walltime"
         exits = await app.wait_exits(rid, 2, 10)
-        assert all(e.killed for e in exits) and all(_group_gone(p) for p in pids)
+        assert all(e.killed for e in exits) and all(group_gone(p) for p in pids)
 
 
 # ==================================================================================================
@@ -202,7 +195,7 @@ async def test_a_violator_that_ignores_its_shrink_is_killed_after_the_grace(stac
     start = await first.wait_start(rid, 10)
     assert len(set(start.nodes) & set(m.nodes)) == 6
     exits = await mal.wait_exits("m", 8, 10)
-    assert all(e.killed for e in exits) and all(_group_gone(p) for p in pids)
+    assert all(e.killed for e in exits) and all(group_gone(p) for p in pids)
     assert mal.app not in stack.engine.cores.policy.apps  # its session was ended
     await first.close()
     await mal.close()
@@ -221,7 +214,7 @@ async def test_a_launcher_that_vanished_is_reaped_and_its_processes_killed(stack
     watcher = await Session.open(settings, kind="rigid", name="watcher")
     gone._heartbeat.cancel()  # the launcher stops talking (as if its host died)
     await wait_until(lambda: gone.app not in stack.engine.cores.policy.apps, timeout=10, what="the reaping")
-    await wait_until(lambda: all(_group_gone(p) for p in pids), timeout=10, what="its processes to die")
+    await wait_until(lambda: all(group_gone(p) for p in pids), timeout=10, what="its processes to die")
     v = await next_of(watcher, ViewsChanged, 10, lambda e: e.views.non_preemptive["c0"].value_at(e.views.now) > 0)
     assert v is not None
     await watcher.close()
