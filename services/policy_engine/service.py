@@ -285,7 +285,7 @@ class PolicyEngine:
         # the events of a batch are applied with one pass, after the last: the log says which were
         # deferred ("d"), so that a replay runs the passes where this leader ran them
         last = len(events) - 1
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self.redis.pipeline(transaction=True) as pipe:  # the counter never lags the log
             for i, event in enumerate(events):
                 pipe.xadd(keys.EVENT_LOG, {"e": event.model_dump_json(), **({"d": "1"} if i < last else {})})
             pipe.set(keys.EVENT_SEQ, self._seq)
