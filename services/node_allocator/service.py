@@ -122,14 +122,22 @@ class NodeAllocatorService:
         except bus.WireError:
             log.exception("not a decision message", data=m.data[:200])
             decisions = []
+        # the Redis bookkeeping of a message's decisions (records for coorm nodes and kill notifications,
+        # off the start's path) goes in one round trip, after every agent and application was told
+        pipe = self.redis.pipeline(transaction=False)
         for d in decisions:
             try:
-                await self._act(d)
+                await self._act(d, pipe)
             except Exception:  # noqa: BLE001 - one bad decision must not stop the node side
                 log.exception("could not act on a decision", decision=d.kind, request=getattr(d, "request", None))
+        if len(pipe):
+            try:
+                await pipe.execute()
+            except Exception:  # noqa: BLE001
+                log.exception("could not record the decisions' allocations", decisions=len(decisions))
         await m.ack()
 
-    async def _act(self, d) -> None:
+    async def _act(self, d, pipe) -> None:
         if isinstance(d, StartRequest):
             self.ends[d.request] = d.end
             if d.carry_from:
@@ -140,20 +148,20 @@ class NodeAllocatorService:
         elif isinstance(d, SessionEnded):
             self._digests.pop(d.app, None)
         elif isinstance(d, NodesAssigned):
-            await self._assigned(d)
+            await self._assigned(d, pipe)
         elif isinstance(d, NodesFreed):
-            await self._freed(d)
+            await self._freed(d, pipe)
         elif isinstance(d, EndRequest):
             self.ends.pop(d.request, None)
             self.carry.pop(d.request, None)
             if d.started:  # every end of a started request, its own done and NEXT hand-overs too
                 nodes = self.held.get(d.request)
-                if nodes is None:  # assigned before this instance started
+                if nodes is None:  # assigned before this instance started (so not queued on pipe)
                     nodes = json.loads(await self.redis.hget(keys.allocation(d.request), "nodes") or "[]")
                 await self._notify("kill", subjects.notify_kill(d.app),
                                    KillNotify(app=d.app, request=d.request, reason=d.reason, nodes=nodes))
             self.held.pop(d.request, None)
-            await self.redis.delete(keys.allocation(d.request))
+            pipe.delete(keys.allocation(d.request))
 
     async def _notify(self, kind: str, subject: str, message) -> None:
         data = bus.encode(message)
@@ -171,7 +179,7 @@ class NodeAllocatorService:
                 self._digests[app] = digest
         return digest
 
-    async def _assigned(self, d: NodesAssigned) -> None:
+    async def _assigned(self, d: NodesAssigned, pipe) -> None:
         digest = await self._digest(d.app)
         end = self.ends.get(d.request)
         previous = self.carry.get(d.request) if d.kept else None
@@ -185,16 +193,13 @@ class NodeAllocatorService:
         await self._notify("start", subjects.notify_start(d.app),
                            StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=list(d.nodes),
                                        kept=list(d.kept), end=end))
-        # the bookkeeping for coorm nodes and kill notifications comes after: not on the start's path
         self.held[d.request] = list(d.nodes)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(keys.allocation(d.request), mapping={
-                "app": d.app, "cluster": d.cluster, "nodes": json.dumps(list(d.nodes)), "end": json.dumps(end)})
-            await self._set_owner(d.nodes, d.app, d.request, pipe)
-            await pipe.execute()
+        pipe.hset(keys.allocation(d.request), mapping={
+            "app": d.app, "cluster": d.cluster, "nodes": json.dumps(list(d.nodes)), "end": json.dumps(end)})
+        await self._set_owner(d.nodes, d.app, d.request, pipe)
 
-    async def _freed(self, d: NodesFreed) -> None:
-        await self._set_owner(d.nodes, None, None)
+    async def _freed(self, d: NodesFreed, pipe) -> None:
+        await self._set_owner(d.nodes, None, None, pipe)
         for node in d.nodes:
             task = asyncio.create_task(self._kill(node, d.request, d.reason))
             self._kills.add(task)

@@ -174,6 +174,41 @@ async def test_status_partitions_the_nodes_while_applications_run(stack):
         await p.close()
 
 
+@pytest.mark.parametrize("stack", [{"reschedule_interval": 0.0, "fair_start": 0.0}], indirect=True)
+async def test_the_node_records_follow_the_allocations(stack, redis_url):
+    """What ``coorm nodes`` shows: a node's record names the request that holds it, also when one pass frees
+    it from a request and gives it to the next; an ended request's allocation record goes."""
+    import json
+
+    import redis
+
+    from shared import keys
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+
+    def owners(cluster: str) -> dict[str, str | None]:
+        return {n: rec.get("request") for n, rec in ((n, json.loads(v)) for n, v in r.hgetall(keys.NODES).items())
+                if rec["cluster"] == cluster}
+
+    try:
+        async with await Session.open(stack.settings, kind="rigid") as app:
+            (first,) = await app.request(rq("first", "c1", 8, 600))
+            (second,) = await app.request(rq("second", "c1", 8, 600))
+            start = await app.wait_start(first, 10)
+            await wait_until(lambda: set(owners("c1").values()) == {first}, timeout=10, what="first's nodes")
+            assert json.loads(r.hget(keys.allocation(first), "nodes")) == list(start.nodes)
+            await app.done(first)  # the same pass frees the nodes and gives them to "second"
+            start2 = await app.wait_start(second, 10)
+            assert sorted(start2.nodes) == sorted(start.nodes)
+            await wait_until(lambda: set(owners("c1").values()) == {second} and not r.exists(keys.allocation(first)),
+                             timeout=10, what="second's nodes")
+            await app.done(second)
+            await wait_until(lambda: set(owners("c1").values()) == {None} and not r.exists(keys.allocation(second)),
+                             timeout=10, what="free nodes")
+    finally:
+        r.close()
+
+
 # ==================================================================================================
 # preemption: a violator that ignores its shrink is killed after the grace
 # ==================================================================================================
