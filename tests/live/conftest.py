@@ -1,16 +1,17 @@
-"""Fixtures for tests against the real servers: a nats-server (JetStream) and a valkey-server started from
-the project's own install on free ports, one pair per test module, with a clean Redis database per test."""
+"""Fixtures for tests against the real servers: a nats-server (JetStream) and a Valkey, one pair per test
+module, with a clean Redis database per test: containers of docker-compose's images where a Docker engine
+answers, else started from the project's own install on free ports (:mod:`tests.servers`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.servers import start_servers
+from tests.servers import servers_for_tests
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    with start_servers(tmp_path_factory.mktemp("servers")) as s:
+    with servers_for_tests(tmp_path_factory.mktemp("servers")) as s:
         yield s
 
 

@@ -1,0 +1,111 @@
+"""The servers the live tests talk to. Where a Docker engine answers, containers of the very images
+docker-compose runs (started with testcontainers); elsewhere -- these machines have none -- nats-server and
+valkey-server from the project's own install (:mod:`shared.servers`).
+
+``COORM_TEST_SERVERS`` chooses: ``auto`` (the default: containers when an engine answers), ``containers``
+(fail when none does) or ``local``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.deploy.stackfiles import interpolate, raw_compose
+
+CHOICES = ("auto", "containers", "local")
+
+
+class NoDockerEngine(RuntimeError):
+    pass
+
+
+def docker_engine() -> str | None:
+    """Why no Docker engine can be used (None when one answers a ping)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+    except Exception as e:  # noqa: BLE001 - no socket, no permission, a bad DOCKER_HOST: all mean "none"
+        return f"{type(e).__name__}: {e}"
+    try:
+        client.ping()
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    finally:
+        client.close()
+    return None
+
+
+def choose(setting: str | None = None) -> str:
+    """``containers`` or ``local``, from ``COORM_TEST_SERVERS`` (or ``setting``) and the engine's answer."""
+    setting = (setting if setting is not None else os.environ.get("COORM_TEST_SERVERS", "auto")).lower()
+    if setting not in CHOICES:
+        raise ValueError(f"COORM_TEST_SERVERS={setting!r}: expected one of {', '.join(CHOICES)}")
+    if setting == "local":
+        return "local"
+    why_not = docker_engine()
+    if why_not is None:
+        return "containers"
+    if setting == "containers":
+        raise NoDockerEngine(f"COORM_TEST_SERVERS=containers but no Docker engine answers ({why_not})")
+    return "local"
+
+
+def compose_image(service: str) -> str:
+    """The image docker-compose runs for ``service`` (``NATS_IMAGE`` and the like override it there too)."""
+    return interpolate(raw_compose()["services"][service]["image"], dict(os.environ))
+
+
+@dataclass
+class ContainerServers:
+    nats: object
+    redis: object
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://{self.nats.get_container_host_ip()}:{self.nats.get_exposed_port(4222)}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{self.redis.get_container_host_ip()}:{self.redis.get_exposed_port(6379)}/0"
+
+    def stop(self) -> None:
+        for c in (self.nats, self.redis):
+            c.stop()
+
+
+@contextmanager
+def container_servers() -> Iterator[ContainerServers]:
+    """docker-compose's NATS (JetStream on, no config: the tests connect without credentials) and Valkey."""
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
+
+    nats = (DockerContainer(compose_image("nats")).with_command("-js").with_exposed_ports(4222)
+            .waiting_for(LogMessageWaitStrategy("Server is ready")))
+    redis = (DockerContainer(compose_image("redis")).with_command("valkey-server --appendonly yes")
+             .with_exposed_ports(6379).waiting_for(LogMessageWaitStrategy("Ready to accept connections")))
+    started = []
+    try:
+        for c in (nats, redis):
+            c.start()
+            started.append(c)
+        yield ContainerServers(nats, redis)
+    finally:
+        for c in started:
+            c.stop()
+
+
+@contextmanager
+def servers_for_tests(workdir: Path, setting: str | None = None) -> Iterator[object]:
+    """Whichever servers :func:`choose` picks, stopped on exit; both kinds have ``nats_url`` and ``redis_url``."""
+    if choose(setting) == "containers":
+        with container_servers() as s:
+            yield s
+    else:
+        from shared.servers import start_servers
+
+        with start_servers(workdir) as s:
+            yield s
