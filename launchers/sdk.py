@@ -154,8 +154,9 @@ class Session:
             await self.nc.subscribe(subjects.app_exited(self.app), cb=self._on_exit),
             await self.nc.subscribe(subjects.app_output_any(self.app), cb=self._on_output),
         ]
-        await self.nc.flush()
-        # the first changeNotify may have been sent before we listened: ask for the views as they stand
+        # the first changeNotify may have been sent before we listened: ask for the views as they stand (the
+        # server handles a connection's commands in order, so the subscriptions are in place before the query
+        # is; no flush needed)
         note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify)
         if note.changes:
             self._apply_change(note, len(bus.encode(note)))
@@ -172,11 +173,13 @@ class Session:
                 await self._heartbeat
         with contextlib.suppress(Exception):
             await self._call(self.reply.subjects.close, CloseMsg(token=self.token), Ack)
+        if self.own_connection:  # closing the connection ends its subscriptions
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+            return
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        if self.own_connection:
-            await bus.shutdown(self.nc)
 
     async def __aenter__(self) -> Session:
         return self
