@@ -59,22 +59,12 @@ def compose_image(service: str) -> str:
     return interpolate(raw_compose()["services"][service]["image"], dict(os.environ))
 
 
-@dataclass
+@dataclass(frozen=True)
 class ContainerServers:
-    nats: object
-    redis: object
+    """Where the containers' ports are mapped (read once: each lookup asks the Docker engine)."""
 
-    @property
-    def nats_url(self) -> str:
-        return f"nats://{self.nats.get_container_host_ip()}:{self.nats.get_exposed_port(4222)}"
-
-    @property
-    def redis_url(self) -> str:
-        return f"redis://{self.redis.get_container_host_ip()}:{self.redis.get_exposed_port(6379)}/0"
-
-    def stop(self) -> None:
-        for c in (self.nats, self.redis):
-            c.stop()
+    nats_url: str
+    redis_url: str
 
 
 @contextmanager
@@ -92,7 +82,9 @@ def container_servers() -> Iterator[ContainerServers]:
         for c in (nats, redis):
             c.start()
             started.append(c)
-        yield ContainerServers(nats, redis)
+        yield ContainerServers(
+            nats_url=f"nats://{nats.get_container_host_ip()}:{nats.get_exposed_port(4222)}",
+            redis_url=f"redis://{redis.get_container_host_ip()}:{redis.get_exposed_port(6379)}/0")
     finally:
         for c in started:
             c.stop()
