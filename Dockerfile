@@ -8,13 +8,12 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# coorm/ holds links to the folders the design names (coorm/services -> ../services...): copy both
 COPY shared ./shared
 COPY services ./services
 COPY launchers ./launchers
 COPY node_agent ./node_agent
-COPY cli ./cli
-COPY simulator ./simulator
-COPY experiments ./experiments
+COPY coorm ./coorm
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- run: the wheel and its dependencies, as an unprivileged user ------------------------------------------
@@ -23,7 +22,7 @@ ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 RUN groupadd --system --gid 10001 coorm \
     && useradd --system --uid 10001 --gid coorm --home-dir /home/coorm --create-home --shell /usr/sbin/nologin coorm
 COPY --from=build /wheels /wheels
-RUN pip install /wheels/*.whl && rm -rf /wheels
+RUN pip install "$(ls /wheels/*.whl)[server]" && rm -rf /wheels
 USER coorm
 WORKDIR /home/coorm
 # services and agents serve their Prometheus metrics here when COORM_METRICS_PORT=9100 (compose sets it)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.up import Up  # noqa: E402
-from launchers.sdk import Session  # noqa: E402
-from shared.requests import RequestSpec  # noqa: E402
+from coorm.cli.up import Up  # noqa: E402
+from coorm.launchers.sdk import Session  # noqa: E402
+from coorm.shared.requests import RequestSpec  # noqa: E402
 
 INTERVAL = 0.01
 

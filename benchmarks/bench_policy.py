@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from services.policy_engine.core import PolicyCore, PolicySettings  # noqa: E402
-from shared.events import (  # noqa: E402
+from coorm.services.policy_engine.core import PolicyCore, PolicySettings  # noqa: E402
+from coorm.shared.events import (  # noqa: E402
     Done,
     EndRequest,
     NodesChanged,
@@ -59,7 +59,7 @@ from shared.events import (  # noqa: E402
     Submit,
     Tick,
 )
-from shared.requests import Relation, RequestSpec, RequestType  # noqa: E402
+from coorm.shared.requests import Relation, RequestSpec, RequestType  # noqa: E402
 
 NODES = 128
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -1,5 +1,5 @@
 """A synthetic AMR application: a non-predictably evolving application (NEA) with a sure execution
-(CooRMv2 §IV, §V-A1, §V-C), whose working set and speed follow :mod:`launchers.amr_model`.
+(CooRMv2 §IV, §V-A1, §V-C), whose working set and speed follow :mod:`coorm.launchers.amr_model`.
 
 Opening (``on_open``): the user "guesses" the equivalent static allocation ``n_eq`` of its (seeded)
 profile -- a posteriori knowledge, which ``overcommit`` then spoils: the launcher submits a
@@ -9,7 +9,7 @@ to it, a first **non-preemptible** request of the nodes the first step needs (th
 that hold the peak working set instead.
 
 Durations: the pre-allocation must outlast the run. The launcher replays its own update policy on its
-profile against an ideal RMS (:func:`~launchers.amr_model.ideal_run`: updates served at once, or exactly
+profile against an ideal RMS (:func:`~coorm.launchers.amr_model.ideal_run`: updates served at once, or exactly
 one announce interval later) and asks for ``safety_factor`` times that run time (2 by default), plus
 ``update_allowance`` seconds (10) per planned update for what the real RMS adds to each one (the
 re-scheduling interval, a preemption grace while other applications release nodes), plus
@@ -18,7 +18,7 @@ end still fits). Every non-preemptible request ends ``duration_margin`` seconds 
 pre-allocation does: the RMS starts it at its next pass, a little after it was sent, and it must still fit
 inside the pre-allocation then.
 
-Running: steps run one after the other in virtual time, with :class:`~launchers.base.Timer` commands.
+Running: steps run one after the other in virtual time, with :class:`~coorm.launchers.base.Timer` commands.
 Step ``i`` on ``n`` nodes takes ``t(n, S_i)``; the work of a step is measured as a fraction, progressing at
 ``1 / t(n, S_i)`` per second on the ``n`` nodes actually held, so a change of node count in the middle
 of a step rescales what remains of it. At each step boundary the (dynamic) launcher computes the nodes
@@ -58,9 +58,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from launchers import amr_model as model
-from launchers.base import ClusterProps, Command, Launcher, Timer, Views
-from shared.requests import Relation, RequestSpec, RequestType
+from coorm.launchers import amr_model as model
+from coorm.launchers.base import ClusterProps, Command, Launcher, Timer, Views
+from coorm.shared.requests import Relation, RequestSpec, RequestType
 
 _EPS = 1e-9
 _HANDOVER = ("done", "next", "walltime")  # ends of a chain member that a waiting successor takes over

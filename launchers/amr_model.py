@@ -308,7 +308,7 @@ class IdealRun:
 
 
 def ideal_run(sizes: Sequence[float], needs: Sequence[int], announce_interval: float = 0.0) -> IdealRun:
-    """Replay the AMR launcher's update policy (see :mod:`launchers.amr`) on ``needs`` (nodes wanted per
+    """Replay the AMR launcher's update policy (see :mod:`coorm.launchers.amr`) on ``needs`` (nodes wanted per
     step, already capped by the pre-allocation) against an RMS that serves an update at once
     (``announce_interval`` 0) or exactly ``announce_interval`` later, with the node count wanted when the
     update was initiated. At most one update is in flight; while it is, the step runs on the nodes held

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.requests import RequestSpec
-from shared.stepfn import StepFunction
+from coorm.shared.requests import RequestSpec
+from coorm.shared.stepfn import StepFunction
 
 
 @dataclass(frozen=True, slots=True)

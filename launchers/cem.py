@@ -78,9 +78,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from launchers.base import ClusterProps, Command, SelectingLauncher, Timer, Views
-from shared.requests import Relation, RequestSpec
-from shared.stepfn import INF, StepFunction
+from coorm.launchers.base import ClusterProps, Command, SelectingLauncher, Timer, Views
+from coorm.shared.requests import Relation, RequestSpec
+from coorm.shared.stepfn import INF, StepFunction
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Running a launcher decision object live: the same objects the simulator drives, over a real
-:class:`~launchers.sdk.Session`, in wall-clock time.
+:class:`~coorm.launchers.sdk.Session`, in wall-clock time.
 
 The runner feeds the launcher what the RMS says (views, starts, ends) and its own timers, one at a time,
 and carries out its commands (requests, ``done``, close, timers). With a ``command`` it also starts the
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from launchers.base import Close, Command, Done, Launcher, Submit, Timer
-from launchers.sdk import Closed, Exited, Killed, Session, Started, ViewsChanged
-from shared import bus
-from shared.events import ErrorCode
-from shared.protocol import ProcessOutput
+from coorm.launchers.base import Close, Command, Done, Launcher, Submit, Timer
+from coorm.launchers.sdk import Closed, Exited, Killed, Session, Started, ViewsChanged
+from coorm.shared import bus
+from coorm.shared.events import ErrorCode
+from coorm.shared.protocol import ProcessOutput
 
 log = structlog.get_logger("coorm.launcher")
 

@@ -39,9 +39,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from launchers.base import Command, SelectingLauncher, Timer, Views
-from shared.requests import RequestSpec
-from shared.stepfn import INF, StepFunction
+from coorm.launchers.base import Command, SelectingLauncher, Timer, Views
+from coorm.shared.requests import RequestSpec
+from coorm.shared.stepfn import INF, StepFunction
 
 SERIAL_FRACTION = 0.05
 MIN_NODES = 2

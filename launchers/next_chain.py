@@ -4,8 +4,8 @@ adding nodes when a phase grows and taking back the surplus when it shrinks."""
 
 from __future__ import annotations
 
-from launchers.base import ClusterProps, Command, Launcher
-from shared.requests import RequestSpec
+from coorm.launchers.base import ClusterProps, Command, Launcher
+from coorm.shared.requests import RequestSpec
 
 
 class NextChainLauncher(Launcher):

@@ -22,8 +22,8 @@ when it happens.
 
 from __future__ import annotations
 
-from launchers.base import Command, Launcher, Timer, Views
-from shared.requests import RequestSpec, RequestType
+from coorm.launchers.base import Command, Launcher, Timer, Views
+from coorm.shared.requests import RequestSpec, RequestType
 
 _EPS = 1e-9
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from launchers.base import ClusterProps, Command, Launcher, Timer
-from shared.requests import RequestSpec
+from coorm.launchers.base import ClusterProps, Command, Launcher, Timer
+from coorm.shared.requests import RequestSpec
 
 
 class RigidLauncher(Launcher):

@@ -24,9 +24,9 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
-from launchers.base import ClusterProps, Views
-from shared import bus, subjects
-from shared.protocol import (
+from coorm.launchers.base import ClusterProps, Views
+from coorm.shared import bus, subjects
+from coorm.shared.protocol import (
     Ack,
     ChangeNotify,
     ChangeType,
@@ -47,9 +47,9 @@ from shared.protocol import (
     SessionOpenReply,
     StartNotify,
 )
-from shared.requests import RequestSpec, RequestType
-from shared.settings import Settings
-from shared.stepfn import StepFunction
+from coorm.shared.requests import RequestSpec, RequestType
+from coorm.shared.settings import Settings
+from coorm.shared.stepfn import StepFunction
 
 
 # -- what the RMS tells the application -----------------------------------------------------------
@@ -235,7 +235,7 @@ class Session:
     # requests
     # ============================================================================================
     async def request(self, *specs: RequestSpec) -> list[str]:
-        """``request``: one batch, accepted or refused as a whole (:class:`~shared.bus.WireError`)."""
+        """``request``: one batch, accepted or refused as a whole (:class:`~coorm.shared.bus.WireError`)."""
         ack = await self._call(self.reply.subjects.request, RequestMsg(token=self.token, requests=list(specs)), Ack)
         return ack.requests
 

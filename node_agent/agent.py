@@ -1,6 +1,6 @@
 """The node agent: one process serving one host's nodes (or many emulated nodes) over NATS.
 
-The I/O shell around :class:`node_agent.state.NodeBook`:
+The I/O shell around :class:`coorm.node_agent.state.NodeBook`:
 
 * registers its nodes on ``AGENT_REGISTER`` (request/reply, retried until the node allocator answers
   ``Ack``), again whenever anything arrives on ``AGENT_HELLO``; heartbeats on ``AGENT_HEARTBEAT``;
@@ -34,13 +34,13 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from node_agent import procs
-from node_agent.nodes import default_agent_id, host_node_info, parse_nodes
-from node_agent.state import NodeBook, ProcessRecord, Refused
-from shared import metrics, subjects
-from shared.bus import WireError, call, connect, decode, encode, shutdown
-from shared.events import ErrorCode
-from shared.protocol import (
+from coorm.node_agent import procs
+from coorm.node_agent.nodes import default_agent_id, host_node_info, parse_nodes
+from coorm.node_agent.state import NodeBook, ProcessRecord, Refused
+from coorm.shared import metrics, subjects
+from coorm.shared.bus import WireError, call, connect, decode, encode, shutdown
+from coorm.shared.events import ErrorCode
+from coorm.shared.protocol import (
     Ack,
     AgentHeartbeat,
     AgentRegister,
@@ -53,7 +53,7 @@ from shared.protocol import (
     ProcessExited,
     ProcessOutput,
 )
-from shared.settings import Settings
+from coorm.shared.settings import Settings
 
 log = structlog.get_logger("coorm.agent")
 

@@ -8,7 +8,7 @@ import re
 import socket
 from pathlib import Path
 
-from shared.protocol import NodeInfo
+from coorm.shared.protocol import NodeInfo
 
 # a node ID is a NATS subject token: no dots, no wildcards, no spaces
 _NODE = re.compile(r"^[A-Za-z0-9_:@-]{1,128}$")

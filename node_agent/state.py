@@ -2,7 +2,7 @@
 when, who may launch there, which processes run for which request, and what must be killed when.
 
 Time is passed in (wall-clock seconds, the same clock as ``NodeAssign.end``). The shell
-(:mod:`node_agent.agent`) feeds it messages and process events and carries out what it returns: pids to
+(:mod:`coorm.node_agent.agent`) feeds it messages and process events and carries out what it returns: pids to
 kill. Rules:
 
 * a node belongs to at most one request at a time (the last :meth:`NodeBook.assign` for it);
@@ -23,8 +23,8 @@ import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shared.events import ErrorCode
-from shared.protocol import NodeAssign
+from coorm.shared.events import ErrorCode
+from coorm.shared.protocol import NodeAssign
 
 
 class Refused(Exception):

@@ -1,15 +1,15 @@
 """The policy core and the allocator core wired together the way the live services wire them.
 
 The policy engine's start/end decisions go to the node allocator, whose capacity changes come back to
-the policy as :class:`~shared.events.NodesChanged`. The simulator and the tests drive this object; the
+the policy as :class:`~coorm.shared.events.NodesChanged`. The simulator and the tests drive this object; the
 live system does the same through NATS subjects. Still pure: time is passed in with every event.
 """
 
 from __future__ import annotations
 
-from services.node_allocator.core import NodeAllocator
-from services.policy_engine.core import PolicyCore, PolicySettings
-from shared.events import (
+from coorm.services.node_allocator.core import NodeAllocator
+from coorm.services.policy_engine.core import PolicyCore, PolicySettings
+from coorm.shared.events import (
     CapacityChanged,
     Done,
     EndRequest,

@@ -14,7 +14,7 @@ import structlog
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from shared import subjects
+from coorm.shared import subjects
 
 
 def clock() -> float:

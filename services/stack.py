@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from node_agent.agent import Agent
-from node_agent.nodes import host_node_info
-from services.node_allocator.service import NodeAllocatorService
-from services.policy_engine.service import PolicyEngine
-from services.view_publisher.service import ViewPublisher
-from shared.settings import Settings
+from coorm.node_agent.agent import Agent
+from coorm.node_agent.nodes import host_node_info
+from coorm.services.node_allocator.service import NodeAllocatorService
+from coorm.services.policy_engine.service import PolicyEngine
+from coorm.services.view_publisher.service import ViewPublisher
+from coorm.shared.settings import Settings
 
 log = structlog.get_logger("coorm.stack")
 
@@ -82,8 +82,8 @@ class LocalStack:
 
     async def wait_nodes_up(self, timeout: float = 15.0) -> None:
         """Until the policy engine (wherever it runs) has every node up."""
-        from shared import bus, subjects
-        from shared.protocol import StatusQuery, StatusReply
+        from coorm.shared import bus, subjects
+        from coorm.shared.protocol import StatusQuery, StatusReply
 
         deadline = time.monotonic() + timeout
         while True:

@@ -1,6 +1,6 @@
 """NATS helpers shared by every process: pydantic models in and out, and the rule that a request always
-gets a reply -- an :class:`~shared.protocol.Ack` (or the subject's own reply model) or an
-:class:`~shared.protocol.ErrorReply` with a code and a readable message, never silence."""
+gets a reply -- an :class:`~coorm.shared.protocol.Ack` (or the subject's own reply model) or an
+:class:`~coorm.shared.protocol.ErrorReply` with a code and a readable message, never silence."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
-from shared import metrics, subjects
-from shared.events import ErrorCode
-from shared.protocol import ErrorBody, ErrorReply
+from coorm.shared import subjects
+from coorm.shared.events import ErrorCode
+from coorm.shared.protocol import ErrorBody, ErrorReply
 
 log = structlog.get_logger("coorm.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -85,6 +85,8 @@ async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, que
 
     A subscription's messages are handled one after the other; with ``concurrent`` each gets its own task,
     so that a handler waiting on I/O does not hold the next (callers that need an order wait for replies)."""
+    # only servers serve: a launcher importing this module registers no Prometheus metrics
+    from coorm.shared import metrics
 
     async def on_msg(msg: Msg) -> None:
         if concurrent:

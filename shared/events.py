@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.requests import Identifier, RequestSpec, RequestType
+from coorm.shared.requests import Identifier, RequestSpec, RequestType
 
 _counter = itertools.count()
 

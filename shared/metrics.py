@@ -3,7 +3,7 @@ ones its service updates, on its own port (``COORM_METRICS_PORT``); the dashboar
 query only these names, and a test checks that against a live ``coorm up``.
 
 Label values are the papers' words: request types ``pre-allocation`` / ``non-preemptible`` /
-``preemptible``, end reasons of :class:`shared.events.EndReason`, application kinds as the launcher gives
+``preemptible``, end reasons of :class:`coorm.shared.events.EndReason`, application kinds as the launcher gives
 them in its session (``rigid``, ``moldable``, ``psa``, ``amr``...)."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def serve(port: int | None, addr: str = "0.0.0.0") -> int | None:
     """Expose this process's metrics on ``port`` (0: a free one; None: not at all). Returns the port."""
     if port is None:
         return None
-    from shared.events import ErrorCode
+    from coorm.shared.events import ErrorCode
 
     zero(error_replies, *((c.value,) for c in ErrorCode))
     server, _thread = start_http_server(port, addr=addr)

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.events import (
+from coorm.shared.events import (
     CapacityChanged,
     EndReason,
     EndRequest,
@@ -24,7 +24,7 @@ from shared.events import (
     SessionEnded,
     StartRequest,
 )
-from shared.requests import MAX_BATCH, Identifier, RequestSpec
+from coorm.shared.requests import MAX_BATCH, Identifier, RequestSpec
 
 Steps = list[tuple[float, int]]
 

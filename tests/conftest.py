@@ -1,7 +1,7 @@
 """Test-wide configuration: hypothesis profiles.
 
-``ci`` (the default) runs every property test with the same 500 examples each time; ``HYPOTHESIS_PROFILE=dev`` picks a quick
-50-example run while iterating; ``HYPOTHESIS_PROFILE=hunt`` (``HUNT_N`` examples) looks for rare bugs.
+``ci`` (the default) runs every property test with the same 500 examples each time; ``HYPOTHESIS_PROFILE=dev``
+picks a quick 50-example run while iterating; ``HYPOTHESIS_PROFILE=hunt`` (``HUNT_N`` examples) looks for rare bugs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The servers the live tests talk to. Where a Docker engine answers, containers of the very images
 docker-compose runs (started with testcontainers); elsewhere -- these machines have none -- nats-server and
-valkey-server from the project's own install (:mod:`shared.servers`).
+valkey-server from the project's own install (:mod:`coorm.shared.servers`).
 
 ``COORM_TEST_SERVERS`` chooses: ``auto`` (the default: containers when an engine answers), ``containers``
 (fail when none does) or ``local``."""
@@ -97,7 +97,7 @@ def servers_for_tests(workdir: Path, setting: str | None = None) -> Iterator[obj
         with container_servers() as s:
             yield s
     else:
-        from shared.servers import start_servers
+        from coorm.shared.servers import start_servers
 
         with start_servers(workdir) as s:
             yield s

@@ -23,9 +23,9 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shared.events import EndReason
-from shared.protocol import Lifecycle, LifecycleKind
-from shared.requests import RequestType
+from coorm.shared.events import EndReason
+from coorm.shared.protocol import Lifecycle, LifecycleKind
+from coorm.shared.requests import RequestType
 
 NO_USER = "-"  # the user of a session that gave none
 TYPES = tuple(t.value for t in RequestType)

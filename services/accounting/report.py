@@ -12,8 +12,8 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from services.accounting.core import TYPES, Totals, Usage, rollup
-from services.accounting.store import read_records, read_totals
+from coorm.services.accounting.core import TYPES, Totals, Usage, rollup
+from coorm.services.accounting.store import read_records, read_totals
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _DURATION = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")

@@ -1,7 +1,7 @@
 """The accounting service: the durable record of every allocation's life (DESIGN §2, §5).
 
 Theory of operation
-* The policy engine publishes one :class:`~shared.protocol.Lifecycle` per step of an allocation's life on
+* The policy engine publishes one :class:`~coorm.shared.protocol.Lifecycle` per step of an allocation's life on
   ``subjects.LIFECYCLE``, captured by the JetStream stream ``subjects.LIFECYCLE_STREAM``. This service reads
   it through the durable pull consumer ``accounting`` (explicit ack), so it resumes where it stopped.
 * Each event is recorded by one Lua script -- all of it or nothing: the raw event (``keys.ACCT_EVENTS``), its
@@ -16,7 +16,7 @@ Theory of operation
 * A message that is not a valid lifecycle event is logged, kept in ``keys.ACCT_REJECTED``, acked and skipped:
   it can never block the stream.
 * A finished request enqueues ``rollup_request``, a preemption ``rollup_preemption`` (Celery tasks in
-  :mod:`services.accounting.tasks`, on the same Redis).
+  :mod:`coorm.services.accounting.tasks`, on the same Redis).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from services.accounting.core import Malformed, PreemptionRecord, check, event_id, marker, request_fields
-from services.accounting.tasks import ROLLUP_PREEMPTION, ROLLUP_REQUEST, make_celery
-from services.runtime import clock, ensure_streams, redis_client
-from shared import bus, keys, metrics, subjects
-from shared.protocol import Lifecycle, LifecycleKind
-from shared.settings import Settings
+from coorm.services.accounting.core import Malformed, PreemptionRecord, check, event_id, marker, request_fields
+from coorm.services.accounting.tasks import ROLLUP_PREEMPTION, ROLLUP_REQUEST, make_celery
+from coorm.services.runtime import clock, ensure_streams, redis_client
+from coorm.shared import bus, keys, metrics, subjects
+from coorm.shared.protocol import Lifecycle, LifecycleKind
+from coorm.shared.settings import Settings
 
 log = structlog.get_logger("coorm.accounting")
 
@@ -175,7 +175,8 @@ class AccountingService:
                 life.request or "", preemption, repr(life.at), str(RAW_MAXLEN)]
         for k, v in fields.items():
             args += [k, v]
-        ks = [keys.ACCT_SEEN, keys.ACCT_EVENTS, request_key, keys.ACCT_ENDED, keys.ACCT_PREEMPTIONS, keys.ACCT_PREEMPTIONS_AT]
+        ks = [keys.ACCT_SEEN, keys.ACCT_EVENTS, request_key, keys.ACCT_ENDED, keys.ACCT_PREEMPTIONS,
+              keys.ACCT_PREEMPTIONS_AT]
         return bool(await self.redis.eval(_RECORD, len(ks), *ks, *args))
 
     async def _reject(self, msg: Msg, msg_id: str | None, error: Exception) -> None:
@@ -207,7 +208,7 @@ def observe(life: Lifecycle) -> None:
 
 
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
-    from services.runtime import stop_on_signals
+    from coorm.services.runtime import stop_on_signals
 
     settings = settings or Settings()
     metrics.serve(settings.metrics_port, settings.metrics_addr)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import redis
 
-from services.accounting.core import PreemptionRecord, RequestRecord, Totals, Usage
-from shared import keys
+from coorm.services.accounting.core import PreemptionRecord, RequestRecord, Totals, Usage
+from coorm.shared import keys
 
 CHUNK = 5000  # keys per pipeline / command when reading or writing many
 

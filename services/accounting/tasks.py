@@ -1,14 +1,14 @@
 """Usage roll-ups as Celery tasks (DESIGN §2): the accounting service enqueues one when a request ends or
 a preemption is announced; the worker adds it to the per-user and per-application totals in Redis.
 
-Run a worker with ``celery -A services.accounting.tasks worker`` (broker and result backend: the
-``COORM_REDIS_URL`` Redis); ``celery -A services.accounting.tasks beat`` runs :func:`rollup_all` hourly.
+Run a worker with ``celery -A coorm.services.accounting.tasks worker`` (broker and result backend: the
+``COORM_REDIS_URL`` Redis); ``celery -A coorm.services.accounting.tasks beat`` runs :func:`rollup_all` hourly.
 
 Every roll-up is idempotent: a Lua script adds a request's (or a preemption's) contribution and marks it
 counted (``keys.ACCT_ROLLED``) in one step, so a task run twice -- redelivered after a worker died, or
 enqueued again by a redelivered lifecycle event -- counts once. :func:`rollup_all` rebuilds every total from
 the per-request records (repair, or after the arithmetic changed); the arithmetic is the pure
-:func:`services.accounting.core.rollup`.
+:func:`coorm.services.accounting.core.rollup`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import redis
 import structlog
 from celery import Celery
 
-from services.accounting.core import (
+from coorm.services.accounting.core import (
     PreemptionRecord,
     RequestRecord,
     Usage,
@@ -28,9 +28,9 @@ from services.accounting.core import (
     usage_of_preemption,
     user_of,
 )
-from services.accounting.store import CHUNK, read_records
-from shared import keys
-from shared.settings import Settings
+from coorm.services.accounting.store import CHUNK, read_records
+from coorm.shared import keys
+from coorm.shared.settings import Settings
 
 log = structlog.get_logger("coorm.accounting.tasks")
 

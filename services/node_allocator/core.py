@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from shared.events import (
+from coorm.shared.events import (
     CapacityChanged,
     EndRequest,
     NodeDown,
@@ -31,7 +31,7 @@ from shared.events import (
     StartRequest,
     Tick,
 )
-from shared.requests import RequestType
+from coorm.shared.requests import RequestType
 
 FREE, ALLOCATED, HELD, PARKED, DOWN = "free", "allocated", "held", "parked", "down"
 
@@ -230,7 +230,7 @@ class NodeAllocator:
                 owners[nid] = rid
                 if self.nodes[nid].state != ALLOCATED or self.nodes[nid].owner != rid:
                     raise AllocationError(f"node {nid} of {rid} is marked {self.nodes[nid].state}")
-        for cluster, pool in self._free.items():
+        for pool in self._free.values():
             for _, nid in pool:
                 if self.nodes[nid].state != FREE or nid in owners:
                     raise AllocationError(f"node {nid} is in the free pool but {self.nodes[nid].state}")

@@ -26,9 +26,9 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from services.runtime import clock, ensure_streams, redis_client
-from shared import bus, keys, metrics, subjects
-from shared.events import (
+from coorm.services.runtime import clock, ensure_streams, redis_client
+from coorm.shared import bus, keys, metrics, subjects
+from coorm.shared.events import (
     EndRequest,
     ErrorCode,
     NodesAssigned,
@@ -36,7 +36,7 @@ from shared.events import (
     SessionEnded,
     StartRequest,
 )
-from shared.protocol import (
+from coorm.shared.protocol import (
     Ack,
     AgentHeartbeat,
     AgentRegister,
@@ -48,8 +48,8 @@ from shared.protocol import (
     NodesEvent,
     StartNotify,
 )
-from shared.requests import RequestType
-from shared.settings import Settings
+from coorm.shared.requests import RequestType
+from coorm.shared.settings import Settings
 
 # KEYS[1]: the node records; ARGV[1]: fields to merge (JSON); ARGV[2..]: node IDs (those without a record
 # are left alone)
@@ -299,7 +299,7 @@ class NodeAllocatorService:
 
 
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
-    from services.runtime import stop_on_signals
+    from coorm.services.runtime import stop_on_signals
 
     settings = settings or Settings()
     metrics.serve(settings.metrics_port, settings.metrics_addr)

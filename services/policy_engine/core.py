@@ -32,12 +32,12 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.policy_engine import preemption
-from services.policy_engine.placement import Container, Placer
-from services.policy_engine.schedule import Schedule, interval_hash
-from services.policy_engine.shares import FILLING, POLICIES
-from services.policy_engine.state import App, Hold, Request, RequestState
-from shared.events import (
+from coorm.services.policy_engine import preemption
+from coorm.services.policy_engine.placement import Container, Placer
+from coorm.services.policy_engine.schedule import Schedule, interval_hash
+from coorm.services.policy_engine.shares import FILLING, POLICIES
+from coorm.services.policy_engine.state import App, Hold, Request, RequestState
+from coorm.shared.events import (
     Accepted,
     CloseSession,
     Done,
@@ -54,8 +54,8 @@ from shared.events import (
     Tick,
     ViewsChanged,
 )
-from shared.requests import Relation, RequestBatch, RequestType
-from shared.stepfn import INF, Profile
+from coorm.shared.requests import Relation, RequestBatch, RequestType
+from coorm.shared.stepfn import INF, Profile
 
 WAITING, STARTED, ENDED = RequestState.WAITING, RequestState.STARTED, RequestState.ENDED
 
@@ -125,7 +125,7 @@ class PolicyCore:
         if pass_now and self._pass_due():
             out.extend(self._run_pass(event.stimulus_id))
         if self.validate:
-            from services.policy_engine.invariants import check
+            from coorm.services.policy_engine.invariants import check
 
             check(self)
         return out

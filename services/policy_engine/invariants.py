@@ -3,7 +3,7 @@ simulator). Each check names what broke; a failure is a bug in the core, never i
 
 from __future__ import annotations
 
-from services.policy_engine.state import RequestState
+from coorm.services.policy_engine.state import RequestState
 
 STARTED, WAITING = RequestState.STARTED, RequestState.WAITING
 
@@ -24,7 +24,8 @@ def check(core) -> None:
             if r.container is not None:
                 p = core.requests.get(r.container)
                 if p is None or p.state is not STARTED or p.app != r.app or p.cluster != r.cluster:
-                    raise InvariantError(f"request {rid} runs inside {r.container}, which is not its running pre-allocation")
+                    raise InvariantError(
+                        f"request {rid} runs inside {r.container}, which is not its running pre-allocation")
                 if not (p.start <= r.start and r.end <= p.end):
                     raise InvariantError(f"request {rid} [{r.start}, {r.end}) overflows its pre-allocation {p.id}")
         if r.state is WAITING and core.last_pass == now and r.start < now:
@@ -41,7 +42,8 @@ def check(core) -> None:
                 inner = sum(i.nodes for i in core.requests.values()
                             if i.container == p.id and i.state is STARTED)
                 if inner > p.nodes:
-                    raise InvariantError(f"pre-allocation {p.id} holds {inner} nodes of requests, more than its {p.nodes}")
+                    raise InvariantError(
+                        f"pre-allocation {p.id} holds {inner} nodes of requests, more than its {p.nodes}")
     order = [(a.opened_at, a.seq) for a in core.priority_order()]
     if order != sorted(order) or len(order) != len(core.apps):
         raise InvariantError("applications are not kept in priority order")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import statistics
 
-from shared import metrics as m
-from shared.events import EndRequest, PreemptionDeadline, StartRequest
-from shared.protocol import StatusReply
-from shared.requests import RequestType
+from coorm.shared import metrics as m
+from coorm.shared.events import EndRequest, PreemptionDeadline, StartRequest
+from coorm.shared.protocol import StatusReply
+from coorm.shared.requests import RequestType
 
 _TYPES = tuple(t.value for t in RequestType)
 SHIPPED_KINDS = ("rigid", "moldable", "cem", "psa", "amr", "next")

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.policy_engine.schedule import Interval, interval_hash
-from services.policy_engine.state import Request, RequestState
-from shared.requests import Relation, RequestType
-from shared.stepfn import INF, Profile
+from coorm.services.policy_engine.schedule import Interval, interval_hash
+from coorm.services.policy_engine.state import Request, RequestState
+from coorm.shared.requests import Relation, RequestType
+from coorm.shared.stepfn import INF, Profile
 
 _EPS = 1e-9
 _MASK = (1 << 64) - 1

@@ -12,12 +12,12 @@ Rules:
 
 from __future__ import annotations
 
-from services.policy_engine.schedule import PreemptibleDemand, Schedule, interval_hash
-from services.policy_engine.shares import preemptive_share
-from services.policy_engine.state import Request, RequestState
-from shared.events import PreemptionDeadline
-from shared.requests import Relation
-from shared.stepfn import INF
+from coorm.services.policy_engine.schedule import PreemptibleDemand, Schedule, interval_hash
+from coorm.services.policy_engine.shares import preemptive_share
+from coorm.services.policy_engine.state import Request, RequestState
+from coorm.shared.events import PreemptionDeadline
+from coorm.shared.requests import Relation
+from coorm.shared.stepfn import INF
 
 STARTED, WAITING = RequestState.STARTED, RequestState.WAITING
 

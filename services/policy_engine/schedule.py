@@ -17,8 +17,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from services.policy_engine.shares import preemptive_share
-from shared.stepfn import INF, StepFunction
+from coorm.services.policy_engine.shares import preemptive_share
+from coorm.shared.stepfn import INF, StepFunction
 
 Interval = tuple[float, float, int]  # begin, end, nodes
 _MASK = (1 << 64) - 1

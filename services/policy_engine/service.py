@@ -7,16 +7,16 @@ Theory of operation
   the caller gets its reply. So nothing accepted is ever lost: the cores are deterministic (property-tested),
   and replaying the log through fresh cores rebuilds exactly the state the last leader had. Every
   ``snapshot_every`` events the cores' state is saved (``keys.SNAPSHOT``) and the log before it trimmed
-  (:mod:`services.policy_engine.snapshot`): a replay starts from the snapshot.
+  (:mod:`coorm.services.policy_engine.snapshot`): a replay starts from the snapshot.
 * **One leader.** The engine holds a lease in Redis (``keys.POLICY_LEASE``) and renews it; a second
   instance waits as a standby and takes over, replaying the log, when the lease lapses. It serves nothing
   while standby, so launchers' requests reach only the leader.
-* The policy core and the allocator core run together here (:class:`services.coupled.CoupledCores`) so that
+* The policy core and the allocator core run together here (:class:`coorm.services.coupled.CoupledCores`) so that
   node events and decisions have one order; the node allocator service does the node I/O from the ordered
   decision stream (``subjects.DECISIONS``, durable, de-duplicated by decision id, so a new leader may
   republish the decisions of the last events without doubling them).
 * After a pass, the views of the applications whose views changed go to the view publisher
-  (``subjects.SCHEDULE_EPOCH``) in paced rounds (:mod:`services.policy_engine.view_pacing`: at most one
+  (``subjects.SCHEDULE_EPOCH``) in paced rounds (:mod:`coorm.services.policy_engine.view_pacing`: at most one
   round per ``view_period``, fewer when rounds are large, a preemption at once), lifecycle events to
   accounting (``subjects.LIFECYCLE``).
 """
@@ -35,16 +35,16 @@ import structlog
 from nats.aio.msg import Msg
 from pydantic import Field, TypeAdapter
 
-from services.coupled import CoupledCores
-from services.policy_engine import observe
-from services.policy_engine.core import PolicySettings
-from services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
-from services.policy_engine.snapshot import Snapshot
-from services.policy_engine.status import status_of
-from services.policy_engine.view_pacing import ViewPacer
-from services.runtime import clock, ensure_streams, redis_client
-from shared import bus, keys, metrics, subjects
-from shared.events import (
+from coorm.services.coupled import CoupledCores
+from coorm.services.policy_engine import observe
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
+from coorm.services.policy_engine.snapshot import Snapshot
+from coorm.services.policy_engine.status import status_of
+from coorm.services.policy_engine.view_pacing import ViewPacer
+from coorm.services.runtime import clock, ensure_streams, redis_client
+from coorm.shared import bus, keys, metrics, subjects
+from coorm.shared.events import (
     Accepted,
     CapacityChanged,
     CloseSession,
@@ -64,7 +64,7 @@ from shared.events import (
     Tick,
     ViewsChanged,
 )
-from shared.protocol import (
+from coorm.shared.protocol import (
     Ack,
     AllocatorDecisions,
     AppViews,
@@ -83,7 +83,7 @@ from shared.protocol import (
     ViewsEpoch,
     ViewsQuery,
 )
-from shared.settings import Settings
+from coorm.shared.settings import Settings
 
 log = structlog.get_logger("coorm.policy_engine")
 
@@ -547,7 +547,7 @@ class PolicyEngine:
 
 
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
-    from services.runtime import stop_on_signals
+    from coorm.services.runtime import stop_on_signals
 
     settings = settings or Settings()
     metrics.serve(settings.metrics_port, settings.metrics_addr)

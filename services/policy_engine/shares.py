@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.stepfn import INF
+from coorm.shared.stepfn import INF
 
 FILLING = "filling"
 STRICT = "strict"

@@ -21,7 +21,7 @@ import pickle
 import types
 from dataclasses import dataclass
 
-FORMAT = "1"
+FORMAT = "2"  # 2: the classes moved into the coorm package (their pickled paths changed)
 
 # KEYS: lease, snapshot, event log; ARGV: instance, state, last entry id, format, events, first id to keep.
 # Only the leader writes (a deposed leader must not replace its successor's snapshot nor trim its log).

@@ -1,6 +1,6 @@
 """What the policy core remembers between events: applications (sessions) and their requests.
 
-Plain mutable objects with slots; only :mod:`services.policy_engine.core` changes them.
+Plain mutable objects with slots; only :mod:`coorm.services.policy_engine.core` changes them.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from shared.events import EndReason
-from shared.requests import Relation, RequestType
-from shared.stepfn import INF
+from coorm.shared.events import EndReason
+from coorm.shared.requests import Relation, RequestType
+from coorm.shared.stepfn import INF
 
 
 class RequestState(StrEnum):

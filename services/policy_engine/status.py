@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.coupled import CoupledCores
-from services.policy_engine.state import RequestState
-from shared.protocol import AppStatus, ClusterStatus, RequestStatus, StatusReply
-from shared.stepfn import INF
+from coorm.services.coupled import CoupledCores
+from coorm.services.policy_engine.state import RequestState
+from coorm.shared.protocol import AppStatus, ClusterStatus, RequestStatus, StatusReply
+from coorm.shared.stepfn import INF
 
 
 def _t(x: float) -> float | None:

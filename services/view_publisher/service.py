@@ -2,7 +2,7 @@
 ``listClustersInfo`` and ``listInterClusterInfo`` (DESIGN §2, §3).
 
 The policy engine sends, in paced rounds, the views of the applications whose views changed -- only the
-clusters of each application's filter (:class:`~shared.protocol.ViewsEpoch`); this service compares them with
+clusters of each application's filter (:class:`~coorm.shared.protocol.ViewsEpoch`); this service compares them with
 what it last sent each application, per cluster and view type, and sends only the changes. Cluster
 properties come from the agents' registrations (``keys.NODES``) and an optional inventory file (speeds, WAN
 latencies and bandwidths)."""
@@ -21,9 +21,9 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.runtime import redis_client
-from shared import bus, keys, metrics, subjects
-from shared.protocol import (
+from coorm.services.runtime import redis_client
+from coorm.shared import bus, keys, metrics, subjects
+from coorm.shared.protocol import (
     Change,
     ChangeNotify,
     ChangeType,
@@ -35,7 +35,7 @@ from shared.protocol import (
     ViewsEpoch,
     ViewsQuery,
 )
-from shared.settings import Settings
+from coorm.shared.settings import Settings
 
 log = structlog.get_logger("coorm.view_publisher")
 
@@ -187,7 +187,7 @@ def _same(old: list | None, new: list) -> bool:
 
 
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
-    from services.runtime import stop_on_signals
+    from coorm.services.runtime import stop_on_signals
 
     settings = settings or Settings()
     metrics.serve(settings.metrics_port, settings.metrics_addr)

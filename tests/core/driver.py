@@ -3,10 +3,10 @@ every decision, and answers "what did the RMS tell app X"."""
 
 from __future__ import annotations
 
-from services.coupled import CoupledCores
-from services.policy_engine.core import PolicySettings
-from shared.events import CloseSession, Done, OpenSession, Submit
-from shared.requests import RequestSpec
+from coorm.services.coupled import CoupledCores
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared.events import CloseSession, Done, OpenSession, Submit
+from coorm.shared.requests import RequestSpec
 
 
 def rq(rid: str, cluster: str, nodes: int, duration: float | None = None, type: str = "non-preemptible",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.node_allocator.core import AllocationError, NodeAllocator
-from shared.events import EndReason, EndRequest, NodeDown, RegisterNodes, StartRequest, Tick
-from shared.requests import RequestType
+from coorm.services.node_allocator.core import AllocationError, NodeAllocator
+from coorm.shared.events import EndReason, EndRequest, NodeDown, RegisterNodes, StartRequest, Tick
+from coorm.shared.requests import RequestType
 
 NP = RequestType.NON_PREEMPTIBLE
 

@@ -7,8 +7,8 @@ import copy
 import pytest
 from pydantic import ValidationError
 
-from shared.events import Done, OpenSession, Submit
-from shared.requests import RequestBatch, RequestSpec
+from coorm.shared.events import Done, OpenSession, Submit
+from coorm.shared.requests import RequestBatch, RequestSpec
 from tests.core.driver import Driver, rq
 
 

@@ -439,9 +439,9 @@ def test_a_lower_priority_next_hand_over_does_not_hold_back_a_higher_priority_st
     does when a4 asks for nothing. The events are the property test's own (tests/core/data/)."""
     from pathlib import Path
 
-    import shared.events as ev
-    from services.coupled import CoupledCores as Cores
-    from services.policy_engine.core import PolicySettings as Settings
+    import coorm.shared.events as ev
+    from coorm.services.coupled import CoupledCores as Cores
+    from coorm.services.policy_engine.core import PolicySettings as Settings
 
     script = (Path(__file__).parent / "data" / "inv4_next_deferral.txt").read_text().splitlines()
     starts = {}
@@ -459,7 +459,7 @@ def test_a_next_predecessor_done_after_its_end_in_the_same_batch_ends_as_done_at
     # found by the property tests once events could arrive batched (one pass after the batch): r2 reached
     # its end at 5, kept for its NEXT successor r3; the tick due at 6 and r2's done at 6 came in one batch;
     # the hand-over reported r2 as done at 5, before the done was sent
-    from shared.events import Done, Tick
+    from coorm.shared.events import Done, Tick
 
     d = Driver({"c0": 2, "c1": 2}, reschedule_interval=2.0)
     d.open(0.0, "a1")

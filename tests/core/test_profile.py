@@ -13,7 +13,7 @@ from bisect import bisect_right
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.stepfn import INF, Profile, StepFunction
+from coorm.shared.stepfn import INF, Profile, StepFunction
 
 EXAMPLES = 500
 

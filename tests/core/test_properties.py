@@ -1,7 +1,7 @@
 """Property tests of the scheduling cores (DESIGN §4 "Invariants every change keeps").
 
 Random event sequences go through the real policy core and node allocator, wired together by
-:class:`services.coupled.CoupledCores` with ``validate=True`` (the cores check their own invariants after
+:class:`coorm.services.coupled.CoupledCores` with ``validate=True`` (the cores check their own invariants after
 every event). Sequences are built one event at a time from the cores' current state, so that most
 commands are valid: sessions open and close; applications submit every request type with FREE, COALLOC
 and NEXT relations, malleable pairs, spontaneous and announced updates; they finish requests early
@@ -33,11 +33,11 @@ from collections import Counter, defaultdict
 from hypothesis import event, given, note
 from hypothesis import strategies as st
 
-from services.coupled import CoupledCores
-from services.node_allocator.core import ALLOCATED, DOWN, AllocationError
-from services.policy_engine.core import PolicySettings
-from services.policy_engine.state import RequestState
-from shared.events import (
+from coorm.services.coupled import CoupledCores
+from coorm.services.node_allocator.core import ALLOCATED, DOWN, AllocationError
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.services.policy_engine.state import RequestState
+from coorm.shared.events import (
     Accepted,
     CloseSession,
     Done,
@@ -55,7 +55,7 @@ from shared.events import (
     Submit,
     Tick,
 )
-from shared.requests import Relation, RequestSpec, RequestType
+from coorm.shared.requests import Relation, RequestSpec, RequestType
 
 INF = math.inf
 EPS = 1e-9

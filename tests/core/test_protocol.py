@@ -7,9 +7,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from shared import subjects
-from shared.protocol import WIRE_MODELS, ChangeNotify, DoneMsg, RequestMsg, json_schemas
-from shared.stepfn import StepFunction
+from coorm.shared import subjects
+from coorm.shared.protocol import WIRE_MODELS, ChangeNotify, DoneMsg, RequestMsg, json_schemas
+from coorm.shared.stepfn import StepFunction
 
 
 def test_every_wire_model_has_a_json_schema():

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.policy_engine import snapshot
-from services.policy_engine.snapshot import Snapshot, SnapshotError, after, state_shape
+from coorm.services.policy_engine import snapshot
+from coorm.services.policy_engine.snapshot import Snapshot, SnapshotError, after, state_shape
 from tests.core.driver import Driver as Scenario
 from tests.core.driver import rq
 from tests.core.test_properties import Driver, _dump, explain, settings_st, sizes_st, steps_st

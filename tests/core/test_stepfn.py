@@ -7,7 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.stepfn import StepFunction
+from coorm.shared.stepfn import StepFunction
 
 
 def test_from_intervals_subtracts_and_clips():

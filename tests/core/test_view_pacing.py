@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.policy_engine.view_pacing import ViewPacer
+from coorm.services.policy_engine.view_pacing import ViewPacer
 
 
 def test_first_round_goes_at_once_then_waits_the_period():

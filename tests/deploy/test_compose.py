@@ -22,10 +22,10 @@ import typer
 from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
-from cli.live import SERVICES
-from cli.main import app
-from node_agent.nodes import parse_nodes
-from shared.settings import Settings
+from coorm.cli.live import SERVICES
+from coorm.cli.main import app
+from coorm.node_agent.nodes import parse_nodes
+from coorm.shared.settings import Settings
 from tests.deploy.stackfiles import (
     COMPOSE,
     COMPOSE_SCHEMA,
@@ -47,7 +47,7 @@ from tests.deploy.stackfiles import (
 )
 
 FIELDS = {f"COORM_{name.upper()}": name for name in Settings.model_fields}
-DEPLOYED = ("shared", "services", "launchers", "node_agent", "cli")  # what the containers run
+DEPLOYED = ("shared", "services", "launchers", "node_agent", "coorm/cli")  # what the containers run
 
 
 def _read_by_code() -> set[str]:
@@ -183,7 +183,7 @@ def test_the_command_check_refuses_wrong_commands(args):
 def test_the_celery_commands_compose_runs(monkeypatch):
     """``coorm celery worker`` / ``beat`` (and the hidden ``_celery`` that ``coorm up`` runs) reach celery with
     the arguments given; only a worker gets the solo pool."""
-    from services.accounting.tasks import celery_app
+    from coorm.services.accounting.tasks import celery_app
 
     seen = []
     monkeypatch.setattr(celery_app, "start", lambda argv: seen.append(list(argv)) or 0)
@@ -301,7 +301,7 @@ def test_the_metrics_health_check_tells_up_from_down(services):
     there is none."""
     from prometheus_client import start_http_server
 
-    from shared.servers import free_port
+    from coorm.shared.servers import free_port
 
     code = _health_command(services["policy-engine"])[2]
     port = free_port()
@@ -371,7 +371,7 @@ def test_the_dockerfile_copies_what_the_package_needs():
     packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert packages <= copied, f"packages not copied into the image: {sorted(packages - copied)}"
     assert {"pyproject.toml", project["project"]["readme"]} <= copied
-    assert project["project"]["scripts"]["coorm"] == "cli.main:app"
+    assert project["project"]["scripts"]["coorm"] == "coorm.cli.main:app"
 
 
 @pytest.mark.slow
@@ -394,8 +394,8 @@ def test_the_image_s_wheel_holds_what_compose_runs(tmp_path):
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                               str(wheel)], capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr
-    modules = ["cli.main", "cli.live", "node_agent.agent", "services.accounting.tasks",
-               *(f"services.{s.replace('-', '_')}.service" for s in SERVICES)]
+    modules = ["coorm.cli.main", "coorm.cli.live", "coorm.node_agent.agent", "coorm.services.accounting.tasks",
+               *(f"coorm.services.{s.replace('-', '_')}.service" for s in SERVICES)]
     probe = ("import importlib, sys; mods = [importlib.import_module(m) for m in sys.argv[1:]]; "
              f"assert all(m.__file__.startswith({str(target)!r}) for m in mods), [m.__file__ for m in mods]")
     run = subprocess.run([sys.executable, "-c", probe, *modules], cwd=tmp_path, capture_output=True, text=True,

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from cli.dashboards import (
+from coorm.cli.dashboards import (
     DashboardError,
     grouping_labels,
     iter_panels,
@@ -25,8 +24,9 @@ from cli.dashboards import (
     selectors,
     tokens,
 )
-from shared import metrics
-from shared.requests import RequestType
+from coorm.shared import metrics
+from coorm.shared.requests import RequestType
+from tests.programs import program
 
 DIR = Path(__file__).resolve().parents[2] / "dashboards"
 FILES = sorted(DIR.glob("*.json"))
@@ -223,9 +223,6 @@ def test_every_metric_the_brief_names_is_shown_somewhere():
 
 # --- PromQL syntax, offline: promtool parses the expressions of recording rules -------------------------------
 
-PROMTOOL = shutil.which("promtool")
-
-
 def promtool_errors(exprs: dict[str, str], tmp_path: Path) -> str:
     """Run ``promtool check rules`` on one recording rule per expression (rendered as Prometheus would get
     it from Grafana); its complaints, '' when every expression parses."""
@@ -233,8 +230,8 @@ def promtool_errors(exprs: dict[str, str], tmp_path: Path) -> str:
     rules = [{"record": rec, "expr": render_query(exprs[key])} for rec, key in names.items()]
     path = tmp_path / "dashboards.rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}, sort_keys=False))
-    run = subprocess.run([PROMTOOL, "check", "rules", "--lint=none", str(path)], capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run([program("promtool"), "check", "rules", "--lint=none", str(path)], capture_output=True,
+                         text=True, timeout=60)
     if run.returncode == 0:
         assert "SUCCESS" in run.stdout, run.stdout
         return ""
@@ -244,13 +241,11 @@ def promtool_errors(exprs: dict[str, str], tmp_path: Path) -> str:
     return out or f"promtool exited with {run.returncode}"
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt install prometheus)")
 def test_every_query_parses_as_promql(tmp_path):
     errors = promtool_errors({qid: e for qid, (*_x, e) in zip(QUERY_IDS, QUERIES, strict=True)}, tmp_path)
     assert errors == ""
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt install prometheus)")
 def test_the_syntax_check_catches_a_broken_query(tmp_path):
     errors = promtool_errors({"good": "sum by (le) (rate(coorm_policy_pass_seconds_bucket[$__rate_interval]))",
                               "bad": "sum by (le (rate(coorm_policy_pass_seconds_bucket[$__rate_interval]))"},

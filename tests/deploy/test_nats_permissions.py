@@ -20,16 +20,16 @@ import nats
 import pytest
 import redis
 
-from cli.live import _status, _submit
-from launchers.sdk import Session
-from node_agent.agent import Agent
-from node_agent.nodes import host_node_info
-from services.accounting.service import AccountingService
-from services.stack import LocalStack, wait_until
-from shared import keys, subjects
-from shared.requests import RequestSpec
-from shared.servers import _wait_port, free_port, nats_binary, valkey_binary
-from shared.settings import Settings
+from coorm.cli.live import _status, _submit
+from coorm.launchers.sdk import Session
+from coorm.node_agent.agent import Agent
+from coorm.node_agent.nodes import host_node_info
+from coorm.services.accounting.service import AccountingService
+from coorm.services.stack import LocalStack, wait_until
+from coorm.shared import keys, subjects
+from coorm.shared.requests import RequestSpec
+from coorm.shared.servers import _wait_port, free_port, nats_binary, valkey_binary
+from coorm.shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "deploy" / "nats" / "nats.conf"

@@ -21,8 +21,7 @@ from tests.deploy.stackfiles import (
     is_coorm,
     mounts,
 )
-
-PROMTOOL = shutil.which("promtool")  # Debian's prometheus package (.ci/run installs it)
+from tests.programs import program
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +30,8 @@ def services() -> dict[str, dict]:
 
 
 def _promtool(config: Path) -> subprocess.CompletedProcess:
-    assert PROMTOOL, "promtool not found: apt-get install prometheus (as .ci/run does)"
-    return subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([program("promtool"), "check", "config", str(config)], capture_output=True, text=True,
+                          timeout=60)
 
 
 # ================================================================================================

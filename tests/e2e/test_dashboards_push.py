@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from coorm.cli.main import app
 
 DIR = Path(__file__).resolve().parents[2] / "dashboards"
 TOKEN = "glsa_coorm_test_token"

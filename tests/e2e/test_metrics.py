@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import urllib.parse
@@ -16,14 +15,14 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.dashboards import load_dashboards, metric_names, panel_queries, render_query
-from shared import metrics
-from shared.servers import free_port
+from coorm.cli.dashboards import load_dashboards, metric_names, panel_queries, render_query
+from coorm.shared import metrics
+from coorm.shared.servers import free_port
 from tests.e2e.processes import interrupt, wait_for
+from tests.programs import program
 
-COORM = [sys.executable, "-m", "cli.main"]
+COORM = [sys.executable, "-m", "coorm.cli.main"]
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
-PROMETHEUS = shutil.which("prometheus")
 
 
 def _get(url: str, timeout: float = 5.0) -> str:
@@ -150,8 +149,8 @@ def test_every_dashboard_query_refers_only_to_exported_metrics(system):
     assert not unknown, f"queries on metrics that coorm up does not export: {unknown}"
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus package (.ci/run installs it)")
 def test_every_dashboard_query_evaluates_to_data_in_a_real_prometheus(system, tmp_path):
+    prometheus = program("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -159,7 +158,7 @@ def test_every_dashboard_query_evaluates_to_data_in_a_real_prometheus(system, tm
         "scrape_configs:\n  - job_name: coorm\n    file_sd_configs:\n"
         f"      - files: [{json.dumps(str(system['work'] / 'prometheus-targets.json'))}]\n")
     with open(tmp_path / "prometheus.log", "wb") as log:
-        prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        prom = subprocess.Popen([prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                  f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
     api = f"http://127.0.0.1:{port}/api/v1"
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.e2e.processes import interrupt, wait_for
 
-COORM = [sys.executable, "-m", "cli.main"]
+COORM = [sys.executable, "-m", "coorm.cli.main"]
 
 
 @pytest.fixture(scope="module")

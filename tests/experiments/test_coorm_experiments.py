@@ -7,12 +7,12 @@ import csv
 
 import pytest
 
-from experiments import coorm_fig6, coorm_fig7
-from experiments.common import TRACE
-from launchers.cem import CEMLauncher, paper_platform
-from launchers.moldable import MoldableLauncher
-from launchers.rigid import RigidLauncher
-from simulator.trace import TraceJob
+from coorm.experiments import coorm_fig6, coorm_fig7
+from coorm.experiments.common import TRACE
+from coorm.launchers.cem import CEMLauncher, paper_platform
+from coorm.launchers.moldable import MoldableLauncher
+from coorm.launchers.rigid import RigidLauncher
+from coorm.simulator.trace import TraceJob
 
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"the LLNL Atlas trace is not at {TRACE}")
 

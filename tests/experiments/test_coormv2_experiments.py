@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from experiments import coormv2_fig3_4, coormv2_fig9, coormv2_fig10, coormv2_fig11
-from experiments.coormv2_fig9 import simulate
+from coorm.experiments import coormv2_fig3_4, coormv2_fig9, coormv2_fig10, coormv2_fig11
+from coorm.experiments.coormv2_fig9 import simulate
 
 
 def _run(module, tmp_path_factory) -> list[dict]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import heapq
 import math
 
-from launchers.base import Close, ClusterProps, Launcher, Submit, Timer, Views
-from launchers.base import Done as DoneCmd
-from services.coupled import CoupledCores
-from services.policy_engine.core import PolicySettings
-from shared.events import CloseSession, Done, EndRequest, NodesAssigned, OpenSession, Rejected, ViewsChanged
-from shared.events import Submit as SubmitEvent
-from shared.requests import RequestSpec
+from coorm.launchers.base import Close, ClusterProps, Launcher, Submit, Timer, Views
+from coorm.launchers.base import Done as DoneCmd
+from coorm.services.coupled import CoupledCores
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared.events import CloseSession, Done, EndRequest, NodesAssigned, OpenSession, Rejected, ViewsChanged
+from coorm.shared.events import Submit as SubmitEvent
+from coorm.shared.requests import RequestSpec
 
 
 class Harness:

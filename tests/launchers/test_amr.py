@@ -8,13 +8,13 @@ import math
 
 import pytest
 
-from launchers import amr_model as m
-from launchers.amr import AMRLauncher
-from launchers.base import Close, ClusterProps, Done, Submit, Timer
-from services.coupled import CoupledCores
-from services.policy_engine.core import PolicySettings
-from shared import events as ev
-from shared.requests import Relation, RequestType
+from coorm.launchers import amr_model as m
+from coorm.launchers.amr import AMRLauncher
+from coorm.launchers.base import Close, ClusterProps, Done, Submit, Timer
+from coorm.services.coupled import CoupledCores
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared import events as ev
+from coorm.shared.requests import Relation, RequestType
 
 PRE, NP = RequestType.PRE_ALLOCATION, RequestType.NON_PREEMPTIBLE
 

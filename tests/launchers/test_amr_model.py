@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from launchers import amr_model as m
+from coorm.launchers import amr_model as m
 
 SEEDS = range(10)
 

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from launchers.base import Close, ClusterProps, Done, Submit, Timer, Views
-from launchers.cem import CEMLauncher, CEMModel, Selector, paper_platform
-from shared.requests import Relation
-from shared.stepfn import StepFunction
+from coorm.launchers.base import Close, ClusterProps, Done, Submit, Timer, Views
+from coorm.launchers.cem import CEMLauncher, CEMModel, Selector, paper_platform
+from coorm.shared.requests import Relation
+from coorm.shared.stepfn import StepFunction
 from tests.core.driver import rq
 from tests.launchers.harness import Harness
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from launchers.base import Close, ClusterProps, Done, Submit, Timer, Views
-from launchers.moldable import (
+from coorm.launchers.base import Close, ClusterProps, Done, Submit, Timer, Views
+from coorm.launchers.moldable import (
     MIN_NODES,
     MoldableLauncher,
     amdahl_configs,
@@ -15,7 +15,7 @@ from launchers.moldable import (
     amdahl_time,
     oar_configs,
 )
-from shared.stepfn import StepFunction
+from coorm.shared.stepfn import StepFunction
 from tests.core.driver import rq
 from tests.launchers.harness import Harness
 

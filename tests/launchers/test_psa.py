@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from launchers.base import Done, Submit, Timer, Views
-from launchers.psa import PSALauncher
-from shared.stepfn import StepFunction
+from coorm.launchers.base import Done, Submit, Timer, Views
+from coorm.launchers.psa import PSALauncher
+from coorm.shared.stepfn import StepFunction
 
 
 def views(now: float, steps) -> Views:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from launchers.base import ClusterProps, Close, Done, Submit, Timer
-from launchers.next_chain import NextChainLauncher
-from launchers.rigid import RigidLauncher
+from coorm.launchers.base import Close, ClusterProps, Done, Submit, Timer
+from coorm.launchers.next_chain import NextChainLauncher
+from coorm.launchers.rigid import RigidLauncher
 
 PROPS = ClusterProps(nodes={"c0": 16})
 

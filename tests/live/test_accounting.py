@@ -19,7 +19,7 @@ import redis
 import structlog
 from rich.console import Console
 
-from services.accounting.core import (
+from coorm.services.accounting.core import (
     Malformed,
     PreemptionRecord,
     RequestRecord,
@@ -30,13 +30,20 @@ from services.accounting.core import (
     since_filter,
     usage_of,
 )
-from services.accounting.report import parse_since, print_usage, rows_of, usage_report
-from services.accounting.service import DURABLE, AccountingService
-from services.accounting.tasks import ROLLUP_ALL, ROLLUP_REQUEST, apply_preemption, apply_request, make_celery, rebuild
-from services.runtime import ensure_streams
-from shared import bus, keys, subjects
-from shared.protocol import Lifecycle, LifecycleKind
-from shared.settings import Settings
+from coorm.services.accounting.report import parse_since, print_usage, rows_of, usage_report
+from coorm.services.accounting.service import DURABLE, AccountingService
+from coorm.services.accounting.tasks import (
+    ROLLUP_ALL,
+    ROLLUP_REQUEST,
+    apply_preemption,
+    apply_request,
+    make_celery,
+    rebuild,
+)
+from coorm.services.runtime import ensure_streams
+from coorm.shared import bus, keys, subjects
+from coorm.shared.protocol import Lifecycle, LifecycleKind
+from coorm.shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 1_700_000_000.0
@@ -199,7 +206,7 @@ def worker(redis_url, tmp_path):
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as out:
         proc = subprocess.Popen(
-            [str(celery), "-A", "services.accounting.tasks", "worker", "--pool=solo", "--concurrency=1",
+            [str(celery), "-A", "coorm.services.accounting.tasks", "worker", "--pool=solo", "--concurrency=1",
              "-l", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:

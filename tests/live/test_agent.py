@@ -18,14 +18,14 @@ import nats.errors
 import pytest
 from pydantic import BaseModel
 
-from node_agent import procs
-from node_agent.agent import Agent
-from node_agent.nodes import default_agent_id, host_memory_mb, host_node_info, parse_nodes
-from node_agent.state import NodeBook, Refused
-from shared import subjects
-from shared.bus import WireError, call, connect, decode, encode, serve
-from shared.events import ErrorCode
-from shared.protocol import (
+from coorm.node_agent import procs
+from coorm.node_agent.agent import Agent
+from coorm.node_agent.nodes import default_agent_id, host_memory_mb, host_node_info, parse_nodes
+from coorm.node_agent.state import NodeBook, Refused
+from coorm.shared import subjects
+from coorm.shared.bus import WireError, call, connect, decode, encode, serve
+from coorm.shared.events import ErrorCode
+from coorm.shared.protocol import (
     Ack,
     AgentHeartbeat,
     AgentRegister,
@@ -39,7 +39,7 @@ from shared.protocol import (
     ProcessExited,
     ProcessOutput,
 )
-from shared.settings import Settings
+from coorm.shared.settings import Settings
 
 TOKEN = "secret-token"
 TOKEN_SHA = hashlib.sha256(TOKEN.encode()).hexdigest()
@@ -573,7 +573,7 @@ async def test_stop_kills_everything_and_reports_it(nc, make_agent):
 async def test_the_agent_command_serves_until_sigterm(nats_url, nc, allocator, prefix, tmp_path):
     env = {**os.environ, "COORM_NATS_URL": nats_url, "COORM_KILL_GRACE": "0.3", "COORM_AGENT_HEARTBEAT": "0.2",
            "COORM_CONNECTION_FILE": str(tmp_path / "none.json")}
-    code = (f"from node_agent.agent import main; main('c7', '{prefix}n0..{prefix}n2', agent_id=None, cores=3, "
+    code = (f"from coorm.node_agent.agent import main; main('c7', '{prefix}n0..{prefix}n2', agent_id=None, cores=3, "
             "memory_mb=None)")
     exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, env=env,
@@ -602,7 +602,7 @@ def test_the_agent_waits_for_its_children_without_a_thread_each(tmp_path):
     running child costs no waiting thread (Python 3.11's default watcher starts one per child)."""
     code = """
 import asyncio, sys, threading
-from node_agent import procs
+from coorm.node_agent import procs
 
 async def main():
     procs.use_pidfd_child_watcher()

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from launchers.sdk import Session
-from services.stack import LocalStack
-from shared import bus, subjects
-from shared.protocol import StatusQuery, StatusReply
-from shared.requests import RequestSpec
-from shared.settings import Settings
+from coorm.launchers.sdk import Session
+from coorm.services.stack import LocalStack
+from coorm.shared import bus, subjects
+from coorm.shared.protocol import StatusQuery, StatusReply
+from coorm.shared.requests import RequestSpec
+from coorm.shared.settings import Settings
 
 
 @pytest.fixture

@@ -9,14 +9,14 @@ import os
 
 import pytest
 
-from launchers.live import LiveRunner
-from launchers.psa import PSALauncher
-from launchers.sdk import Exited, Killed, Session, Started, ViewsChanged
-from services.stack import LocalStack, wait_until
-from shared import bus, subjects
-from shared.protocol import StatusQuery, StatusReply
-from shared.requests import RequestSpec
-from shared.settings import Settings
+from coorm.launchers.live import LiveRunner
+from coorm.launchers.psa import PSALauncher
+from coorm.launchers.sdk import Exited, Killed, Session, Started, ViewsChanged
+from coorm.services.stack import LocalStack, wait_until
+from coorm.shared import bus, subjects
+from coorm.shared.protocol import StatusQuery, StatusReply
+from coorm.shared.requests import RequestSpec
+from coorm.shared.settings import Settings
 from tests.live.test_agent import group_gone
 
 
@@ -182,7 +182,7 @@ async def test_the_node_records_follow_the_allocations(stack, redis_url):
 
     import redis
 
-    from shared import keys
+    from coorm.shared import keys
 
     r = redis.Redis.from_url(redis_url, decode_responses=True)
 
@@ -270,14 +270,14 @@ async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, 
 
     import redis
 
-    from services.policy_engine.service import PolicyEngine
-    from shared import keys
+    from coorm.services.policy_engine.service import PolicyEngine
+    from coorm.shared import keys
 
     settings = _settings(servers, leader_lease=1.0, snapshot_every=snapshot_every)
     env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
                COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0.5",
                COORM_SNAPSHOT_EVERY=str(snapshot_every), COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
-    leader = subprocess.Popen([sys.executable, "-m", "cli.main", "service", "policy-engine"], env=env,
+    leader = subprocess.Popen([sys.executable, "-m", "coorm.cli.main", "service", "policy-engine"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     r = redis.Redis.from_url(servers.redis_url, decode_responses=True)
     standby = PolicyEngine(settings, instance="standby")
@@ -371,9 +371,9 @@ async def test_a_silent_agents_nodes_go_down_and_their_owner_is_told(stack):
 # ==================================================================================================
 @pytest.mark.parametrize("stack", [{"clusters": {"c0": 8, "c1": 8}}], indirect=True)
 async def test_the_shipped_launchers_run_live(stack):
-    from launchers.cem import CEMLauncher, CEMModel
-    from launchers.moldable import MoldableLauncher
-    from launchers.next_chain import NextChainLauncher
+    from coorm.launchers.cem import CEMLauncher, CEMModel
+    from coorm.launchers.moldable import MoldableLauncher
+    from coorm.launchers.next_chain import NextChainLauncher
 
     settings = stack.settings
 
@@ -396,7 +396,7 @@ async def test_the_shipped_launchers_run_live(stack):
 
 
 async def test_the_synchronous_wrapper_runs_a_job(stack):
-    from launchers.sdk import SyncSession
+    from coorm.launchers.sdk import SyncSession
 
     def script():
         with SyncSession(stack.settings, kind="rigid") as s:

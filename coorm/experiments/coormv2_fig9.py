@@ -30,12 +30,12 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.common import quartiles, save, write_csv
-from launchers.amr import AMRLauncher
-from launchers.psa import PSALauncher
-from services.policy_engine.core import PolicySettings
-from simulator.engine import Simulation, SimulationError
-from simulator.summary import summarize
+from coorm.experiments.common import quartiles, save, write_csv
+from coorm.launchers.amr import AMRLauncher
+from coorm.launchers.psa import PSALauncher
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.simulator.engine import Simulation, SimulationError
+from coorm.simulator.summary import summarize
 
 NAME = "coormv2-fig9"
 

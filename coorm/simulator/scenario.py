@@ -27,9 +27,9 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from launchers.base import ClusterProps, Launcher
-from services.policy_engine.core import PolicySettings
-from simulator.trace import read_swf
+from coorm.launchers.base import ClusterProps, Launcher
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.simulator.trace import read_swf
 
 
 class _M(BaseModel):
@@ -170,29 +170,29 @@ def build_launchers(scenario: Scenario) -> list[tuple[float, Launcher, str]]:
 def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) -> Launcher:
     cluster = getattr(spec, "cluster", None) or default_cluster
     if isinstance(spec, RigidApp):
-        from launchers.rigid import RigidLauncher
+        from coorm.launchers.rigid import RigidLauncher
 
         return RigidLauncher(app_id, cluster, spec.nodes, spec.duration, spec.runtime)
     if isinstance(spec, MoldableApp):
-        from launchers.moldable import MoldableLauncher
+        from coorm.launchers.moldable import MoldableLauncher
 
         return MoldableLauncher(app_id, cluster, list(spec.configs), adaptation_delay=spec.adaptation_delay)
     if isinstance(spec, CemApp):
-        from launchers.cem import CEMLauncher
+        from coorm.launchers.cem import CEMLauncher
 
         return CEMLauncher(app_id, adaptation_delay=spec.adaptation_delay, **spec.params)
     if isinstance(spec, PsaApp):
-        from launchers.psa import PSALauncher
+        from coorm.launchers.psa import PSALauncher
 
         return PSALauncher(app_id, cluster, spec.task_duration, total_tasks=spec.total_tasks)
     if isinstance(spec, AmrApp):
-        from launchers.amr import AMRLauncher
+        from coorm.launchers.amr import AMRLauncher
 
         return AMRLauncher(app_id, cluster, overcommit=spec.overcommit, target_efficiency=spec.target_efficiency,
                            announce_interval=spec.announce_interval, static=spec.static, seed=spec.seed,
                            steps=spec.steps)
     if isinstance(spec, NextApp):
-        from launchers.next_chain import NextChainLauncher
+        from coorm.launchers.next_chain import NextChainLauncher
 
         return NextChainLauncher(app_id, cluster, list(spec.phases))
     raise ValueError(f"unknown application kind {spec!r}")
@@ -201,7 +201,7 @@ def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) 
 def trace_launchers(scenario: Scenario, start: int = 0) -> list[tuple[float, Launcher, str]]:
     """A trace's jobs as rigid (and a fraction moldable, Amdahl speed-up, CooRM §IV-A) applications.
     A rigid job goes to a cluster drawn at random; its run time shrinks with the cluster's speed."""
-    from launchers.rigid import RigidLauncher
+    from coorm.launchers.rigid import RigidLauncher
 
     t = scenario.trace
     jobs, _ = read_swf(t.file, skip=t.skip, count=t.jobs)
@@ -215,11 +215,11 @@ def trace_launchers(scenario: Scenario, start: int = 0) -> list[tuple[float, Lau
         nodes = min(job.nodes, biggest)
         draw = rng.random()
         if draw < t.cem_fraction:
-            from launchers.cem import CEMLauncher
+            from coorm.launchers.cem import CEMLauncher
 
             launcher: Launcher = CEMLauncher(app_id)
         elif draw < t.cem_fraction + t.moldable_fraction:
-            from launchers.moldable import MoldableLauncher, amdahl_configs, amdahl_seq_time
+            from coorm.launchers.moldable import MoldableLauncher, amdahl_configs, amdahl_seq_time
 
             cluster = rng.choice(scenario.clusters)
             sequential = amdahl_seq_time(nodes, job.runtime, t.serial_fraction)

@@ -1,11 +1,11 @@
 """CooRM Fig. 7: unfairness caused by an insufficient fair-start -- the end-time increase of a CEM application
 with a lengthy resource selection (adaptation delay), empirical CDF over workload instances.
 
-Set-up (CooRM §IV-C): workloads W1 of Fig. 6 (:func:`experiments.coorm_fig6.build_workload`: a pack of
+Set-up (CooRM §IV-C): workloads W1 of Fig. 6 (:func:`coorm.experiments.coorm_fig6.build_workload`: a pack of
 Atlas jobs, 20% simple-moldable, one arrival per second, and one CEM application inserted) on ``nC`` = 4
 clusters of the paper's platform, re-policy interval 1 s, fair-start 5 s. The CEM launcher gets an
 *adaptation delay*: every view it receives arms a timer, and it answers with a new request (computed on the
-latest view) only when the timer expires (:class:`launchers.cem.CEMLauncher`, ``adaptation_delay``).
+latest view) only when the timer expires (:class:`coorm.launchers.cem.CEMLauncher`, ``adaptation_delay``).
 
 An *instance* is a pack and an insertion position of the CEM (a fraction of the pack: it arrives after that
 many jobs, the later jobs one second later). For each instance and delay ``d`` we run the whole workload and
@@ -15,7 +15,7 @@ the empirical CDF of the increase per delay; the CSV holds per delay the quartil
 the fraction of instances delayed at all (> 1 s), by more than 10 minutes and by more than an hour
 (``NAME-runs.csv``: every run).
 
-Full mode: 4 packs (those of :func:`experiments.coorm_fig6.pack_numbers`) x 3 positions (a quarter, half and
+Full mode: 4 packs (those of :func:`coorm.experiments.coorm_fig6.pack_numbers`) x 3 positions (a quarter, half and
 three quarters of the pack) = 12 instances, delays 0, 1, 2, 5, 10, 20, 30 s. Quick mode: one of those packs,
 whole (200 jobs), its 3 positions, delays 0, 2, 10 s. It is the second pack, chosen because there, and not
 in short packs, the CEM waits for nodes that other jobs release early: a delay longer than the fair-start
@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.common import quartiles, save, write_csv
-from experiments.coorm_fig6 import (
+from coorm.experiments.common import quartiles, save, write_csv
+from coorm.experiments.coorm_fig6 import (
     FAIR_START,
     build_workload,
     new_simulation,
@@ -43,8 +43,8 @@ from experiments.coorm_fig6 import (
     require_trace,
     run_tasks,
 )
-from launchers.cem import CEMLauncher
-from simulator.trace import TraceJob
+from coorm.launchers.cem import CEMLauncher
+from coorm.simulator.trace import TraceJob
 
 NAME = "coorm-fig7"
 

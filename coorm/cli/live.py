@@ -1,6 +1,6 @@
 """The ``coorm`` commands that talk to a running system: services, agents, submit, launch, status...
 
-Every command finds the system through :class:`shared.settings.Settings`: ``COORM_*`` variables, else the
+Every command finds the system through :class:`coorm.shared.settings.Settings`: ``COORM_*`` variables, else the
 connection file ``coorm up`` wrote, else the defaults."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared.settings import Settings
+from coorm.shared.settings import Settings
 
 err = Console(stderr=True)
 
@@ -91,18 +91,18 @@ def _unreachable(e: Exception, settings: Settings) -> typer.Exit:
 # services and agents
 # ================================================================================================
 def run_service(name: str) -> None:
-    from services.runtime import configure_logging
+    from coorm.services.runtime import configure_logging
 
     settings = _settings()
     configure_logging(os.environ.get("COORM_LOG_LEVEL", "INFO"))
     if name == "policy-engine":
-        from services.policy_engine.service import main
+        from coorm.services.policy_engine.service import main
     elif name == "node-allocator":
-        from services.node_allocator.service import main
+        from coorm.services.node_allocator.service import main
     elif name == "view-publisher":
-        from services.view_publisher.service import main
+        from coorm.services.view_publisher.service import main
     elif name == "accounting":
-        from services.accounting.service import main
+        from coorm.services.accounting.service import main
     else:
         err.print(f"[red]unknown service {name!r}[/red]: one of {', '.join(SERVICES)}")
         raise typer.Exit(2)
@@ -110,8 +110,8 @@ def run_service(name: str) -> None:
 
 
 def run_agent(cluster: str, nodes: str, agent_id: str | None, cores: int | None, memory_mb: int | None) -> None:
-    from node_agent.agent import main
-    from services.runtime import configure_logging
+    from coorm.node_agent.agent import main
+    from coorm.services.runtime import configure_logging
 
     configure_logging(os.environ.get("COORM_LOG_LEVEL", "INFO"))
     main(cluster, nodes, agent_id=agent_id, cores=cores, memory_mb=memory_mb)
@@ -139,10 +139,10 @@ def submit(cluster: str, nodes: int, walltime: str, command: list[str], no_wait:
 
 async def _submit(settings: Settings, cluster: str, nodes: int, duration: float, command: list[str],
                   output: Path | None, label: bool, name: str, announce=None) -> int:
-    from launchers.live import LiveRunner
-    from launchers.rigid import RigidLauncher
-    from launchers.sdk import Session
-    from shared import bus
+    from coorm.launchers.live import LiveRunner
+    from coorm.launchers.rigid import RigidLauncher
+    from coorm.launchers.sdk import Session
+    from coorm.shared import bus
 
     try:
         session = await Session.open(settings, kind="rigid", name=name or Path(command[0]).name,
@@ -183,7 +183,7 @@ def _submit_detached(cluster: str, nodes: int, walltime: str, command: list[str]
                      name: str) -> None:
     """``sbatch``: a background launcher runs the job (its output to a file); print the job's id."""
     r, w = os.pipe()
-    args = [sys.executable, "-m", "cli.main", "_detached-submit", "--fd", str(w), "-c", cluster, "-N", str(nodes),
+    args = [sys.executable, "-m", "coorm.cli.main", "_detached-submit", "--fd", str(w), "-c", cluster, "-N", str(nodes),
             "-t", walltime, "--name", name]
     if output:
         args += ["--output", str(output)]
@@ -232,7 +232,7 @@ class _Lazy(os.PathLike):
 def launch(kind: str, cluster: str | None, params: list[str], command: list[str], name: str) -> None:
     from pydantic import TypeAdapter, ValidationError
 
-    from simulator.scenario import AppSpec
+    from coorm.simulator.scenario import AppSpec
 
     spec: dict = {"kind": kind}
     if cluster:
@@ -256,9 +256,9 @@ def launch(kind: str, cluster: str | None, params: list[str], command: list[str]
 
 
 async def _launch(settings: Settings, app_spec, command: list[str], name: str) -> int:
-    from launchers.live import LiveRunner
-    from launchers.sdk import Session
-    from simulator.scenario import make_launcher
+    from coorm.launchers.live import LiveRunner
+    from coorm.launchers.sdk import Session
+    from coorm.simulator.scenario import make_launcher
 
     try:
         session = await Session.open(settings, kind=app_spec.kind, name=name or app_spec.kind,
@@ -287,8 +287,8 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
 # status, nodes, apps, requests, estimate
 # ================================================================================================
 async def _status(settings: Settings):
-    from shared import bus, subjects
-    from shared.protocol import StatusQuery, StatusReply
+    from coorm.shared import bus, subjects
+    from coorm.shared.protocol import StatusQuery, StatusReply
 
     nc = await bus.connect(settings.nats_url, "coorm-cli")
     try:
@@ -361,7 +361,7 @@ def show_requests(as_json: bool, app: str | None) -> None:
 def show_nodes(as_json: bool) -> None:
     import redis
 
-    from shared import keys
+    from coorm.shared import keys
 
     settings = _settings()
     try:
@@ -397,7 +397,7 @@ def estimate(cluster: str, nodes: int, walltime: str, as_json: bool) -> None:
     settings = _settings()
 
     async def go():
-        from launchers.sdk import Session
+        from coorm.launchers.sdk import Session
 
         try:
             s = await Session.open(settings, kind="estimate", name="coorm estimate", preemptive_views=False)

@@ -1,6 +1,6 @@
 """CooRMv2 Fig. 11: two PSAs (600 s and 60 s tasks), strict equi-partitioning vs filling.
 
-Scenario (§V-D): Fig. 10's (:func:`experiments.coormv2_fig9.simulate`, overcommit 1, 1400 nodes, an AMR
+Scenario (§V-D): Fig. 10's (:func:`coorm.experiments.coormv2_fig9.simulate`, overcommit 1, 1400 nodes, an AMR
 with announced updates of each swept interval) plus PSA2 with 60 s tasks. The policy core's preemptible
 capacity is shared ``strict`` (each PSA sees the same share whatever the other asks for) or ``filling``
 (CooRMv2's default: what one PSA leaves, the other may take). Per announce interval and policy: the
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.common import save, write_csv
-from experiments.coormv2_fig9 import HOUR, PSA1_TASK, over_seeds, stats_row
+from coorm.experiments.common import save, write_csv
+from coorm.experiments.coormv2_fig9 import HOUR, PSA1_TASK, over_seeds, stats_row
 
 NAME = "coormv2-fig11"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from cli.dashboards import app as dashboards_app
+from coorm.cli.dashboards import app as dashboards_app
 
 app = typer.Typer(help="CooRM: a resource manager where applications cooperate through their launchers.",
                   no_args_is_help=True)
@@ -24,7 +24,7 @@ def demo(
 ) -> None:
     """The main job: a mixed workload (rigid, moldable, CEM, PSA, AMR) live on the embedded default for
     about two minutes; then a per-application table and a PNG of utilisation by request type."""
-    from cli.live_demo import run
+    from coorm.cli.live_demo import run
 
     raise typer.Exit(run(Console(), out, limit))
 
@@ -32,7 +32,7 @@ def demo(
 @app.command()
 def story(nodes: int = typer.Option(32, min=24, help="nodes of the cluster")) -> None:
     """The NEA + malleable interaction (CooRMv2 Fig. 8) through the scheduling cores in virtual time, narrated."""
-    from cli.demo import run
+    from coorm.cli.demo import run
 
     run(Console(), nodes)
 
@@ -47,8 +47,8 @@ def simulate(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from simulator.run import run_scenario
-    from simulator.scenario import load
+    from coorm.simulator.run import run_scenario
+    from coorm.simulator.scenario import load
 
     console = Console()
     try:
@@ -125,7 +125,7 @@ def experiment(
 @protocol.command("schema")
 def schema(out: Path | None = typer.Option(None, help="write one NAME.json per message into this folder")) -> None:
     """Print (or write) the JSON Schema of every wire message, for launchers in other languages."""
-    from shared.protocol import json_schemas
+    from coorm.shared.protocol import json_schemas
 
     schemas = json_schemas()
     if out is None:
@@ -146,7 +146,7 @@ def up(
     workdir: Path | None = typer.Option(None, help="where the servers keep their data and the logs go"),
 ) -> None:
     """Start the embedded default: nats-server, valkey-server, every service and agents; Ctrl-C stops it."""
-    from cli.up import run
+    from coorm.cli.up import run
 
     run(clusters, workdir)
 
@@ -156,7 +156,7 @@ def service(
     name: str = typer.Argument(..., help="policy-engine | node-allocator | view-publisher | accounting"),
 ) -> None:
     """Run one CooRM service (configured by COORM_* variables)."""
-    from cli.live import run_service
+    from coorm.cli.live import run_service
 
     run_service(name)
 
@@ -170,7 +170,7 @@ def agent(
     memory_mb: int | None = typer.Option(None, "--memory-mb", help="memory per node (default: the host's)"),
 ) -> None:
     """Run the node agent of this host: it registers NODES and runs the applications' processes."""
-    from cli.live import run_agent
+    from coorm.cli.live import run_agent
 
     run_agent(cluster, nodes, agent_id, cores, memory_mb)
 
@@ -187,7 +187,7 @@ def submit(
     name: str = typer.Option("", "-J", "--job-name"),
 ) -> None:
     """Run a rigid job the way srun does: wait, stream its output, exit with its exit code."""
-    from cli.live import submit as run
+    from coorm.cli.live import submit as run
 
     run(cluster, nodes, walltime, command or [], no_wait, output, label, name)
 
@@ -202,7 +202,7 @@ def celery_worker(ctx: typer.Context) -> None:
     celery beat` (the hourly full roll-up); other arguments go to celery as they are (`inspect ping`)."""
     import click
 
-    from services.accounting.tasks import celery_app
+    from coorm.services.accounting.tasks import celery_app
 
     args = list(ctx.args) or ["worker"]
     if args[0] == "worker" and not any(a.startswith("--pool") for a in args):
@@ -225,7 +225,7 @@ def detached_submit(
     output: Path | None = typer.Option(None, "--output"),
     name: str = typer.Option("", "--name"),
 ) -> None:
-    from cli.live import detached_submit as run
+    from coorm.cli.live import detached_submit as run
 
     run(fd, cluster, nodes, walltime, command or [], output, name)
 
@@ -239,7 +239,7 @@ def launch(
     name: str = typer.Option("", "-J", "--name"),
 ) -> None:
     """Run one of the shipped launchers live (the same decision logic as in the simulator)."""
-    from cli.live import launch as run
+    from coorm.cli.live import launch as run
 
     run(kind, cluster, params, command or [], name)
 
@@ -247,7 +247,7 @@ def launch(
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """Per cluster: nodes up, used non-preemptibly, pre-allocated but unused, preemptible, held, idle."""
-    from cli.live import show_status
+    from coorm.cli.live import show_status
 
     show_status(as_json)
 
@@ -255,7 +255,7 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
     """Every node: cluster, state, agent, and the application and request it runs."""
-    from cli.live import show_nodes
+    from coorm.cli.live import show_nodes
 
     show_nodes(as_json)
 
@@ -263,7 +263,7 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def apps(as_json: bool = typer.Option(False, "--json")) -> None:
     """The open sessions, in priority order."""
-    from cli.live import show_apps
+    from coorm.cli.live import show_apps
 
     show_apps(as_json)
 
@@ -274,7 +274,7 @@ def requests(
     app_id: str | None = typer.Option(None, "--app", help="only this application's"),
 ) -> None:
     """Running and waiting requests, with their start times (scheduled or actual)."""
-    from cli.live import show_requests
+    from coorm.cli.live import show_requests
 
     show_requests(as_json, app_id)
 
@@ -287,7 +287,7 @@ def estimate(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """When would a request of NODES for TIME start if sent now (read from a view)."""
-    from cli.live import estimate as run
+    from coorm.cli.live import estimate as run
 
     run(cluster, nodes, walltime, as_json)
 
@@ -301,8 +301,8 @@ def usage(
     """Usage per user and application: node-hours by request type, requests, mean wait, preemptions, kills."""
     import time
 
-    from services.accounting.report import parse_since, print_usage, usage_report
-    from shared.settings import Settings
+    from coorm.services.accounting.report import parse_since, print_usage, usage_report
+    from coorm.shared.settings import Settings
 
     try:
         t = parse_since(since, time.time()) if since else None

@@ -14,13 +14,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cli.up import Up
-from launchers.base import Launcher
-from launchers.live import LiveRunner, RunResult
-from launchers.sdk import Session
-from shared import bus, subjects
-from shared.protocol import StatusQuery, StatusReply
-from shared.settings import Settings
+from coorm.cli.up import Up
+from coorm.launchers.base import Launcher
+from coorm.launchers.live import LiveRunner, RunResult
+from coorm.launchers.sdk import Session
+from coorm.shared import bus, subjects
+from coorm.shared.protocol import StatusQuery, StatusReply
+from coorm.shared.settings import Settings
 
 CLUSTERS = {"c0": 16, "c1": 16}
 DEMO_ENV = {"COORM_RESCHEDULE_INTERVAL": "0.2", "COORM_FAIR_START": "1", "COORM_PREEMPT_GRACE": "3",
@@ -51,11 +51,11 @@ class Sample:
 
 
 def workload() -> list[Entry]:
-    from launchers.amr import AMRLauncher
-    from launchers.cem import CEMLauncher, CEMModel
-    from launchers.moldable import MoldableLauncher
-    from launchers.psa import PSALauncher
-    from launchers.rigid import RigidLauncher
+    from coorm.launchers.amr import AMRLauncher
+    from coorm.launchers.cem import CEMLauncher, CEMModel
+    from coorm.launchers.moldable import MoldableLauncher
+    from coorm.launchers.psa import PSALauncher
+    from coorm.launchers.rigid import RigidLauncher
 
     def rigid(cluster, n, walltime):
         return lambda app, props: RigidLauncher(app, cluster, n, walltime)

@@ -2,7 +2,7 @@
 
 * **Fig. 3**: end-time increase ``T_static(n_eq) / T_dynamic - 1`` when the equivalent static allocation
   replaces the dynamic one, per target efficiency; quartiles over working-set profiles (seeds). Profiles
-  without an equivalent static allocation (above ~0.8, see :mod:`launchers.amr_model`) are counted in
+  without an equivalent static allocation (above ~0.8, see :mod:`coorm.launchers.amr_model`) are counted in
   ``missing``. The paper: at most 2.5%, and ``n_eq`` exists for ``e_t < 0.8``.
 * **Fig. 4**: for a 75% target, the static node counts a user may choose per maximum data size ``Smax``:
   at least ``ceil(Smax / M)`` (not running out of memory) and at most the count whose area is 110% of
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.common import quartiles, save, write_csv
-from launchers import amr_model as model
+from coorm.experiments.common import quartiles, save, write_csv
+from coorm.launchers import amr_model as model
 
 NAME = "coormv2-fig3-4"
 

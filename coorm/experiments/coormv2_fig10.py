@@ -1,6 +1,6 @@
 """CooRMv2 Fig. 10: announced updates, sweeping the announce interval, overcommit factor 1.
 
-Scenario (§V-C): as Fig. 9 (:func:`experiments.coormv2_fig9.simulate`) with ``phi`` = 1 (1400 nodes): an
+Scenario (§V-C): as Fig. 9 (:func:`coorm.experiments.coormv2_fig9.simulate`) with ``phi`` = 1 (1400 nodes): an
 AMR that sends announced updates of ``announce_interval`` seconds (0: spontaneous) and PSA1 (600 s
 tasks). Per announce interval, medians and quartiles over the AMR's profile seeds of:
 
@@ -11,15 +11,15 @@ tasks). Per announce interval, medians and quartiles over the AMR's profile seed
   total = nodes x the AMR's end. "Allocated" is the node IDs the allocator gave each application,
   integrated over time (``used_pct``); ``used_pct_summary`` is the same from ``summarize()``'s
   node-seconds, which leave out the up to one re-scheduling interval an application keeps its nodes
-  between a NEXT update's ``done`` and its successor's start (see :mod:`experiments.coormv2_fig9`).
+  between a NEXT update's ``done`` and its successor's start (see :mod:`coorm.experiments.coormv2_fig9`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.common import quartiles, save, write_csv
-from experiments.coormv2_fig9 import HOUR, PSA1_TASK, over_seeds, series, stats_row
+from coorm.experiments.common import quartiles, save, write_csv
+from coorm.experiments.coormv2_fig9 import HOUR, PSA1_TASK, over_seeds, series, stats_row
 
 NAME = "coormv2-fig10"
 

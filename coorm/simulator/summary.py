@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from simulator.engine import Result
+from coorm.simulator.engine import Result
 
 TYPES = ("pre-allocation", "non-preemptible", "preemptible")
 KEYS = {"pre-allocation": "pre_allocation", "non-preemptible": "non_preemptible", "preemptible": "preemptible"}

@@ -10,10 +10,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from services.coupled import CoupledCores
-from services.policy_engine.core import PolicySettings
-from shared.events import Done, OpenSession, Submit, Tick
-from shared.requests import RequestSpec
+from coorm.services.coupled import CoupledCores
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared.events import Done, OpenSession, Submit, Tick
+from coorm.shared.requests import RequestSpec
 
 
 def _rq(rid, nodes, duration=None, type="non-preemptible", to=None, how="FREE"):

@@ -22,13 +22,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from launchers.base import ClusterProps, Close, Done, Launcher, Submit, Timer, Views
-from services.coupled import CoupledCores
-from services.policy_engine.core import PolicySettings
-from shared import events as ev
-from shared.requests import RequestType
-from shared.stepfn import StepFunction
-from simulator import cdr
+from coorm.launchers.base import Close, ClusterProps, Done, Launcher, Submit, Timer, Views
+from coorm.services.coupled import CoupledCores
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared import events as ev
+from coorm.shared.requests import RequestType
+from coorm.shared.stepfn import StepFunction
+from coorm.simulator import cdr
 
 
 class SimulationError(RuntimeError):
@@ -125,7 +125,7 @@ class Simulation:
                 if t > until:
                     break
                 self.now = t
-                self._feed(lambda: self.cores.tick(t))
+                self._feed(lambda t=t: self.cores.tick(t))
             elif self._heap:
                 t, _, kind, app, data = heapq.heappop(self._heap)
                 if t > until:

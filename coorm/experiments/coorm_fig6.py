@@ -3,17 +3,17 @@
 
 Set-up (CooRM §IV-A):
 
-* **resources**: :func:`launchers.cem.paper_platform` -- ``nC`` clusters of 128 hosts, the i-th
+* **resources**: :func:`coorm.launchers.cem.paper_platform` -- ``nC`` clusters of 128 hosts, the i-th
   ``1 + 0.1 (i - 1)`` times faster than the first, hierarchical WAN; re-policy interval 1 s, fair-start 5 s;
 * **W0**: a pack of consecutive usable jobs of the Atlas trace (200 in full mode), one arrival per second.
   Exactly 20% of them (drawn per pack) are simple-moldable with an Amdahl speed-up (serial fraction
-  :data:`launchers.moldable.SERIAL_FRACTION`, the sequential time that makes the trace's runtime on the
+  :data:`coorm.launchers.moldable.SERIAL_FRACTION`, the sequential time that makes the trace's runtime on the
   trace's host count), the others rigid: the trace's host count (capped at 128) on a cluster drawn at random,
   walltime and runtime divided by that cluster's speed. A moldable job's configurations are OAR's full
-  enumeration, :func:`launchers.moldable.oar_configs`: every cluster, 2..128 hosts (``nC x 127``); under
-  CooRM its :class:`~launchers.moldable.MoldableLauncher` makes OAR's earliest-completion choice itself from
+  enumeration, :func:`coorm.launchers.moldable.oar_configs`: every cluster, 2..128 hosts (``nC x 127``); under
+  CooRM its :class:`~coorm.launchers.moldable.MoldableLauncher` makes OAR's earliest-completion choice itself from
   its views, among those very configurations -- so both systems produce the same schedule;
-* **W1**: W0 with one CEM application (:class:`launchers.cem.CEMLauncher`, default model) inserted in the
+* **W1**: W0 with one CEM application (:class:`coorm.launchers.cem.CEMLauncher`, default model) inserted in the
   middle of the pack (the jobs after it arrive one second later); **W2**: W0 with 50% of the jobs (drawn per
   pack) replaced by CEM applications; **W3**: only CEM applications.
 
@@ -32,7 +32,7 @@ Measured, per run, for CooRM:
 * ``sim_cpu_s``: the CPU time of the whole simulation (``Simulation.run``), the paper's "simulation time". It
   also holds the views the RMS computes for every waiting application at every pass (``np_view`` in the
   engine, not counted in ``Result.scheduling_cpu``), the CDR sizing and the event loop (``other_cpu_s``);
-* ``bytes``, ``messages``: the simulator's total, messages encoded like CORBA's CDR (``simulator.cdr``);
+* ``bytes``, ``messages``: the simulator's total, messages encoded like CORBA's CDR (``coorm.simulator.cdr``);
   ``bytes_per_app`` divides by the number of applications.
 
 OAR-SIM (W0 only) is not a second simulation: the CooRM run *is* its schedule (the same CBF policy and the
@@ -68,16 +68,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.common import TRACE, quartiles, save, write_csv
-from launchers.base import ClusterProps, Launcher
-from launchers.cem import CEMLauncher, paper_platform
-from launchers.moldable import SERIAL_FRACTION, MoldableLauncher, amdahl_seq_time, oar_configs
-from launchers.rigid import RigidLauncher
-from services.policy_engine.core import PolicySettings
-from shared.stepfn import INF
-from simulator import cdr
-from simulator.engine import Simulation
-from simulator.trace import TraceJob, read_swf
+from coorm.experiments.common import TRACE, quartiles, save, write_csv
+from coorm.launchers.base import ClusterProps, Launcher
+from coorm.launchers.cem import CEMLauncher, paper_platform
+from coorm.launchers.moldable import SERIAL_FRACTION, MoldableLauncher, amdahl_seq_time, oar_configs
+from coorm.launchers.rigid import RigidLauncher
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared.stepfn import INF
+from coorm.simulator import cdr
+from coorm.simulator.engine import Simulation
+from coorm.simulator.trace import TraceJob, read_swf
 
 NAME = "coorm-fig6"
 

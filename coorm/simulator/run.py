@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simulator import plots
-from simulator.engine import Simulation
-from simulator.scenario import Scenario, build_launchers
-from simulator.summary import summarize
+from coorm.simulator import plots
+from coorm.simulator.engine import Simulation
+from coorm.simulator.scenario import Scenario, build_launchers
+from coorm.simulator.summary import summarize
 
 
 def run_scenario(scenario: Scenario, out: Path | None = None, *, progress=None, validate: bool = False) -> dict:

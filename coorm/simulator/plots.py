@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from simulator.engine import Result  # noqa: E402
+from coorm.simulator.engine import Result  # noqa: E402
 
 
 def _series(result: Result, select) -> tuple[list[float], list[int]]:

@@ -17,8 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.panel import Panel
 
-from shared.servers import free_port, start_servers
-from shared.settings import Settings, connection_file
+from coorm.shared.servers import free_port, start_servers
+from coorm.shared.settings import Settings, connection_file
 
 
 def parse_clusters(text: str) -> dict[str, int]:
@@ -46,7 +46,7 @@ class Up:
         if accounting is None:
             import importlib.util
 
-            accounting = importlib.util.find_spec("services.accounting.service") is not None
+            accounting = importlib.util.find_spec("coorm.services.accounting.service") is not None
         self.accounting = accounting
         self.write_connection = write_connection
         self.servers = None
@@ -68,7 +68,7 @@ class Up:
             self.metrics_ports[name] = free_port()
             env.update(COORM_METRICS_PORT=str(self.metrics_ports[name]), COORM_METRICS_ADDR="127.0.0.1")
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "cli.main", *args], env=env,
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "coorm.cli.main", *args], env=env,
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, cwd=self.workdir)
         log.close()
@@ -108,7 +108,7 @@ class Up:
         """Until the policy engine reports every node up (polling its status: nothing to wait on)."""
         import asyncio
 
-        from cli.live import _status
+        from coorm.cli.live import _status
 
         deadline = time.monotonic() + timeout
         last = None

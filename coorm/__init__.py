@@ -1,0 +1,38 @@
+"""CooRM: a resource management system where rigid, moldable, malleable and evolving applications
+cooperate with the RMS through their launchers.
+
+``import coorm`` is cheap: the SDK's names (``coorm.Session``, ``coorm.RequestSpec``...) are loaded on
+first use, so that the services and the command line, which live in this package too, do not pay for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["Closed", "ErrorCode", "Event", "Exited", "Killed", "RequestSpec", "RequestType", "Session", "Started",
+           "SyncSession", "ViewsChanged", "WireError", "__version__"]
+
+if TYPE_CHECKING:
+    from coorm.sdk import (
+        Closed,
+        ErrorCode,
+        Event,
+        Exited,
+        Killed,
+        RequestSpec,
+        RequestType,
+        Session,
+        Started,
+        SyncSession,
+        ViewsChanged,
+        WireError,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("coorm.sdk"), name)
+    raise AttributeError(f"module 'coorm' has no attribute {name!r}")
