@@ -85,6 +85,7 @@ class LiveRunner:
 
     async def _outputs(self) -> None:
         q: asyncio.Queue = self.s.all_output()
+        assert self.on_output is not None  # (run() starts this only with a consumer)
         while True:
             self.on_output(await q.get())
 
@@ -112,6 +113,8 @@ class LiveRunner:
             if self.command_ends_work and self._running_procs <= 0 and self._launched_any:
                 await self._execute(self._work_done())
         elif isinstance(item, Closed):
+            if item.error is not None:
+                raise item.error  # CooRM is gone: what became of the work is unknown, so no exit code
             self.launcher.finished = True
         elif isinstance(item, tuple) and item[0] == "timer":
             await self._execute(lz.on_timer(now, item[1]))
@@ -125,6 +128,7 @@ class LiveRunner:
         return out + lz.close()
 
     async def _launch(self, st: Started) -> None:
+        assert self.command is not None  # (launched only for a command)
         for node in st.nodes:
             if node in st.kept:
                 continue

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from coorm.launchers.base import ClusterProps, Views
 from coorm.shared import bus, subjects
@@ -50,6 +51,9 @@ from coorm.shared.protocol import (
 from coorm.shared.requests import RequestSpec, RequestType
 from coorm.shared.settings import Settings
 from coorm.shared.stepfn import StepFunction
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 
 # -- what the RMS tells the application -----------------------------------------------------------
@@ -87,7 +91,10 @@ class Exited:
 
 @dataclass(frozen=True)
 class Closed:
-    """The session was closed (by the application)."""
+    """The session ended: closed by the application, or (``error`` set) its connection to CooRM was lost
+    for longer than the reconnect window -- its requests are then no longer the application's to follow."""
+
+    error: Exception | None = None
 
 
 Event = ViewsChanged | Started | Killed | Exited | Closed
@@ -104,7 +111,7 @@ class _Stats:
 class Session:
     """One application's session. Create with :meth:`open`."""
 
-    nc: object
+    nc: NATS
     reply: SessionOpenReply
     settings: Settings
     own_connection: bool = True
@@ -125,6 +132,8 @@ class Session:
         self._exit_cond = asyncio.Condition()
         self._outputs: dict[str, asyncio.Queue] = {}
         self._all_output: asyncio.Queue | None = None
+        self.lost: bus.Unreachable | None = None
+        self._gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # done once lost
 
     # ============================================================================================
     # opening and closing
@@ -135,12 +144,22 @@ class Session:
         """``subscribe``: open a session; the RMS answers with the application id and its subjects."""
         settings = settings or Settings()
         own = nc is None
+        opened: list[Session] = []  # the session, once there is one, for the connection's closed callback
+
+        async def on_closed() -> None:
+            for session in opened:
+                await session._connection_lost()
+
         if nc is None:
-            nc = await bus.connect(settings.nats_url, f"launcher-{kind or 'app'}")
+            nc = await bus.connect_client(settings.nats_url, f"launcher-{kind or 'app'}",
+                                          timeout=settings.connect_timeout,
+                                          reconnect_window=settings.reconnect_window,
+                                          source=settings.source_of("nats_url"), closed_cb=on_closed)
         msg = SessionOpen(filter=Filter(clusters=clusters, preemptive_views=preemptive_views), user=user or _whoami(),
                           name=name, kind=kind)
         reply = await _call_retrying(nc, subjects.SESSION_OPEN, msg, SessionOpenReply)
         self = cls(nc=nc, reply=reply, settings=settings, own_connection=own)
+        opened.append(self)
         await self._subscribe()
         self._heartbeat = asyncio.create_task(self._beat())
         return self
@@ -180,6 +199,25 @@ class Session:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _connection_lost(self) -> None:
+        """The client gave up reconnecting: every wait ends with the error, and so does the event stream."""
+        if self.closed:
+            return  # our own close
+        self.closed = True
+        self.lost = bus.Unreachable(self.settings.nats_url, self.settings.source_of("nats_url"),
+                                    self.settings.reconnect_window, lost=True)
+        for futs in self._start_waiters.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(self.lost)
+        self._start_waiters.clear()
+        self._gone.set_result(None)
+        if self._heartbeat:
+            self._heartbeat.cancel()
+        self._events.put_nowait(Closed(self.lost))
+        async with self._exit_cond:
+            self._exit_cond.notify_all()
 
     async def __aenter__(self) -> Session:
         return self
@@ -228,7 +266,10 @@ class Session:
     async def wait_views(self, timeout: float = 10.0) -> Views:
         """The views, once the first ``changeNotify`` has arrived."""
         async with self._exit_cond:
-            await asyncio.wait_for(self._exit_cond.wait_for(lambda: self.epoch >= 0), timeout)
+            await asyncio.wait_for(self._exit_cond.wait_for(lambda: self.epoch >= 0 or self.lost is not None),
+                                   timeout)
+        if self.epoch < 0 and self.lost is not None:
+            raise self.lost
         return self.views
 
     # ============================================================================================
@@ -267,6 +308,8 @@ class Session:
     async def wait_start(self, request: str, timeout: float | None = None) -> Started:
         if request in self._started:
             return self._started[request]
+        if self.lost is not None:
+            raise self.lost
         fut = asyncio.get_running_loop().create_future()
         self._start_waiters.setdefault(request, []).append(fut)
         return await asyncio.wait_for(fut, timeout)
@@ -283,8 +326,10 @@ class Session:
     async def wait_exits(self, request: str, count: int, timeout: float | None = None) -> list[Exited]:
         """The first ``count`` process exits of ``request``."""
         async with self._exit_cond:
-            await asyncio.wait_for(
-                self._exit_cond.wait_for(lambda: len(self._exits.get(request, ())) >= count), timeout)
+            await asyncio.wait_for(self._exit_cond.wait_for(
+                lambda: len(self._exits.get(request, ())) >= count or self.lost is not None), timeout)
+            if len(self._exits.get(request, ())) < count and self.lost is not None:
+                raise self.lost
             return list(self._exits[request][:count])
 
     def output(self, request: str) -> AsyncIterator[ProcessOutput]:
@@ -367,8 +412,18 @@ class Session:
     # plumbing
     # ============================================================================================
     async def _call(self, subject: str, message, reply):
+        if self.lost is not None:
+            raise self.lost
         self.stats.messages_sent += 1
-        return await _call_retrying(self.nc, subject, message, reply)
+        # a request in flight when the connection is lost for good would wait for its whole timeout (nats-py
+        # leaves it pending): it ends with the loss instead
+        call = asyncio.ensure_future(_call_retrying(self.nc, subject, message, reply))
+        await asyncio.wait((call, self._gone), return_when=asyncio.FIRST_COMPLETED)
+        if call.done():
+            return call.result()
+        call.cancel()
+        assert self.lost is not None
+        raise self.lost
 
     async def _beat(self) -> None:
         # ``closed`` ends the loop even if ``close``'s cancellation is lost: Python 3.11's ``wait_for`` drops

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -36,9 +37,77 @@ class WireError(Exception):
         return ErrorReply(error=ErrorBody(code=self.code, message=self.message))
 
 
+RECONNECT_WAIT = 0.5  # seconds between two attempts to reach a lost server
+
+
+class Unreachable(Exception):
+    """CooRM's NATS could not be reached: not at all within the connect timeout, or no longer within the
+    reconnect window after the connection was lost. ``source`` says where the URL came from, so that the
+    user knows what to fix."""
+
+    def __init__(self, url: str, source: str, seconds: float, *, lost: bool = False) -> None:
+        self.url, self.source, self.seconds, self.lost = url, source, seconds, lost
+        where = f"{redact(url)} (from {source})" if source else redact(url)
+        if lost:
+            text = f"lost CooRM at {where} and could not reach it again within {seconds:g} s"
+        else:
+            text = f"cannot reach CooRM at {where} within {seconds:g} s: is it running? Start one with 'coorm up'"
+        super().__init__(text)
+
+
+def redact(url: str) -> str:
+    """The URL without its password (it goes into messages and logs)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return parts._replace(netloc=netloc).geturl()
+
+
 async def connect(url: str, name: str) -> NATS:
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                              allow_reconnect=True)
+    """A server's connection (services, agents): supervised processes that must outlive a nats-server
+    restart, so every attempt is retried for ever, with one log line per failure rather than a traceback."""
+    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=RECONNECT_WAIT,
+                              allow_reconnect=True, error_cb=_log_error(url))
+
+
+async def connect_client(url: str, name: str, *, timeout: float, reconnect_window: float, source: str = "",
+                         closed_cb: Callable[[], Awaitable[None]] | None = None) -> NATS:
+    """A client's connection (the command line, a launcher): gives up on the first connection after
+    ``timeout`` seconds with :class:`Unreachable`; once connected, rides over a server's restart for about
+    ``reconnect_window`` seconds, then closes (``closed_cb`` runs: the client must tell its user)."""
+    nc = NATS()
+    attempts = max(1, math.ceil(reconnect_window / RECONNECT_WAIT))
+
+    async def quiet(e: Exception) -> None:
+        """Each failed attempt: nothing (nats-py would log a traceback); the outcome is reported once, by
+        the caller."""
+
+    async def closed() -> None:
+        if closed_cb is not None:
+            await closed_cb()
+
+    try:
+        await asyncio.wait_for(nc.connect(url, name=name, connect_timeout=max(1, math.ceil(timeout)),
+                                          allow_reconnect=True, max_reconnect_attempts=attempts,
+                                          # nats-py annotates an int; it sleeps on any number
+                                          reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
+                                          error_cb=quiet, closed_cb=closed),
+                               timeout)
+    except (TimeoutError, OSError, nats.errors.Error) as e:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        raise Unreachable(url, source, timeout) from e
+    return nc
+
+
+def _log_error(url: str) -> Callable[[Exception], Awaitable[None]]:
+    async def on_error(e: Exception) -> None:
+        log.warning("nats error", url=redact(url), error=f"{type(e).__name__}: {e}")
+
+    return on_error
 
 
 async def shutdown(nc: NATS, timeout: float = 2.0) -> None:

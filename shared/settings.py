@@ -46,6 +46,10 @@ class Settings(BaseSettings):
 
     nats_url: str = "nats://127.0.0.1:4222"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # a client (the command line, a launcher) gives up reaching CooRM after connect_timeout; once connected
+    # it rides over a restart of the servers for reconnect_window, then ends with an error
+    connect_timeout: float = Field(default=3.0, gt=0, le=600, description="seconds a client tries to connect")
+    reconnect_window: float = Field(default=30.0, gt=0, description="seconds a client tries to reconnect")
 
     # the policy (DESIGN §4)
     reschedule_interval: float = Field(default=1.0, ge=0)
@@ -74,6 +78,16 @@ class Settings(BaseSettings):
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings):
         return init_settings, env_settings, _ConnectionFileSource(settings_cls), dotenv_settings
+
+    def source_of(self, name: str) -> str:
+        """Where a setting's value came from, in words a user can act on: the variable, the connection
+        file, or the default."""
+        var = f"COORM_{name.upper()}"
+        if var in os.environ:
+            return var
+        if name in _ConnectionFileSource(type(self))():
+            return str(connection_file())
+        return "the default"
 
     def write_connection_file(self) -> Path:
         path = connection_file()

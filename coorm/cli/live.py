@@ -81,10 +81,67 @@ def _human(seconds: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def _unreachable(e: Exception, settings: Settings) -> typer.Exit:
-    err.print(f"[red]cannot reach CooRM at {settings.nats_url}[/red] ({type(e).__name__}: {e}).\n"
-              "Start it with [bold]coorm up[/bold] (or set COORM_NATS_URL).")
-    return typer.Exit(3)
+UNREACHABLE = 3  # the exit code of a command that could not reach CooRM (or lost it), as documented
+
+
+def _line(text: str) -> None:
+    """One line on stderr, whatever the terminal's width (a script greps it)."""
+    sys.stderr.write(f"coorm: {text}\n")
+    sys.stderr.flush()
+
+
+def _failure(e: BaseException, settings: Settings, say=_line) -> typer.Exit:
+    """What a client command says when talking to CooRM failed, and its exit code: 3 when CooRM cannot be
+    reached or does not answer, 2 when it refused. Anything else is a bug and keeps its traceback."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    from coorm.shared import bus
+
+    url = f"{bus.redact(settings.nats_url)} (from {settings.source_of('nats_url')})"
+    if isinstance(e, bus.Unreachable):
+        say(str(e))
+    elif isinstance(e, NoRespondersError):
+        say(f"NATS at {url} answers but no CooRM service does: is the policy engine running? "
+            "Start one with 'coorm up'")
+    elif isinstance(e, NatsTimeout | TimeoutError):
+        say(f"CooRM at {url} did not answer in time")
+    elif isinstance(e, bus.WireError):
+        say(f"refused: {e.message}")
+        return typer.Exit(2)
+    elif _redis_unreachable(e):
+        from coorm.shared.bus import redact
+
+        say(f"cannot reach CooRM's Redis at {redact(settings.redis_url)} (from {settings.source_of('redis_url')}) "
+            f"within {settings.connect_timeout:g} s: is it running? Start one with 'coorm up'")
+    else:
+        raise e
+    return typer.Exit(UNREACHABLE)
+
+
+def _redis_unreachable(e: BaseException) -> bool:
+    if "redis" not in sys.modules:
+        return False
+    import redis
+
+    return isinstance(e, redis.ConnectionError | redis.TimeoutError)
+
+
+async def _connect(settings: Settings, name: str = "coorm-cli"):
+    from coorm.shared import bus
+
+    return await bus.connect_client(settings.nats_url, name, timeout=settings.connect_timeout,
+                                    reconnect_window=settings.reconnect_window,
+                                    source=settings.source_of("nats_url"))
+
+
+def _redis(settings: Settings):
+    """A Redis client that gives up as a NATS client does (redis-py would wait for the OS's timeout)."""
+    import redis
+
+    return redis.Redis.from_url(settings.redis_url, decode_responses=True,
+                                socket_connect_timeout=settings.connect_timeout,
+                                socket_timeout=max(settings.connect_timeout, 10.0))
 
 
 # ================================================================================================
@@ -138,7 +195,7 @@ def submit(cluster: str, nodes: int, walltime: str, command: list[str], no_wait:
 
 
 async def _submit(settings: Settings, cluster: str, nodes: int, duration: float, command: list[str],
-                  output: Path | None, label: bool, name: str, announce=None) -> int:
+                  output: Path | None, label: bool, name: str, announce=None, say=_line) -> int:
     from coorm.launchers.live import LiveRunner
     from coorm.launchers.rigid import RigidLauncher
     from coorm.launchers.sdk import Session
@@ -147,8 +204,8 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
     try:
         session = await Session.open(settings, kind="rigid", name=name or Path(command[0]).name,
                                      preemptive_views=False)
-    except Exception as e:  # noqa: BLE001 - any failure to connect reads the same to a user
-        raise _unreachable(e, settings) from None
+    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+        raise _failure(e, settings, say) from None
     if announce is not None:
         announce(session.app)
     sink = open(output, "a", buffering=1) if output else None  # noqa: SIM115 - closed below
@@ -166,6 +223,9 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
     except bus.WireError as e:
         err.print(f"[red]refused:[/red] {e.message}")
         return 2
+    except bus.Unreachable as e:  # lost for good: what became of the job is unknown here
+        say(f"{e}; job {session.app} may still run: see 'coorm requests' once CooRM is back")
+        return UNREACHABLE
     finally:
         if sink:
             sink.close()
@@ -192,10 +252,10 @@ def _submit_detached(cluster: str, nodes: int, walltime: str, command: list[str]
     os.close(w)
     with os.fdopen(r) as pipe:
         line = pipe.readline().strip()
-    if not line:
+    if not line or line.startswith("!"):
         code = proc.wait()
-        err.print("[red]the job could not be submitted[/red] (is CooRM running? try coorm up)")
-        raise typer.Exit(code or 3)
+        _line(line[1:] if line else "the job could not be submitted")
+        raise typer.Exit(code or UNREACHABLE)
     print(f"Submitted job {line}")
 
 
@@ -210,10 +270,17 @@ def detached_submit(fd: int, cluster: str, nodes: int, walltime: str, command: l
         pipe.write(app + "\n")
         pipe.close()
 
+    def say(text: str) -> None:
+        """Before the job has an id, a failure goes to the waiting ``coorm submit --no-wait`` to print."""
+        if "app" not in holder:
+            holder["app"] = ""
+            pipe.write(f"!{text}\n")
+            pipe.close()
+
     # the file's name needs the job id, known once the session is open: it is opened lazily
     target = Path(str(output or Path("coorm-%j.out")).replace("%j", "{app}"))
     raise typer.Exit(asyncio.run(_submit(_settings(), cluster, nodes, parse_walltime(walltime), command,
-                                         _Lazy(target, holder), False, name, announce=announce)))
+                                         _Lazy(target, holder), False, name, announce=announce, say=say)))
 
 
 class _Lazy(os.PathLike):
@@ -258,13 +325,14 @@ def launch(kind: str, cluster: str | None, params: list[str], command: list[str]
 async def _launch(settings: Settings, app_spec, command: list[str], name: str) -> int:
     from coorm.launchers.live import LiveRunner
     from coorm.launchers.sdk import Session
+    from coorm.shared import bus
     from coorm.simulator.scenario import make_launcher
 
     try:
         session = await Session.open(settings, kind=app_spec.kind, name=name or app_spec.kind,
                                      preemptive_views=app_spec.kind in PREEMPTIVE_KINDS)
-    except Exception as e:  # noqa: BLE001
-        raise _unreachable(e, settings) from None
+    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+        raise _failure(e, settings) from None
     props = await session.cluster_props()
     if not props.nodes:
         err.print("[red]no cluster is up[/red]")
@@ -276,7 +344,11 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
     ends_work = app_spec.kind in ("rigid", "moldable", "cem") and bool(command)
     runner = LiveRunner(session, launcher, command=command or None, command_ends_work=ends_work,
                         on_output=lambda o: sys.stdout.write(o.data))
-    result = await runner.run()
+    try:
+        result = await runner.run()
+    except bus.Unreachable as e:
+        _line(f"{e}; application {session.app} may still run: see 'coorm apps' once CooRM is back")
+        return UNREACHABLE
     stats = launcher.stats() if hasattr(launcher, "stats") else {}
     err.print(f"{session.app} ended: exit {result.exit_code}, notifications {result.notifications} "
               f"({result.notification_bytes} bytes)" + (f", {stats}" if stats else ""))
@@ -290,7 +362,7 @@ async def _status(settings: Settings):
     from coorm.shared import bus, subjects
     from coorm.shared.protocol import StatusQuery, StatusReply
 
-    nc = await bus.connect(settings.nats_url, "coorm-cli")
+    nc = await _connect(settings)
     try:
         return await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=5)
     finally:
@@ -301,8 +373,8 @@ def fetch_status():
     settings = _settings()
     try:
         return asyncio.run(_status(settings))
-    except Exception as e:  # noqa: BLE001
-        raise _unreachable(e, settings) from None
+    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+        raise _failure(e, settings) from None
 
 
 def show_status(as_json: bool) -> None:
@@ -359,16 +431,13 @@ def show_requests(as_json: bool, app: str | None) -> None:
 
 
 def show_nodes(as_json: bool) -> None:
-    import redis
-
     from coorm.shared import keys
 
     settings = _settings()
     try:
-        r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-        raw = r.hgetall(keys.NODES)
-    except Exception as e:  # noqa: BLE001
-        raise _unreachable(e, settings) from None
+        raw = _redis(settings).hgetall(keys.NODES)
+    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+        raise _failure(e, settings) from None
     nodes = sorted(((n, json.loads(v)) for n, v in raw.items()), key=lambda x: (x[1]["cluster"], _natural(x[0])))
     if as_json:
         print(json.dumps({n: rec for n, rec in nodes}, indent=2))
@@ -401,8 +470,8 @@ def estimate(cluster: str, nodes: int, walltime: str, as_json: bool) -> None:
 
         try:
             s = await Session.open(settings, kind="estimate", name="coorm estimate", preemptive_views=False)
-        except Exception as e:  # noqa: BLE001
-            raise _unreachable(e, settings) from None
+        except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+            raise _failure(e, settings) from None
         try:
             views = await s.wait_views(10)
         finally:

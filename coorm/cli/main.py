@@ -9,12 +9,14 @@ import typer
 from rich.console import Console
 
 from coorm.cli.dashboards import app as dashboards_app
+from coorm.cli.traces import app as traces_app
 
 app = typer.Typer(help="CooRM: a resource manager where applications cooperate through their launchers.",
                   no_args_is_help=True)
 protocol = typer.Typer(help="The wire protocol.", no_args_is_help=True)
 app.add_typer(protocol, name="protocol")
 app.add_typer(dashboards_app, name="dashboards")
+app.add_typer(traces_app, name="trace")
 
 
 @app.command()
@@ -301,6 +303,7 @@ def usage(
     """Usage per user and application: node-hours by request type, requests, mean wait, preemptions, kills."""
     import time
 
+    from coorm.cli.live import _failure
     from coorm.services.accounting.report import parse_since, print_usage, usage_report
     from coorm.shared.settings import Settings
 
@@ -308,7 +311,12 @@ def usage(
         t = parse_since(since, time.time()) if since else None
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--since") from None
-    print_usage(usage_report(Settings().redis_url, user, t), as_json)
+    settings = Settings()
+    try:
+        rows = usage_report(settings.redis_url, user, t, connect_timeout=settings.connect_timeout)
+    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+        raise _failure(e, settings) from None
+    print_usage(rows, as_json)
 
 
 if __name__ == "__main__":

@@ -73,10 +73,11 @@ def rows_of(totals: Totals, user: str | None = None) -> list[dict]:
     return rows
 
 
-def usage_report(redis_url: str, user: str | None = None, since: float | None = None) -> list[dict]:
+def usage_report(redis_url: str, user: str | None = None, since: float | None = None, *,
+                 connect_timeout: float | None = None) -> list[dict]:
     """Usage rows (see :func:`rows_of`): all time from the roll-ups, or since ``since`` (epoch seconds,
     by request end time; preemptions by when they were announced) from the per-request records."""
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    r = redis.Redis.from_url(redis_url, decode_responses=True, socket_connect_timeout=connect_timeout)
     try:
         if since is None:
             totals = read_totals(r)
