@@ -208,6 +208,7 @@ class AMRLauncher(Launcher):
             return []
         if request == self.initial:
             if self.pa_end is None:  # COALLOC: the pre-allocation started with it (no startNotify of its own)
+                assert self.pa is not None  # asked for in on_open, with the initial request
                 self.waiting.discard(self.pa)
                 self.running[self.pa] = ()
                 self.pa_end = now + self.pa_duration
@@ -291,7 +292,7 @@ class AMRLauncher(Launcher):
         interval = self.announce_interval
         if interval > 0 and self._rest(now) - interval > 0:
             bridge, target = self.new_id(), self.new_id()
-            specs = (
+            specs: tuple[RequestSpec, ...] = (
                 RequestSpec(id=bridge, cluster=self.cluster, nodes=have, duration=interval,
                             related_to=current, related_how=Relation.NEXT),
                 RequestSpec(id=target, cluster=self.cluster, nodes=want, duration=self._rest(now) - interval,
@@ -307,7 +308,7 @@ class AMRLauncher(Launcher):
             return []  # too close to the end of the pre-allocation to ask for anything
         self.updates += 1
         self.chain = [s.id for s in specs]
-        out = [self.submit(*specs), self.finish(current, released)]
+        out: list[Command] = [self.submit(*specs), self.finish(current, released)]
         if released:  # released nodes are not used any more: the step goes on with those it keeps
             self.nodes, self.held = self.nodes[:want], want
         return out

@@ -97,7 +97,7 @@ class PSALauncher(Launcher):
         return out
 
     def _cancel_asked(self) -> list[Command]:
-        out = [self.cancel(rid) for rid in self.asked]
+        out: list[Command] = [self.cancel(rid) for rid in self.asked]
         self.asked.clear()
         return out
 

@@ -11,10 +11,13 @@ from coorm.services.node_allocator.core import NodeAllocator
 from coorm.services.policy_engine.core import PolicyCore, PolicySettings
 from coorm.shared.events import (
     CapacityChanged,
+    Decision,
     Done,
     EndRequest,
     ErrorCode,
     NodeDown,
+    PolicyDecision,
+    PolicyEvent,
     RegisterNodes,
     Rejected,
     StartRequest,
@@ -31,7 +34,7 @@ class CoupledCores:
     def now(self) -> float:
         return self.policy.now
 
-    def handle(self, event, *, pass_now: bool = True) -> list:
+    def handle(self, event: PolicyEvent | RegisterNodes | NodeDown, *, pass_now: bool = True) -> list[Decision]:
         """Feed a policy event (open, submit, done, close, tick) and return every decision it caused,
         the allocator's included. ``pass_now=False``: see :meth:`PolicyCore.handle`."""
         if isinstance(event, Done) and event.released:
@@ -42,29 +45,29 @@ class CoupledCores:
             return self._node_event(event, pass_now)
         return self._feed(self.policy.handle(event, pass_now=pass_now), event.at)
 
-    def register(self, at: float, cluster: str, nodes: list[str]) -> list:
+    def register(self, at: float, cluster: str, nodes: list[str]) -> list[Decision]:
         return self.handle(RegisterNodes(at=at, cluster=cluster, nodes=tuple(nodes)))
 
-    def node_down(self, at: float, node: str) -> list:
+    def node_down(self, at: float, node: str) -> list[Decision]:
         return self.handle(NodeDown(at=at, node=node))
 
-    def tick(self, at: float) -> list:
+    def tick(self, at: float) -> list[Decision]:
         return self.handle(Tick(at=at))
 
     def next_wakeup(self) -> float | None:
         times = [t for t in (self.policy.next_wakeup(), self.allocator.next_wakeup()) if t is not None]
         return min(times) if times else None
 
-    def _node_event(self, event, pass_now: bool = True) -> list:
-        out: list = []
+    def _node_event(self, event: RegisterNodes | NodeDown, pass_now: bool = True) -> list[Decision]:
+        out: list[Decision] = []
         for d in self.allocator.handle(event):
             out.append(d)
             if isinstance(d, CapacityChanged):
                 out.extend(self._feed(self.policy.handle(d.as_event(event.at), pass_now=pass_now), event.at))
         return out
 
-    def _feed(self, decisions: list, at: float) -> list:
-        out: list = []
+    def _feed(self, decisions: list[PolicyDecision], at: float) -> list[Decision]:
+        out: list[Decision] = []
         self.allocator.handle(Tick(at=at))
         for d in decisions:
             out.append(d)

@@ -276,3 +276,9 @@ class CapacityChanged(_Decision):
             at=at, stimulus_id=self.stimulus_id, cluster=self.cluster, up=self.up,
             lost_requests=self.lost_requests, lost_held=self.lost_held,
         )
+
+
+# what the allocator core takes and gives, and what the coupled cores give
+AllocatorEvent = StartRequest | EndRequest | RegisterNodes | NodeDown | Tick
+AllocatorOutput = NodesAssigned | NodesFreed | CapacityChanged
+Decision = PolicyDecision | AllocatorOutput

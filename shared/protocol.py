@@ -387,5 +387,5 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
 )
 
 
-def json_schemas() -> dict[str, dict]:
+def json_schemas() -> dict[str, dict[str, object]]:
     return {m.__name__: m.model_json_schema() for m in WIRE_MODELS}

@@ -91,7 +91,7 @@ class RequestBatch(BaseModel):
             raise ValueError("relation cycle: " + " -> ".join(cycle))
         position = {r.id: i for i, r in enumerate(self.requests)}
         for i, r in enumerate(self.requests):
-            if r.related_how is not Relation.FREE and position.get(r.related_to, -1) > i:
+            if r.related_to is not None and r.related_how is not Relation.FREE and position.get(r.related_to, -1) > i:
                 raise ValueError(
                     f"request {r.id} is related to {r.related_to}, which comes later in the batch: "
                     "send the request it depends on first"

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 INF = math.inf
+_Bounds = tuple[tuple[float, ...], tuple[float, ...]]  # a search's bounds, by its key
 _UNDO = 8  # reservations a Profile can roll back without forgetting what its searches learnt
 
 
@@ -153,7 +154,7 @@ class StepFunction:
         return self.times[bisect_right(self.times, t) :]
 
     # -- arithmetic ---------------------------------------------------------------------------------
-    def _combine(self, other: StepFunction, op) -> StepFunction:
+    def _combine(self, other: StepFunction, op: Callable[[int, int], int]) -> StepFunction:
         start = min(self.times[0], other.times[0])
         times = sorted(set(self.times) | set(other.times))
         return StepFunction.from_steps(
@@ -172,7 +173,7 @@ class StepFunction:
     def maximum(self, other: StepFunction) -> StepFunction:
         return self._combine(other, max)
 
-    def map(self, fn) -> StepFunction:
+    def map(self, fn: Callable[[int], int]) -> StepFunction:
         return StepFunction.from_steps((t, fn(v)) for t, v in zip(self.times, self.values, strict=True))
 
 
@@ -209,10 +210,10 @@ class Profile:
         self._first: list[float] = [self.start]
         # nodes -> (durations, bounds), both ascending: no hole for a duration >= durations[k] starts
         # before bounds[k]
-        self._lbs: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}
+        self._lbs: dict[int, _Bounds] = {}
         # the last reservations with the bounds known before each: a rolled-back tentative placement
         # (the release of the last reservation) brings those bounds back
-        self._undo: list[tuple[float, float, int, dict]] = []
+        self._undo: list[tuple[float, float, int, dict[int, _Bounds]]] = []
 
     @classmethod
     def from_stepfunction(cls, fn: StepFunction, start: float | None = None) -> Profile:

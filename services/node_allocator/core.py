@@ -22,6 +22,8 @@ import bisect
 from dataclasses import dataclass
 
 from coorm.shared.events import (
+    AllocatorEvent,
+    AllocatorOutput,
     CapacityChanged,
     EndRequest,
     NodeDown,
@@ -81,7 +83,7 @@ class NodeAllocator:
         return None
 
     # -- events -------------------------------------------------------------------------------------
-    def handle(self, event) -> list:
+    def handle(self, event: AllocatorEvent) -> list[AllocatorOutput]:
         self.now = max(self.now, getattr(event, "at", self.now))
         out = self._release_holds()
         if isinstance(event, StartRequest):
@@ -113,7 +115,7 @@ class NodeAllocator:
         taken, self._free[cluster] = pool[:count], pool[count:]
         return [nid for _, nid in taken]
 
-    def _release_holds(self) -> list:
+    def _release_holds(self) -> list[AllocatorOutput]:
         if not self._held or self._held[0][0] > self.now:
             return []
         keep = []
@@ -126,7 +128,7 @@ class NodeAllocator:
         self._held = keep
         return []
 
-    def _register(self, ev: RegisterNodes) -> list:
+    def _register(self, ev: RegisterNodes) -> list[AllocatorOutput]:
         for nid in ev.nodes:
             node = self.nodes.get(nid)
             if node is None:
@@ -138,7 +140,7 @@ class NodeAllocator:
                 self._to_free(node)
         return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=ev.cluster, up=self.up(ev.cluster))]
 
-    def _down(self, ev: NodeDown) -> list:
+    def _down(self, ev: NodeDown) -> list[AllocatorOutput]:
         node = self.nodes.get(ev.node)
         if node is None or node.state == DOWN:
             return []
@@ -148,22 +150,22 @@ class NodeAllocator:
             lost_held = 1
         elif node.state == FREE:
             self._free[node.cluster].remove((node.order, node.id))
-        elif node.state == ALLOCATED:
+        elif node.state == ALLOCATED and node.owner is not None:
             lost = (node.owner,)
             self.allocations[node.owner].remove(node.id)
-        elif node.state == PARKED:
+        elif node.state == PARKED and node.owner is not None:
             self._parked[node.owner].remove(node.id)
         node.state, node.owner = DOWN, None
         return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=node.cluster, up=self.up(node.cluster),
                                 lost_requests=lost, lost_held=lost_held)]
 
-    def _start(self, ev: StartRequest) -> list:
+    def _start(self, ev: StartRequest) -> list[AllocatorOutput]:
         if ev.type is RequestType.PRE_ALLOCATION:
             return []
         if ev.request in self.allocations:
             raise AllocationError(f"request {ev.request} is already started")
         kept: list[str] = []
-        out: list = []
+        out: list[AllocatorOutput] = []
         if ev.carry_from is not None:
             parked = self._parked.pop(ev.carry_from, [])
             kept = parked[: ev.carried]
@@ -187,7 +189,7 @@ class NodeAllocator:
         )
         return out
 
-    def _end(self, ev: EndRequest) -> list:
+    def _end(self, ev: EndRequest) -> list[AllocatorOutput]:
         nodes = self.allocations.pop(ev.request, None)
         self._owner_app.pop(ev.request, None)
         if nodes is None:
@@ -203,13 +205,14 @@ class NodeAllocator:
                 self.nodes[nid].state = PARKED
             freed = released + rest[ev.carried :]
         held: list[str] = []
-        if ev.hold_nodes and ev.hold_until is not None and ev.hold_until > self.now:
+        hold_until = ev.hold_until if ev.hold_until is not None else self.now
+        if ev.hold_nodes and hold_until > self.now:
             held = (released + [n for n in freed if n not in released])[: ev.hold_nodes]
         for nid in freed:
             node = self.nodes[nid]
             if nid in held:
                 node.state, node.owner = HELD, None
-                bisect.insort(self._held, (ev.hold_until, nid))
+                bisect.insort(self._held, (hold_until, nid))
             else:
                 self._to_free(node)
         if not freed:

@@ -47,6 +47,8 @@ from coorm.shared.events import (
     NodesChanged,
     OpenSession,
     PassDone,
+    PolicyDecision,
+    PolicyEvent,
     Rejected,
     SessionEnded,
     StartRequest,
@@ -54,7 +56,7 @@ from coorm.shared.events import (
     Tick,
     ViewsChanged,
 )
-from coorm.shared.requests import Relation, RequestBatch, RequestType
+from coorm.shared.requests import Relation, RequestBatch, RequestSpec, RequestType
 from coorm.shared.stepfn import INF, Profile
 
 WAITING, STARTED, ENDED = RequestState.WAITING, RequestState.STARTED, RequestState.ENDED
@@ -109,12 +111,12 @@ class PolicyCore:
     # ============================================================================================
     # public API
     # ============================================================================================
-    def handle(self, event, *, pass_now: bool = True) -> list:
+    def handle(self, event: PolicyEvent, *, pass_now: bool = True) -> list[PolicyDecision]:
         """Apply ``event``; then run a pass if one is due, unless ``pass_now`` is False (more events that
         arrived with this one follow: the pass runs once, after the last of them)."""
         at = max(event.at, self.now)
         self.now = at
-        out: list = []
+        out: list[PolicyDecision] = []
         try:
             reply = self._dispatch(event)
         except CommandError as e:
@@ -151,7 +153,7 @@ class PolicyCore:
     # ============================================================================================
     # commands
     # ============================================================================================
-    def _dispatch(self, event):
+    def _dispatch(self, event: PolicyEvent) -> Accepted | None:
         if isinstance(event, Tick):
             return None
         if isinstance(event, NodesChanged):
@@ -211,7 +213,8 @@ class PolicyCore:
                     raise CommandError(
                         ErrorCode.BAD_RELATION, f"request {spec.id}: {spec.related_to} already has a NEXT successor"
                     )
-                followed.add(spec.related_to)
+                if spec.related_to is not None:  # (the request model refuses a NEXT without it)
+                    followed.add(spec.related_to)
             self._seq += 1
             batch[spec.id] = Request(
                 id=spec.id,
@@ -230,7 +233,7 @@ class PolicyCore:
             app.requests[r.id] = r
             if r.preemptible:
                 app.preemptible[r.id] = r
-            if r.related_how is Relation.NEXT:
+            if r.related_how is Relation.NEXT and r.related_to is not None:
                 self._get(r.related_to).successor = r.id
             self._tell(r.id, "submitted", f"{r.type.value} {r.nodes} nodes on {r.cluster}")
         self.dirty = True
@@ -239,8 +242,10 @@ class PolicyCore:
     def _get(self, rid: str) -> Request:
         return self.requests[rid]
 
-    def _check_relation(self, app: App, spec, batch: dict[str, Request]) -> None:
+    def _check_relation(self, app: App, spec: RequestSpec, batch: dict[str, Request]) -> None:
         rid = spec.related_to
+        if rid is None:  # (the request model refuses a relation without its target)
+            raise CommandError(ErrorCode.BAD_RELATION, f"request {spec.id}: related to nothing")
         target = batch.get(rid) or self.requests.get(rid)
         if target is None:
             if rid in self.ended:
@@ -434,11 +439,11 @@ class PolicyCore:
     def _natural_end(r: Request) -> tuple[EndReason, float]:
         return (EndReason.DONE, r.done_at) if r.done_at is not None else (EndReason.WALLTIME, r.end)
 
-    def _run_pass(self, stimulus: str) -> list:
+    def _run_pass(self, stimulus: str) -> list[PolicyDecision]:
         # decisions leave in causal order: what ended, then what started in view of it; a violator killed
         # at the end of an iteration (possibly right after one of its requests started) gets its ends in
         # the next iteration, after those starts
-        decisions: list = []
+        decisions: list[PolicyDecision] = []
         while True:
             self._expire()
             placer, containers_of = self._place_all()
@@ -510,7 +515,8 @@ class PolicyCore:
         self._np_sigs: dict[str, int] = {}
         containers_of: dict[str, dict[str, list[Container]]] = {}
         lookup = self.requests.get
-        self._due = due = []  # waiting requests placed at now, in priority then submission order
+        self._due: list[Request] = []
+        due = self._due  # waiting requests placed at now, in priority then submission order
         for app in self.priority_order():
             self._marks[app.id] = len(placer.log)
             self._np_sigs[app.id] = placer.signature
@@ -524,9 +530,9 @@ class PolicyCore:
                     inner = [i for i in app.requests.values() if i.container == r.id]
                     containers.setdefault(r.cluster, []).append(placer.container_for(r, r.start, inner))
             if waiting:
-                for p in placer.place_app(waiting, containers, lookup):
-                    p.request.start = p.start
-                    p.request.placed_in = p.container.request.id if p.container else None
+                for pl in placer.place_app(waiting, containers, lookup):
+                    pl.request.start = pl.start
+                    pl.request.placed_in = pl.container.request.id if pl.container else None
                 due.extend(r for r in waiting if r.start <= now)
             containers_of[app.id] = containers
         self._np_sigs["\x00final"] = placer.signature
@@ -549,7 +555,8 @@ class PolicyCore:
         preemption.collect_demands(self, sched)
         return sched
 
-    def _start_due(self, placer: Placer, containers_of, schedule: Schedule, stimulus: str) -> list:
+    def _start_due(self, placer: Placer, containers_of: dict[str, dict[str, list[Container]]], schedule: Schedule,
+                   stimulus: str) -> list[StartRequest]:
         # a predecessor kept past its end for a successor that is not due now ends first: its nodes are
         # free for this pass's starts
         now = self.now
@@ -608,7 +615,7 @@ class PolicyCore:
 
     def _running_predecessor(self, r: Request) -> Request | None:
         """The NEXT predecessor still running (kept past its end) whose nodes ``r`` takes over."""
-        if r.related_how is not Relation.NEXT:
+        if r.related_how is not Relation.NEXT or r.related_to is None:
             return None
         pred = self.requests.get(r.related_to)
         if pred is not None and pred.state is STARTED and pred.end <= self.now and pred.successor == r.id:
@@ -629,7 +636,7 @@ class PolicyCore:
                 self._end(running, EndReason.DONE, max(running.end, running.done_at))
             else:
                 self._end(running, EndReason.NEXT, running.end)
-        pred = self.ended.get(r.related_to) if r.related_how is Relation.NEXT else None
+        pred = self.ended.get(r.related_to) if r.related_how is Relation.NEXT and r.related_to else None
         if pred is not None and r.type is not RequestType.PRE_ALLOCATION:
             pred_req = next((p for p in self._pending_ends if p.id == r.related_to), None)
             if pred_req is not None and pred_req.end_reason not in (EndReason.CANCELLED,):
@@ -655,12 +662,12 @@ class PolicyCore:
 
     def _end_decisions(self, stimulus: str) -> list[EndRequest]:
         out = []
-        holds = {}
+        holds: dict[str, Hold] = {}
         for h in self.holds:
             if h.physical:
                 holds[h.request] = h
         for r in self._pending_ends:
-            h = holds.get(r.id)
+            hold = holds.get(r.id)
             started = r.end_reason is not EndReason.CANCELLED
             succ = r.successor if started and self._carried_to(r) else None
             carried = min(r.nodes - len(r.released), self.requests[succ].nodes) if succ else 0
@@ -678,8 +685,8 @@ class PolicyCore:
                     successor=succ,
                     carried=carried,
                     released=r.released,
-                    hold_nodes=h.nodes if h else 0,
-                    hold_until=h.until if h else None,
+                    hold_nodes=hold.nodes if hold else 0,
+                    hold_until=hold.until if hold else None,
                 )
             )
         self._pending_ends.clear()

@@ -3,7 +3,12 @@ simulator). Each check names what broke; a failure is a bug in the core, never i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from coorm.services.policy_engine.state import RequestState
+
+if TYPE_CHECKING:
+    from coorm.services.policy_engine.core import PolicyCore
 
 STARTED, WAITING = RequestState.STARTED, RequestState.WAITING
 
@@ -12,7 +17,7 @@ class InvariantError(AssertionError):
     pass
 
 
-def check(core) -> None:
+def check(core: PolicyCore) -> None:
     now = core.now
     used = {c: 0 for c in core.clusters}
     for rid, r in core.requests.items():

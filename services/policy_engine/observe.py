@@ -73,7 +73,7 @@ def status(st: StatusReply) -> None:
             m.requests_waiting.labels(r.cluster, r.type).inc()
             if r.start is not None:
                 waits.setdefault(r.cluster, []).append(max(0.0, r.start - st.now))
-    for c, ws in waits.items():
-        m.waiting_estimated_start.labels(c, "soonest").set(min(ws))
-        m.waiting_estimated_start.labels(c, "median").set(statistics.median(ws))
-        m.waiting_estimated_start.labels(c, "latest").set(max(ws))
+    for cluster, ws in waits.items():
+        m.waiting_estimated_start.labels(cluster, "soonest").set(min(ws))
+        m.waiting_estimated_start.labels(cluster, "median").set(statistics.median(ws))
+        m.waiting_estimated_start.labels(cluster, "latest").set(max(ws))

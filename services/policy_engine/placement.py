@@ -22,6 +22,7 @@ breakpoint, so it ends. Members already placed in a failed attempt are rolled ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coorm.services.policy_engine.schedule import Interval, interval_hash
@@ -73,7 +74,7 @@ class Placer:
         self,
         waiting: list[Request],
         containers: dict[str, list[Container]],
-        lookup,
+        lookup: Callable[[str], Request | None],
     ) -> list[Placement]:
         """Place ``waiting`` (non-preemptible and pre-allocations, submission order). ``containers``
         holds the application's running pre-allocations per cluster and gains the ones placed here.
@@ -84,7 +85,7 @@ class Placer:
         groups: dict[str, list[Request]] = {}
         offsets: dict[str, float] = {}
         for r in waiting:
-            target = by_id.get(r.related_to) if r.constrained else None
+            target = by_id.get(r.related_to) if r.constrained and r.related_to is not None else None
             if target is None:
                 groups[r.id] = [r]
                 offsets[r.id] = 0.0
@@ -141,7 +142,7 @@ class Placer:
         self.signature = signature & _MASK
         return placed
 
-    def _fit(self, r: Request, t: float, containers: dict[str, list[Container]]):
+    def _fit(self, r: Request, t: float, containers: dict[str, list[Container]]) -> tuple[float, Container | None]:
         """Where ``r`` starts first: inside one of its application's pre-allocations or wrapped in the
         cluster profile. Ties go inside (the pre-allocation is there for it); an earlier start outside
         wins, so that a request sized within the application's view starts when the view says."""
@@ -257,9 +258,9 @@ def _root(r: Request, by_id: dict[str, Request]) -> str:
     return r.id
 
 
-def _anchor(r: Request, by_id: dict[str, Request], lookup) -> float | None:
+def _anchor(r: Request, by_id: dict[str, Request], lookup: Callable[[str], Request | None]) -> float | None:
     """The lower bound a running (not waiting) related request puts on ``r``'s start."""
-    if not r.constrained or r.related_to in by_id:
+    if not r.constrained or r.related_to is None or r.related_to in by_id:
         return None
     target = lookup(r.related_to)
     if target is None or target.state is not RequestState.STARTED:

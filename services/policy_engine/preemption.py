@@ -12,19 +12,25 @@ Rules:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from coorm.services.policy_engine.schedule import PreemptibleDemand, Schedule, interval_hash
 from coorm.services.policy_engine.shares import preemptive_share
 from coorm.services.policy_engine.state import Request, RequestState
 from coorm.shared.events import PreemptionDeadline
 from coorm.shared.requests import Relation
+
+if TYPE_CHECKING:
+    from coorm.services.policy_engine.core import PolicyCore
+    from coorm.shared.events import StartRequest
 from coorm.shared.stepfn import INF
 
 STARTED, WAITING = RequestState.STARTED, RequestState.WAITING
 
 
-def _lower_bound(core, r: Request, lbs: dict[str, float]) -> float:
+def _lower_bound(core: PolicyCore, r: Request, lbs: dict[str, float]) -> float:
     now = core.now
-    if not r.constrained:
+    if not r.constrained or r.related_to is None:
         return now
     target = core.requests.get(r.related_to)
     if target is None:
@@ -39,7 +45,7 @@ def _lower_bound(core, r: Request, lbs: dict[str, float]) -> float:
     return max(now, lbs.get(target.id, INF) if target.preemptible else target.start)
 
 
-def collect_demands(core, sched: Schedule) -> None:
+def collect_demands(core: PolicyCore, sched: Schedule) -> None:
     """Fill ``sched.demands`` (per cluster, priority order) and the waiting requests' lower bounds."""
     lbs: dict[str, float] = {}
     per_cluster: dict[str, list[PreemptibleDemand]] = {}
@@ -47,7 +53,7 @@ def collect_demands(core, sched: Schedule) -> None:
     for app in core.priority_order():
         if not app.preemptible:
             continue
-        mine: dict[str, list] = {}
+        mine: dict[str, list[tuple[float, float, int]]] = {}
         for r in app.preemptible.values():
             if r.state is STARTED:
                 mine.setdefault(r.cluster, []).append((r.start, r.end, r.nodes))
@@ -68,7 +74,7 @@ def collect_demands(core, sched: Schedule) -> None:
     sched.p_signature = (sig + hash(tuple(sorted(sched.up.items())))) & ((1 << 64) - 1)
 
 
-def _capacity_now(core, sched: Schedule, cluster: str) -> int:
+def _capacity_now(core: PolicyCore, sched: Schedule, cluster: str) -> int:
     used = sched.used_now.get(cluster)
     if used is None:  # once per pass and cluster: start_preemptible and enforce both ask
         now = core.now
@@ -76,7 +82,7 @@ def _capacity_now(core, sched: Schedule, cluster: str) -> int:
     return core.clusters[cluster] - used
 
 
-def _wants_now(core, sched: Schedule, cluster: str) -> list[tuple[str, int, int]]:
+def _wants_now(core: PolicyCore, sched: Schedule, cluster: str) -> list[tuple[str, int, int]]:
     """(app, held, wanted) at now for each application with preemptible requests on ``cluster``."""
     now = core.now
     out = []
@@ -97,8 +103,8 @@ def _wants_now(core, sched: Schedule, cluster: str) -> list[tuple[str, int, int]
     return out
 
 
-def start_preemptible(core, sched: Schedule, free: dict[str, int], stimulus: str) -> list:
-    starts = []
+def start_preemptible(core: PolicyCore, sched: Schedule, free: dict[str, int], stimulus: str) -> list[StartRequest]:
+    starts: list[StartRequest] = []
     policy = core.settings.preemptible
     for cluster in sched.demands:
         capacity = _capacity_now(core, sched, cluster)
@@ -117,9 +123,9 @@ def start_preemptible(core, sched: Schedule, free: dict[str, int], stimulus: str
     return starts
 
 
-def enforce(core, sched: Schedule, stimulus: str) -> tuple[list, list[str]]:
+def enforce(core: PolicyCore, sched: Schedule, stimulus: str) -> tuple[list[PreemptionDeadline], list[str]]:
     """Deadlines for holders above their preemptive view; the applications past theirs."""
-    decisions = []
+    decisions: list[PreemptionDeadline] = []
     violators: list[str] = []
     policy = core.settings.preemptible
     now = core.now
@@ -158,7 +164,7 @@ def enforce(core, sched: Schedule, stimulus: str) -> tuple[list, list[str]]:
     return decisions, violators
 
 
-def next_change(core, sched: Schedule) -> float:
+def next_change(core: PolicyCore, sched: Schedule) -> float:
     """The earliest future time a waiting preemptible request may become startable."""
     t = INF
     for app in core.apps.values():

@@ -56,8 +56,8 @@ def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str) -> St
     apps = []
     for a in policy.apps.values():
         s = sessions.get(a.id, {})
-        w, r, n = per_app.get(a.id, [0, 0, 0])
+        w, running, n = per_app.get(a.id, [0, 0, 0])
         apps.append(AppStatus(app=a.id, user=s.get("user", a.user), name=s.get("name", a.name),
-                              kind=s.get("kind", a.kind), opened=a.opened_at, waiting=w, running=r, nodes=n))
+                              kind=s.get("kind", a.kind), opened=a.opened_at, waiting=w, running=running, nodes=n))
     return StatusReply(now=cores.now, epoch=policy.epoch, leader=leader, clusters=clusters, apps=apps,
                        requests=requests)

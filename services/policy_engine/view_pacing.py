@@ -18,6 +18,7 @@ Nothing is lost: an application pending at a round hears of its views as they st
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -35,7 +36,7 @@ class ViewPacer:
         """``app`` opened its session: its first views go out at once (a launcher chooses on them)."""
         self.fresh.add(app)
 
-    def changed(self, apps, *, urgent: bool = False) -> None:
+    def changed(self, apps: Iterable[str], *, urgent: bool = False) -> None:
         """The views of ``apps`` changed (``urgent``: one of them must hear of it now)."""
         apps = set(apps)
         self.pending |= apps
