@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "workloads" / "LLNL-Atlas-2006-2.1-cln.swf.gz"
+ATLAS = "LLNL-Atlas-2006-2.1-cln"  # the trace of CooRM §IV (coorm.simulator.traces finds or fetches it)
 
 
 def quartiles(values: Sequence[float]) -> dict[str, float]:

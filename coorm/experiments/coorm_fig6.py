@@ -68,7 +68,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from coorm.experiments.common import TRACE, quartiles, save, write_csv
+from coorm.experiments.common import ATLAS, quartiles, save, write_csv
 from coorm.launchers.base import ClusterProps, Launcher
 from coorm.launchers.cem import CEMLauncher, paper_platform
 from coorm.launchers.moldable import SERIAL_FRACTION, MoldableLauncher, amdahl_seq_time, oar_configs
@@ -82,7 +82,9 @@ from coorm.simulator.trace import TraceJob, read_swf
 NAME = "coorm-fig6"
 
 PACK = 200  # jobs per pack (§IV-A)
-TRACE_PACKS = 183  # usable Atlas jobs (36 600) // PACK
+# the trace the packs come from: a catalogue name (found by coorm.simulator.traces.locate) or a path; the
+# tests replay the shipped sample (3,000 Atlas jobs) so that they need no download
+TRACE: str | Path = ATLAS
 MOLDABLE_FRACTION = 0.2
 W2_CEM_FRACTION = 0.5
 FAIR_START = 5.0  # §IV-A
@@ -98,27 +100,40 @@ QUICK = dict(clusters=(1, 2, 4), packs=2, jobs=50)
 # the trace and the workloads (shared with Fig. 7)
 # ======================================================================================================
 def require_trace() -> Path:
-    if not TRACE.exists():
-        raise FileNotFoundError(
-            f"CooRM Fig. 6/7 need the LLNL Atlas trace, not found at {TRACE} "
-            "(expected in ../shared/workloads beside the repository)"
-        )
-    return TRACE
+    from coorm.simulator.traces import TraceError, locate
+
+    if isinstance(TRACE, Path):
+        if not TRACE.exists():
+            raise FileNotFoundError(f"CooRM Fig. 6/7 need the LLNL Atlas trace, not found at {TRACE}")
+        return TRACE
+    try:
+        return locate(TRACE)
+    except TraceError as e:
+        raise FileNotFoundError(f"CooRM Fig. 6/7 need the LLNL Atlas trace: {e}") from None
 
 
-_JOBS: list[TraceJob] | None = None
+_JOBS: dict[Path, list[TraceJob]] = {}
 
 
 def trace_jobs() -> list[TraceJob]:
-    global _JOBS
-    if _JOBS is None:
-        _JOBS, _ = read_swf(require_trace())
-    return _JOBS
+    path = require_trace()
+    if path not in _JOBS:
+        _JOBS[path], _ = read_swf(path)
+    return _JOBS[path]
 
 
 def pack_numbers(packs: int) -> list[int]:
-    """``packs`` pack numbers spread evenly over the trace's packs of 200 jobs."""
-    return [min(TRACE_PACKS - 1, round((i + 0.5) * TRACE_PACKS / packs)) for i in range(packs)]
+    """``packs`` pack numbers spread evenly over the trace's packs of 200 jobs (183 in the Atlas trace)."""
+    total = len(trace_jobs()) // PACK
+    return [min(total - 1, round((i + 0.5) * total / packs)) for i in range(packs)]
+
+
+def pack_seed(number: int) -> int:
+    """The seed of a pack's random draws: its number in the Atlas log, also when it is read from the
+    shipped sample, so that a run on the sample replays exactly what it replays on the whole log."""
+    from coorm.simulator.traces import SAMPLE, SAMPLE_PACKS
+
+    return SAMPLE_PACKS[number] if require_trace() == SAMPLE else number
 
 
 def pack_jobs(number: int, jobs: int) -> list[TraceJob]:
@@ -306,7 +321,7 @@ class Task:
 def run_one(task: Task) -> dict:
     _, props = platform(task.clusters)
     sim = new_simulation(props)
-    launchers = build_workload(task.jobs, props, task.workload, seed=task.pack,
+    launchers = build_workload(task.jobs, props, task.workload, seed=pack_seed(task.pack),
                                moldable_cls=OarTrackedMoldable)
     clock = LauncherClock()
     for k, lau in enumerate(launchers):

@@ -39,6 +39,7 @@ from coorm.experiments.coorm_fig6 import (
     new_simulation,
     pack_jobs,
     pack_numbers,
+    pack_seed,
     platform,
     require_trace,
     run_tasks,
@@ -48,11 +49,11 @@ from coorm.simulator.trace import TraceJob
 
 NAME = "coorm-fig7"
 
-FULL = dict(clusters=4, delays=(0, 1, 2, 5, 10, 20, 30), packs=tuple(pack_numbers(4)),
-            positions=(0.25, 0.5, 0.75), jobs=200)
+# packs: which of the 4 packs spread over the trace (fig6.pack_numbers(4)) are replayed
+FULL = dict(clusters=4, delays=(0, 1, 2, 5, 10, 20, 30), packs=(0, 1, 2, 3), positions=(0.25, 0.5, 0.75),
+            jobs=200)
 # one pack of the full mode, whole: the second, where the fair-start decides (see the module docstring)
-QUICK = dict(clusters=4, delays=(0, 2, 10), packs=(pack_numbers(4)[1],), positions=(0.25, 0.5, 0.75),
-             jobs=200)
+QUICK = dict(clusters=4, delays=(0, 2, 10), packs=(1,), positions=(0.25, 0.5, 0.75), jobs=200)
 HOUR = 3600.0
 
 
@@ -72,7 +73,7 @@ class Task:
 def run_one(task: Task) -> dict:
     _, props = platform(task.clusters)
     sim = new_simulation(props, fair_start=FAIR_START)
-    launchers = build_workload(task.jobs, props, "W1", seed=task.pack, cem_position=task.position,
+    launchers = build_workload(task.jobs, props, "W1", seed=pack_seed(task.pack), cem_position=task.position,
                                cem_delay=task.delay)
     cem = next(lau for lau in launchers if isinstance(lau, CEMLauncher))
     for k, lau in enumerate(launchers):
@@ -157,8 +158,9 @@ def plot(path: Path, runs: list[dict], delays, clusters: int, jobs: int) -> None
 def run(out: Path, quick: bool = False) -> list[dict]:
     cfg = QUICK if quick else FULL
     require_trace()
+    spread = pack_numbers(4)
     tasks = []
-    for p in cfg["packs"]:
+    for p in (spread[i] for i in cfg["packs"]):
         jobs = tuple(pack_jobs(p, cfg["jobs"]))
         for frac in cfg["positions"]:
             pos = round(frac * len(jobs))

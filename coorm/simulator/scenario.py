@@ -13,7 +13,7 @@ portable:
       - {kind: amr, at: 0, cluster: c0, overcommit: 1.0, target_efficiency: 0.75, announce_interval: 0,
          static: false, seed: 1}
       - {kind: next, at: 0, cluster: c0, phases: [[4, 600], [8, 600]]}
-    trace: {file: ../shared/workloads/LLNL-Atlas-2006-2.1-cln.swf.gz, jobs: 200, skip: 0,
+    trace: {file: LLNL-Atlas-2006-2.1-cln, jobs: 200, skip: 0,
             moldable_fraction: 0.2, arrival_interval: 1.0, seed: 1}
 """
 
@@ -149,8 +149,14 @@ class Scenario(_M):
 def load(path: str | Path) -> Scenario:
     data = yaml.safe_load(Path(path).read_text())
     scenario = Scenario.model_validate(data)
-    if scenario.trace is not None and not Path(scenario.trace.file).is_absolute():
-        scenario.trace.file = str((Path(path).parent / scenario.trace.file).resolve())
+    if scenario.trace is not None:
+        file = scenario.trace.file
+        if "/" not in file and not file.endswith((".swf", ".gz")):  # a trace's name: sample, or fetched
+            from coorm.simulator.traces import locate
+
+            scenario.trace.file = str(locate(file))
+        elif not Path(file).is_absolute():
+            scenario.trace.file = str((Path(path).parent / file).resolve())
     return scenario
 
 
