@@ -139,6 +139,19 @@ def schema(out: Path | None = typer.Option(None, help="write one NAME.json per m
     typer.echo(f"wrote {len(schemas)} schemas to {out}")
 
 
+@protocol.command("doc")
+def protocol_doc(out: Path | None = typer.Option(None, help="write it to this file (docs/protocol.md)")) -> None:
+    """Print (or write) the protocol specification, rendered from the endpoint table."""
+    from coorm.shared.protocol_doc import render
+
+    text = render()
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    out.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {out}")
+
+
 # ================================================================================================
 # the live system
 # ================================================================================================

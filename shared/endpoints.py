@@ -1,0 +1,602 @@
+"""Every endpoint of the wire protocol, as data: one :class:`Endpoint` per NATS subject pattern of
+:mod:`coorm.shared.subjects` (DESIGN §3). ``docs/protocol.md`` is rendered from this table
+(:mod:`coorm.shared.protocol_doc`, ``coorm protocol doc``), and the tests hold the table to the code: every
+subject of ``subjects.py`` has an entry, every example validates against its model, and
+``deploy/nats/nats.conf`` grants each role what :func:`permissions` derives from the table and nothing else
+(besides the grants :data:`BROADER_THAN_NEEDED` records).
+
+Rules of the table
+* Subjects are built by the functions and constants of ``subjects.py``, with placeholder tokens
+  (:data:`APP`, :data:`NODE`, :data:`REQUEST`) where an id goes: a subject is defined there, once.
+* ``publishers`` and ``subscribers`` are roles (the NATS users of ``deploy/nats/nats.conf``), and say what
+  the code does, not what the configuration happens to allow. For a JetStream stream, ``subscribers`` are
+  the roles that consume it (through the JetStream API, not by subscribing to the subject).
+* ``errors`` are the codes the subject's handler can answer with, read from the handlers
+  (``services/*/service.py``, the policy core's ``CommandError``s, ``node_agent/agent.py`` and
+  ``node_agent/state.py``); ``bus.serve`` adds ``bad_message`` (undecodable) and ``unavailable`` (the handler
+  failed) to every request/reply subject it serves.
+* A pure data module: no NATS, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel
+
+from coorm.shared import subjects
+from coorm.shared.events import ErrorCode
+from coorm.shared.protocol import (
+    Ack,
+    AgentHeartbeat,
+    AgentRegister,
+    AllocatorDecisions,
+    ChangeNotify,
+    CloseMsg,
+    ClustersInfoReply,
+    DoneMsg,
+    HeartbeatMsg,
+    InfoQuery,
+    InterClusterInfoReply,
+    KillMsg,
+    KillNotify,
+    KillReply,
+    LaunchMsg,
+    LaunchReply,
+    Lifecycle,
+    NodeAssign,
+    NodesEvent,
+    ProcessExited,
+    ProcessOutput,
+    RequestMsg,
+    SessionOpen,
+    SessionOpenReply,
+    StartNotify,
+    StatusQuery,
+    StatusReply,
+    ViewsEpoch,
+    ViewsQuery,
+)
+
+# placeholder tokens: where an id goes in a subject pattern
+APP = "<app>"
+NODE = "<node>"
+REQUEST = "<request>"
+# how each placeholder reads as a NATS wildcard: application and node ids are one token each (the engine
+# names applications a<N>; a node id with a dot would not match the agents' permissions), a request id may
+# hold dots (``Identifier`` allows them) and comes last, so it takes the rest of the subject
+WILDCARDS: Mapping[str, str] = {APP: "*", NODE: "*", REQUEST: ">"}
+
+INBOX = "_INBOX.>"  # where nats-py's requests get their replies (and JetStream its deliveries)
+JETSTREAM = "$JS.>"  # the JetStream API, acknowledgements and flow control
+
+
+class Role(StrEnum):
+    """A NATS user of ``deploy/nats/nats.conf``."""
+
+    SERVICE = "service"  # policy engine, view publisher, node allocator, accounting
+    AGENT = "agent"  # node agents
+    LAUNCHER = "launcher"  # the SDK and the command line (coorm submit, launch, status, estimate)
+
+
+class Kind(StrEnum):
+    REQUEST = "request/reply"  # the reply is the subject's reply model or an ErrorReply, never silence
+    PUBLISH = "publish"  # no reply
+    NOTIFICATION = "notification"  # RMS -> launcher, no reply
+    STREAM = "JetStream stream"  # published to a durable stream, consumed through a durable consumer
+
+
+class Part(StrEnum):
+    """The protocol document's parts, in order."""
+
+    LAUNCHER = "Launcher to RMS"
+    NOTIFY = "RMS to launcher: notifications"
+    NODES = "Launcher and allocator to node agents"
+    PROCESSES = "Node agents to launcher: output and exits"
+    AGENTS = "Node agents to RMS"
+    INTERNAL = "Between services"
+    STREAMS = "JetStream streams"
+
+
+Json = Mapping[str, object]
+
+
+@dataclass(frozen=True, eq=False)
+class Endpoint:
+    subject: str  # the pattern, with placeholders
+    names: tuple[str, ...]  # the names in subjects.py that build it (its wildcard forms included)
+    part: Part
+    kind: Kind
+    request: type[BaseModel] | None  # None: the body is ``{}`` and is not read
+    reply: type[BaseModel] | None
+    publishers: tuple[Role, ...]
+    subscribers: tuple[Role, ...]
+    sent_by: str  # the programs that publish, in words
+    served_by: str  # the programs that subscribe (or consume), in words
+    errors: tuple[ErrorCode, ...]
+    description: str
+    example: Json
+    reply_example: Json | None = None
+    paper: str = ""  # the message's name in the CooRM papers
+    subscribe_as: str | None = None  # the pattern subscribers subscribe to, when it is not the subject
+    stream: str = ""  # JetStream: the stream that captures the subject
+    consumer: str = ""  # JetStream: the durable consumer that reads it
+
+    @property
+    def short(self) -> str:
+        """The subject without the version prefix (a section's title)."""
+        return self.subject.removeprefix(subjects.PREFIX + ".")
+
+    @property
+    def pattern(self) -> str:
+        """The subject as a NATS wildcard pattern (what a permission names)."""
+        return nats_pattern(self.subject)
+
+    @property
+    def subscription(self) -> str:
+        """The NATS pattern its subscribers subscribe to."""
+        return nats_pattern(self.subscribe_as or self.subject)
+
+
+def nats_pattern(subject: str) -> str:
+    return ".".join(WILDCARDS.get(token, token) for token in subject.split("."))
+
+
+# the codes every request/reply subject served through bus.serve can answer
+_SERVED = (ErrorCode.BAD_MESSAGE, ErrorCode.UNAVAILABLE)
+# a launcher's session check (PolicyEngine._check) on every token-carrying subject
+_SESSION = (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN)
+
+_TOKEN = "kq3XbN0cY1vH8mWfR2pLzT6sJ4aEdG7u"  # an example session token (the engine draws 24 random bytes)
+_SHA = "9f2c4e1a7b3d5f60819a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70"  # an example SHA-256, hex
+_T0 = 1767225600.0
+_LAUNCHERS = "launchers (the SDK, the command line)"  # an example wall-clock time (seconds)
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    # -- launcher -> RMS ----------------------------------------------------------------------------------
+    Endpoint(
+        subject=subjects.SESSION_OPEN, names=("SESSION_OPEN",), part=Part.LAUNCHER, kind=Kind.REQUEST,
+        request=SessionOpen, reply=SessionOpenReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="subscribe",
+        # DUPLICATE: the core refuses an application id it already has (only if the id counter in Redis were
+        # lost while the engine's state was not)
+        errors=(*_SERVED, ErrorCode.DUPLICATE),
+        description=(
+            "Open a session. The filter names the clusters the application may use and whether it wants "
+            "preemptive views; ``user``, ``name`` and ``kind`` are recorded for status and accounting. The "
+            "reply gives the application id, the session token that every later request of the session "
+            "carries, the session's own subjects, and how often the launcher must send a heartbeat. The "
+            "opening time is the application's priority."),
+        example={"filter": {"clusters": ["c0"], "preemptive_views": False}, "user": "alice", "name": "sim-42",
+                 "kind": "rigid"},
+        reply_example={"app": "a7", "token": _TOKEN, "heartbeat_interval": 5.0, "subjects": {
+            "request": subjects.app_request("a7"), "done": subjects.app_done("a7"),
+            "close": subjects.app_close("a7"), "heartbeat": subjects.app_heartbeat("a7"),
+            "change": subjects.notify_change("a7"), "start": subjects.notify_start("a7"),
+            "kill": subjects.notify_kill("a7")}},
+    ),
+    Endpoint(
+        subject=subjects.app_views(APP), names=("app_views", "APP_VIEWS_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST, request=InfoQuery, reply=ChangeNotify, publishers=(Role.LAUNCHER,),
+        subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="view publisher", errors=_SERVED,
+        description=(
+            "Every current view of the application, as one ``changeNotify`` (the same message the "
+            "notification subject carries). A launcher asks once it has subscribed to its notifications, "
+            "because the first ``changeNotify`` may have gone out before it listened. The view publisher "
+            "then sends only changes again. The body is ``{}``; the session token is not checked (issue 12)."),
+        example={},
+        reply_example={"app": "a7", "epoch": 12, "now": _T0, "changes": [
+            {"cluster": "c0", "type": "non_preemptive", "cap": [[_T0, 16], [_T0 + 600, 64]]}]},
+    ),
+    Endpoint(
+        subject=subjects.CLUSTERS_INFO, names=("CLUSTERS_INFO",), part=Part.LAUNCHER, kind=Kind.REQUEST,
+        request=InfoQuery, reply=ClustersInfoReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        sent_by=_LAUNCHERS, served_by="view publisher", errors=_SERVED, paper="listClustersInfo",
+        description=(
+            "CINFO of every cluster: its up nodes and, per node, the fewest cores and the least memory among "
+            "them; its relative speed (from the operator's inventory). The body is ``{}``."),
+        example={},
+        reply_example={"clusters": [{"id": "c0", "nodes": 64, "cores_per_node": 32, "memory_mb_per_node": 131072,
+                                     "speed": 1.0}]},
+    ),
+    Endpoint(
+        subject=subjects.CLUSTERS_INTERINFO, names=("CLUSTERS_INTERINFO",), part=Part.LAUNCHER, kind=Kind.REQUEST,
+        request=InfoQuery, reply=InterClusterInfoReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        sent_by=_LAUNCHERS, served_by="view publisher", errors=_SERVED, paper="listInterClusterInfo",
+        description=(
+            "ICINFO of every pair of clusters: latency and bandwidth, from the operator's inventory (defaults "
+            "for pairs it does not name). The body is ``{}``."),
+        example={},
+        reply_example={"links": [{"a": "c0", "b": "c1", "latency_ms": 12.0, "bandwidth_mbps": 10000.0}]},
+    ),
+    Endpoint(
+        subject=subjects.app_request(APP), names=("app_request", "APP_REQUEST_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST, request=RequestMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="request",
+        errors=(*_SERVED, *_SESSION, ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.DUPLICATE,
+                ErrorCode.BAD_RELATION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED),
+        description=(
+            "Add a batch of requests, accepted or refused as a whole. Each names its type, cluster, number of "
+            "nodes, duration (seconds; absent only for a preemptible request: unbounded) and may relate to "
+            "another request of the same application (``COALLOC``: start together; ``NEXT``: start at its end "
+            "and take its nodes over). Request ids are the application's, unique for the life of the system "
+            "(the SDK prefixes them with the application id). The ``Ack`` lists the ids accepted."),
+        example={"token": _TOKEN, "requests": [
+            {"id": "a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16, "duration": 3600.0},
+            {"id": "a7.extra", "type": "preemptible", "cluster": "c0", "nodes": 8, "related_to": "a7.run",
+             "related_how": "COALLOC"}]},
+        reply_example={"ok": True, "requests": ["a7.run", "a7.extra"]},
+    ),
+    Endpoint(
+        subject=subjects.app_done(APP), names=("app_done", "APP_DONE_ANY"), part=Part.LAUNCHER, kind=Kind.REQUEST,
+        request=DoneMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="done",
+        errors=(*_SERVED, *_SESSION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED,
+                ErrorCode.BAD_RELEASE),
+        description=(
+            "End a started request now, or cancel one not started yet. ``released`` names node IDs the "
+            "application gives back when a ``NEXT`` successor keeps the others (an update to fewer nodes); "
+            "they must be nodes the request holds. A request with a waiting ``NEXT`` successor keeps its "
+            "nodes until the successor starts on them."),
+        example={"token": _TOKEN, "request": "a7.run", "released": ["c0n12", "c0n13"]},
+        reply_example={"ok": True, "requests": ["a7.run"]},
+    ),
+    Endpoint(
+        subject=subjects.app_heartbeat(APP), names=("app_heartbeat", "APP_HEARTBEAT_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST, request=HeartbeatMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_SERVED, *_SESSION),
+        description=(
+            "The session is alive. A launcher sends one every ``heartbeat_interval`` seconds (from the "
+            "session's reply); a session silent for the engine's ``session_timeout`` is closed (reaped): its "
+            "waiting requests are cancelled, its running ones ended and their processes killed."),
+        example={"token": _TOKEN},
+        reply_example={"ok": True, "requests": []},
+    ),
+    Endpoint(
+        subject=subjects.app_close(APP), names=("app_close", "APP_CLOSE_ANY"), part=Part.LAUNCHER, kind=Kind.REQUEST,
+        request=CloseMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_SERVED, *_SESSION),
+        description=(
+            "End the session: its waiting requests are cancelled, its running ones end (reason "
+            "``session_closed``) and the agents kill their processes."),
+        example={"token": _TOKEN},
+        reply_example={"ok": True, "requests": []},
+    ),
+    Endpoint(
+        subject=subjects.QUERY_STATUS, names=("QUERY_STATUS",), part=Part.LAUNCHER, kind=Kind.REQUEST,
+        request=StatusQuery, reply=StatusReply, publishers=(Role.LAUNCHER, Role.SERVICE),
+        subscribers=(Role.SERVICE,),
+        sent_by="``coorm status``, ``apps``, ``requests``, ``estimate`` (as a launcher); the in-process stack "
+                "waiting for its nodes (``services/stack.py``, as a service)",
+        served_by="policy engine (the leader)", errors=_SERVED,
+        description=(
+            "What the policy engine knows now: per cluster a partition of its up nodes, every open session, "
+            "every waiting and started request with its scheduled (or actual) start and planned end. The body "
+            "is ``{}``."),
+        example={},
+        reply_example={"now": _T0, "epoch": 12, "leader": "policy-1f2e3d4c",
+                       "clusters": [{"cluster": "c0", "up": 64, "non_preemptible": 16, "pre_allocated_unused": 0,
+                                     "preemptible": 8, "held": 0, "idle": 40}],
+                       "apps": [{"app": "a7", "user": "alice", "name": "sim-42", "kind": "malleable",
+                                 "opened": _T0 - 60, "waiting": 0, "running": 2, "nodes": 24}],
+                       "requests": [{"app": "a7", "request": "a7.run", "type": "non-preemptible", "cluster": "c0",
+                                     "nodes": 16, "state": "started", "submitted": _T0 - 50, "start": _T0 - 49,
+                                     "end": _T0 + 3551}]},
+    ),
+    # -- RMS -> launcher ----------------------------------------------------------------------------------
+    Endpoint(
+        subject=subjects.notify_change(APP), names=("notify_change",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
+        request=ChangeNotify, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.LAUNCHER,),
+        sent_by="view publisher", served_by="the application's launcher", errors=(), paper="changeNotify",
+        description=(
+            "CHANGE events: for each cluster and view type (``non_preemptive``, ``preemptive``) whose view "
+            "changed, the new view as a CAP, a step function ``[[t, nodes], ...]`` of absolute times (the last "
+            "step lasts for ever): how many nodes a new request of the application could get from time t on. "
+            "Sent when, and only when, one of the application's views changed; the policy engine paces them. A "
+            "launcher that asked for no preemptive views gets none."),
+        example={"app": "a7", "epoch": 13, "now": _T0, "changes": [
+            {"cluster": "c0", "type": "preemptive", "cap": [[_T0, 8], [_T0 + 30, 2]]}]},
+    ),
+    Endpoint(
+        subject=subjects.notify_start(APP), names=("notify_start",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
+        request=StartNotify, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.LAUNCHER,),
+        sent_by="node allocator", served_by="the application's launcher", errors=(), paper="startNotify",
+        description=(
+            "A request started: its node IDs (empty for a pre-allocation, which holds no node IDs), those of "
+            "them it ``kept`` from its ``NEXT`` predecessor, and its planned end (``null``: none). The agents of "
+            "the nodes heard of the assignment before this notification went out, so the launcher may launch "
+            "on them at once."),
+        example={"app": "a7", "request": "a7.run", "cluster": "c0", "nodes": ["c0n0", "c0n1"], "kept": [],
+                 "end": _T0 + 3600},
+    ),
+    Endpoint(
+        subject=subjects.notify_kill(APP), names=("notify_kill",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
+        request=KillNotify, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.LAUNCHER,),
+        sent_by="node allocator", served_by="the application's launcher", errors=(),
+        description=(
+            "A started request ended, whatever the reason: its own ``done``, a ``NEXT`` hand-over, its "
+            "walltime, a node failure, a protocol violation (preemptible nodes kept past the grace), the "
+            "session's end, or the end of the pre-allocation it ran in. ``nodes`` are the node IDs it held; "
+            "their processes are being killed (the agents publish each exit)."),
+        example={"app": "a7", "request": "a7.extra", "reason": "violation", "nodes": ["c0n16", "c0n17"]},
+    ),
+    # -- to the node agents -------------------------------------------------------------------------------
+    Endpoint(
+        subject=subjects.node_assign(NODE), names=("node_assign",), part=Part.NODES, kind=Kind.PUBLISH,
+        request=NodeAssign, reply=Ack, publishers=(Role.SERVICE,), subscribers=(Role.AGENT,),
+        subscribe_as=subjects.node_assign(NODE).rsplit(".", 1)[0] + ".*",
+        sent_by="node allocator", served_by="the node's agent",
+        errors=(*_SERVED, ErrorCode.BAD_REQUEST),
+        description=(
+            "The node now belongs to ``request`` of ``app`` until ``end`` (``null``: no end): only a launch "
+            "carrying the session token whose SHA-256 is ``token_sha256`` may start processes on it. Processes "
+            "of any other request there are killed, except those of ``previous`` (a ``NEXT`` predecessor of "
+            "the same application), which go on under ``request``. The allocator publishes it without asking "
+            "for a reply; the agent answers ``Ack`` (or an ``ErrorReply``) when a reply subject is given. An "
+            "agent subscribes once per node to ``node.<node>.*``, so that an assignment and the launch after it "
+            "are handled in the order they were sent."),
+        example={"app": "a7", "request": "a7.run", "nodes": ["c0n0", "c0n1"], "token_sha256": _SHA,
+                 "end": _T0 + 3600, "previous": None},
+        reply_example={"ok": True, "requests": []},
+    ),
+    Endpoint(
+        subject=subjects.node_launch(NODE), names=("node_launch",), part=Part.NODES, kind=Kind.REQUEST,
+        request=LaunchMsg, reply=LaunchReply, publishers=(Role.LAUNCHER,), subscribers=(Role.AGENT,),
+        subscribe_as=subjects.node_launch(NODE).rsplit(".", 1)[0] + ".*",
+        sent_by=_LAUNCHERS, served_by="the node's agent",
+        errors=(*_SERVED, ErrorCode.NOT_OWNER, ErrorCode.BAD_TOKEN, ErrorCode.BAD_REQUEST),
+        description=(
+            "Start ``argv`` on the node for a request that holds it now, in its own process group, with "
+            "``env`` added to the agent's environment and ``COORM_NODE``, ``COORM_NODES``, ``COORM_REQUEST``, "
+            "``COORM_APP`` set. ``not_owner``: the node is not the request's now; ``bad_token``: the token is "
+            "not the session's; ``bad_request``: the program could not be started; ``unavailable``: the agent "
+            "is stopping. The process's output and exit come on ``app.<app>.output.<request>`` and "
+            "``app.<app>.exited``."),
+        example={"token": _TOKEN, "app": "a7", "request": "a7.run", "argv": ["./sim", "--steps", "1000"],
+                 "env": {"OMP_NUM_THREADS": "32"}, "cwd": "/home/alice/sim"},
+        reply_example={"ok": True, "pids": [41873]},
+    ),
+    Endpoint(
+        subject=subjects.node_kill(NODE), names=("node_kill",), part=Part.NODES, kind=Kind.REQUEST,
+        request=KillMsg, reply=KillReply, publishers=(Role.SERVICE,), subscribers=(Role.AGENT,),
+        subscribe_as=subjects.node_kill(NODE).rsplit(".", 1)[0] + ".*",
+        sent_by="node allocator", served_by="the node's agent", errors=_SERVED,
+        description=(
+            "The node no longer belongs to ``request``: TERM to each of its process groups there, KILL after "
+            "``grace`` seconds. The reply comes once they are all dead, with their pids. (A launcher cannot "
+            "kill: it ends a request with ``done``.)"),
+        example={"request": "a7.run", "grace": 5.0, "reason": "done"},
+        reply_example={"ok": True, "killed": [41873]},
+    ),
+    # -- node agents -> launcher -----------------------------------------------------------------------------
+    Endpoint(
+        subject=subjects.app_output(APP, REQUEST), names=("app_output", "app_output_any"), part=Part.PROCESSES,
+        kind=Kind.PUBLISH, request=ProcessOutput, reply=None, publishers=(Role.AGENT,), subscribers=(Role.LAUNCHER,),
+        subscribe_as=subjects.app_output_any(APP), sent_by="node agents", served_by="the application's launcher",
+        errors=(),
+        description=(
+            "What a launched process prints, line by line (a line longer than 64 KiB in pieces), on "
+            "``stdout`` or ``stderr``, decoded as UTF-8 (undecodable bytes replaced). ``request`` is the request "
+            "the process runs under now (a ``NEXT`` hand-over changes it). A launcher subscribes to "
+            "``app.<app>.output.>`` before it launches. No reply; nothing is kept for a launcher that is not "
+            "listening."),
+        example={"node": "c0n0", "request": "a7.run", "pid": 41873, "stream": "stdout", "data": "step 10 of 1000\n"},
+    ),
+    Endpoint(
+        subject=subjects.app_exited(APP), names=("app_exited",), part=Part.PROCESSES, kind=Kind.PUBLISH,
+        request=ProcessExited, reply=None, publishers=(Role.AGENT,), subscribers=(Role.LAUNCHER,),
+        sent_by="node agents", served_by="the application's launcher", errors=(),
+        description=(
+            "A launched process ended, after its output was sent: its exit status (minus the signal that "
+            "ended it), and whether the agent killed it (told to, or the allocation's end passed). What it "
+            "left running in its process group was killed. The same message goes to ``agent.exited``."),
+        example={"node": "c0n0", "app": "a7", "request": "a7.run", "pid": 41873, "code": 0, "killed": False},
+    ),
+    # -- node agents -> RMS ---------------------------------------------------------------------------------
+    Endpoint(
+        subject=subjects.AGENT_REGISTER, names=("AGENT_REGISTER",), part=Part.AGENTS, kind=Kind.REQUEST,
+        request=AgentRegister, reply=Ack, publishers=(Role.AGENT,), subscribers=(Role.SERVICE,),
+        sent_by="node agents", served_by="node allocator", errors=(*_SERVED, ErrorCode.BAD_REQUEST),
+        description=(
+            "An agent's nodes are up: their ids, cores and memory, in one cluster. The allocator records them "
+            "and brings them up in the policy engine. ``bad_request``: a node is already registered in "
+            "another cluster; ``unavailable``: no policy engine leader yet (the agent registers again, with "
+            "back-off, until it gets an ``Ack``)."),
+        example={"agent": "agent-c0", "cluster": "c0", "nodes": [{"id": "c0n0", "cores": 32, "memory_mb": 131072},
+                                                                 {"id": "c0n1", "cores": 32, "memory_mb": 131072}]},
+        reply_example={"ok": True, "requests": []},
+    ),
+    Endpoint(
+        subject=subjects.AGENT_HEARTBEAT, names=("AGENT_HEARTBEAT",), part=Part.AGENTS, kind=Kind.PUBLISH,
+        request=AgentHeartbeat, reply=None, publishers=(Role.AGENT,), subscribers=(Role.SERVICE,),
+        sent_by="node agents", served_by="node allocator", errors=(),
+        description=(
+            "The agent is alive, with its nodes and how many processes it runs. An agent silent for the "
+            "allocator's ``agent_timeout`` has its nodes marked down (their requests end with "
+            "``node_failure``); a heartbeat from an agent the allocator does not know (or knows as down) "
+            "makes it publish ``agent.hello``."),
+        example={"agent": "agent-c0", "nodes": ["c0n0", "c0n1"], "processes": 2},
+    ),
+    Endpoint(
+        subject=subjects.AGENT_EXITED, names=("AGENT_EXITED",), part=Part.AGENTS, kind=Kind.PUBLISH,
+        request=ProcessExited, reply=None, publishers=(Role.AGENT,), subscribers=(),
+        sent_by="node agents", served_by="no CooRM program today (for operators' tools)", errors=(),
+        description=(
+            "Every process exit of every agent, in one place (the same message as ``app.<app>.exited``). No "
+            "CooRM service subscribes to it."),
+        example={"node": "c0n1", "app": "a7", "request": "a7.run", "pid": 41874, "code": -15, "killed": True},
+    ),
+    Endpoint(
+        subject=subjects.AGENT_HELLO, names=("AGENT_HELLO",), part=Part.AGENTS, kind=Kind.PUBLISH,
+        request=None, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.AGENT,),
+        sent_by="node allocator", served_by="node agents", errors=(),
+        description=(
+            "Register again, now: the allocator publishes it when it starts (agents that registered before it "
+            "ran) and when it hears a heartbeat from an agent it does not know as up. The body is ``{}`` and "
+            "is not read."),
+        example={},
+    ),
+    # -- between services ----------------------------------------------------------------------------------
+    Endpoint(
+        subject=subjects.SCHEDULE_EPOCH, names=("SCHEDULE_EPOCH",), part=Part.INTERNAL, kind=Kind.PUBLISH,
+        request=ViewsEpoch, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.SERVICE,),
+        sent_by="policy engine (the leader)", served_by="view publisher", errors=(),
+        description=(
+            "After a scheduling pass, in paced rounds: the views of the applications whose views changed (of "
+            "the clusters of each one's filter; every application when ``full``), and the sessions that "
+            "ended. A round too big for one message is split. The view publisher compares them with what it "
+            "last sent each application and sends the differences as ``changeNotify``."),
+        example={"epoch": 13, "now": _T0, "views": {"a7": {"c0": {"non_preemptive": [[_T0, 16]],
+                                                                  "preemptive": [[_T0, 8], [_T0 + 30, 2]]}}},
+                 "closed": ["a3"], "full": False},
+    ),
+    Endpoint(
+        subject=subjects.VIEWS_QUERY, names=("VIEWS_QUERY",), part=Part.INTERNAL, kind=Kind.REQUEST,
+        request=ViewsQuery, reply=ViewsEpoch, publishers=(Role.SERVICE,), subscribers=(Role.SERVICE,),
+        sent_by="view publisher (after it starts)", served_by="policy engine (the leader)", errors=_SERVED,
+        description=(
+            "Every current view of every application (``full``): a view publisher that (re)started asks until "
+            "a leader answers. The body is ``{}``."),
+        example={},
+        reply_example={"epoch": 13, "now": _T0, "views": {"a7": {"c0": {"non_preemptive": [[_T0, 16]],
+                                                                        "preemptive": None}}},
+                       "closed": [], "full": True},
+    ),
+    Endpoint(
+        subject=subjects.NODES_EVENT, names=("NODES_EVENT",), part=Part.INTERNAL, kind=Kind.REQUEST,
+        request=NodesEvent, reply=Ack, publishers=(Role.SERVICE,), subscribers=(Role.SERVICE,),
+        sent_by="node allocator", served_by="policy engine (the leader)", errors=_SERVED,
+        description=(
+            "An agent's nodes came up (``register``) or went down (``down``: the agent went silent). The "
+            "``Ack`` comes once the event is in the engine's log and applied."),
+        example={"kind": "register", "cluster": "c0", "nodes": ["c0n0", "c0n1"]},
+        reply_example={"ok": True, "requests": []},
+    ),
+    # -- JetStream ---------------------------------------------------------------------------------------
+    Endpoint(
+        subject=subjects.DECISIONS, names=("DECISIONS", "DECISIONS_STREAM"), part=Part.STREAMS, kind=Kind.STREAM,
+        request=AllocatorDecisions, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.SERVICE,),
+        stream=subjects.DECISIONS_STREAM, consumer="node-allocator",
+        sent_by="policy engine (the leader)", served_by="node allocator (durable push consumer, explicit ack)",
+        errors=(),
+        description=(
+            "What the node side acts on after one event, in the order the cores decided it: requests that "
+            "start and end, nodes assigned and freed, capacity changes, sessions ended, preemption deadlines. "
+            "One message per event, with the header ``Nats-Msg-Id: <incarnation>.<stimulus id>``: a new leader "
+            "republishes the decisions of the last events it replays and the stream drops the duplicates (a "
+            "two-minute window). The allocator acknowledges a message once it acted on it."),
+        example={"decisions": [
+            {"kind": "start", "stimulus_id": "e41", "app": "a7", "request": "a7.run", "type": "non-preemptible",
+             "cluster": "c0", "nodes": 2, "at": _T0, "end": _T0 + 3600},
+            {"kind": "assigned", "stimulus_id": "e41", "app": "a7", "request": "a7.run", "cluster": "c0",
+             "nodes": ["c0n0", "c0n1"]}]},
+    ),
+    Endpoint(
+        subject=subjects.LIFECYCLE, names=("LIFECYCLE", "LIFECYCLE_STREAM"), part=Part.STREAMS, kind=Kind.STREAM,
+        request=Lifecycle, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.SERVICE,),
+        stream=subjects.LIFECYCLE_STREAM, consumer="accounting",
+        sent_by="policy engine (the leader)", served_by="accounting (durable pull consumer, explicit ack)",
+        errors=(),
+        description=(
+            "One step of an allocation's or a session's life, for accounting: a session opened or ended, a "
+            "request started or ended (with its times, size and end reason), a preemption deadline. "
+            "De-duplicated by ``Nats-Msg-Id`` like the decisions; kept seven days."),
+        example={"kind": "ended", "at": _T0 + 3600, "app": "a7", "user": "alice", "app_kind": "rigid",
+                 "request": "a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16,
+                 "started_at": _T0, "reason": "done"},
+    ),
+)
+
+
+# ================================================================================================
+# roles
+# ================================================================================================
+@dataclass(frozen=True)
+class Permissions:
+    """What a role needs of the NATS server: the patterns it publishes to and subscribes to, and whether
+    it replies to requests it receives (``allow_responses``)."""
+
+    publish: frozenset[str]
+    subscribe: frozenset[str]
+    responses: bool
+
+
+def permissions(role: Role) -> Permissions:
+    """The role's needs, derived from the table."""
+    publish: set[str] = set()
+    subscribe: set[str] = set()
+    responses = False
+    for e in ENDPOINTS:
+        if role in e.publishers:
+            publish.add(e.pattern)
+            if e.kind in (Kind.REQUEST, Kind.STREAM):
+                subscribe.add(INBOX)  # a reply, or JetStream's acknowledgement of the publish
+            if e.kind is Kind.STREAM:
+                publish.add(JETSTREAM)  # the publisher creates the stream (services.runtime.ensure_streams)
+        if role in e.subscribers:
+            if e.kind is Kind.STREAM:
+                # a consumer works through the JetStream API; its messages arrive on an inbox
+                publish.add(JETSTREAM)
+                subscribe.add(INBOX)
+            else:
+                subscribe.add(e.subscription)
+                responses = responses or e.reply is not None
+    return Permissions(frozenset(publish), frozenset(subscribe), responses)
+
+
+@dataclass(frozen=True)
+class BroadGrant:
+    """A grant of ``deploy/nats/nats.conf`` knowingly broader than what the role needs: NATS permissions
+    are per user, and every launcher (and every agent) shares its role's user."""
+
+    role: Role
+    action: Literal["publish", "subscribe"]
+    pattern: str
+    why: str
+
+
+# issue 12 (authentication): each of these needs a user (or an account, or a per-user inbox prefix) per
+# launcher or per agent to close
+BROADER_THAN_NEEDED: tuple[BroadGrant, ...] = (
+    BroadGrant(Role.LAUNCHER, "subscribe", INBOX,
+               "a launcher needs the replies to its own requests only, but may read every connection's, "
+               "other sessions' tokens in their ``session.open`` replies included (issue 12)"),
+    *(BroadGrant(Role.LAUNCHER, "subscribe", e.subscription,
+                 "a launcher needs its own application's, but may read every application's (issue 12)")
+      for e in ENDPOINTS if Role.LAUNCHER in e.subscribers and APP in e.subject),
+    BroadGrant(Role.LAUNCHER, "publish", nats_pattern(subjects.app_views(APP)),
+               "not token-checked: a launcher may ask for any application's views (issue 12)"),
+    BroadGrant(Role.AGENT, "publish", nats_pattern(subjects.app_output(APP, REQUEST)),
+               "an agent publishes for the applications on its nodes, but may publish for any (issue 12)"),
+    BroadGrant(Role.AGENT, "publish", nats_pattern(subjects.app_exited(APP)),
+               "an agent publishes for the applications on its nodes, but may publish for any (issue 12)"),
+    BroadGrant(Role.AGENT, "subscribe", nats_pattern(subjects.node_launch(NODE).rsplit(".", 1)[0] + ".*"),
+               "an agent needs its own nodes' subjects, but may read every node's, launch tokens included "
+               "(issue 12)"),
+)
+
+
+ERROR_MEANINGS: Mapping[ErrorCode, str] = {
+    ErrorCode.BAD_MESSAGE: "not JSON, or not the subject's message (a missing, unknown or ill-typed field)",
+    ErrorCode.BAD_REQUEST: "well-formed but refused: a request batch the policy cannot take as a whole (e.g. a "
+                           "cycle of relations), a node registered in another cluster, a program that cannot "
+                           "be started, an assignment that does not name the node",
+    ErrorCode.UNKNOWN_APP: "no open session for the application of the subject",
+    ErrorCode.BAD_TOKEN: "the session token does not match the application",
+    ErrorCode.UNKNOWN_CLUSTER: "a request names a cluster the RMS does not know",
+    ErrorCode.UNKNOWN_REQUEST: "no request with that id",
+    ErrorCode.NOT_YOURS: "the request belongs to another application",
+    ErrorCode.DUPLICATE: "the id is already used (request ids are unique for the life of the system)",
+    ErrorCode.BAD_RELATION: "a relation the policy refuses: NEXT after a request of another type or cluster, a "
+                            "second NEXT successor, a non-preemptible request co-allocated with a preemptible one",
+    ErrorCode.BAD_RELEASE: "``released`` names a node twice, nodes the request does not hold, or more nodes than "
+                           "it has",
+    ErrorCode.ENDED: "the request (or the one it relates to) has already ended",
+    ErrorCode.NOT_OWNER: "a launch on a node the request does not hold now (never assigned, given to another, "
+                         "or its allocation's end passed)",
+    ErrorCode.UNAVAILABLE: "the service cannot take it now (no leader yet, stopping, or an internal error): "
+                           "retry",
+}
