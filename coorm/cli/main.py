@@ -91,9 +91,9 @@ def _experiments() -> dict:
     found = {}
     for module in EXPERIMENTS:
         try:
-            mod = importlib.import_module(f"experiments.{module}")
+            mod = importlib.import_module(f"coorm.experiments.{module}")
         except ModuleNotFoundError as e:
-            if e.name != f"experiments.{module}":
+            if e.name != f"coorm.experiments.{module}":
                 raise  # a real import error inside the experiment, not a missing experiment
             continue
         found[mod.NAME] = mod

@@ -70,3 +70,14 @@ def test_demo_runs_the_mixed_workload_live_and_draws_utilisation(tmp_path):
         assert f" {name} " in r.stdout
     png = tmp_path / "utilisation.png"
     assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_experiment_list_names_every_experiment_module():
+    """The command finds the experiments by their module path in the package (a stale path made it list
+    nothing but an import error)."""
+    from coorm.cli.main import EXPERIMENTS
+
+    run = subprocess.run([*_coorm(), "experiment", "list"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    names = [line.split(":")[0] for line in run.stdout.splitlines() if line.strip()]
+    assert len(names) == len(EXPERIMENTS) and "coorm-fig6" in names and "coormv2-fig9" in names

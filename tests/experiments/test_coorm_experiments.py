@@ -1,6 +1,7 @@
 """The CooRM experiments (Fig. 6 and Fig. 7) in quick mode: each writes its CSV and PNG, and its quick result
-shows the paper's trends. They replay the shipped sample of the LLNL Atlas trace (3,000 of its jobs), so
-that every machine runs them on the same data, with nothing to download."""
+shows the paper's trends. They replay the shipped sample of the LLNL Atlas trace (the 800 jobs of the packs
+quick mode reads, with the same random draws as on the whole log), so that every machine runs them on the
+same data, with nothing to download."""
 
 from __future__ import annotations
 
