@@ -387,7 +387,8 @@ def _header() -> list[str]:
         "",
         "## 2. Related documents",
         "",
-        "- The design of record, section 3 (the protocol) and section 4 (the policy).",
+        "- [architecture.md](architecture.md): what each service owns, a request's life, the policy and its "
+        "invariants.",
         "- The papers: CooRM (`subscribe`, `listClustersInfo`, `listInterClusterInfo`, `request`, `done`, "
         "`changeNotify`, `startNotify`) and CooRMv2 (pre-allocations, preemptible requests, updates).",
         "- The JSON Schema of every message: `coorm protocol schema` (for launchers in other languages).",
