@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,9 +22,32 @@ from coorm.launchers.base import Close, Command, Done, Launcher, Submit, Timer
 from coorm.launchers.sdk import Closed, Exited, Killed, Session, Started, ViewsChanged
 from coorm.shared import bus
 from coorm.shared.events import ErrorCode
-from coorm.shared.protocol import ProcessOutput
+from coorm.shared.protocol import RELEASE_KILL_REASONS, ProcessOutput
 
 log = structlog.get_logger("coorm.launcher")
+
+
+CANNOT_RUN = {ErrorCode.COMMAND_NOT_FOUND: 127, ErrorCode.NOT_EXECUTABLE: 126}
+
+
+def process_exit_code(ev: Exited) -> int:
+    """What a process's end means for the job's exit code, as a shell would report it: its own status, 128 +
+    the signal that ended it, 124 if the RMS ended it at the walltime -- and 0 for a process the RMS killed
+    because the application released its node (its own ``done``). A process killed for any other reason
+    (its agent stopped or restarted, its node failed, preemption) fails the job even if it exited 0 on
+    SIGTERM; an unknown status (it ended while its agent was down) is a failure too: the job is not known to
+    have completed."""
+    if ev.killed and ev.reason in RELEASE_KILL_REASONS:
+        return 0
+    if ev.killed and ev.reason == "walltime":
+        return 124
+    if ev.code is None:
+        return 1
+    if ev.code > 0:
+        return ev.code
+    if ev.code < 0:
+        return 128 - ev.code
+    return 128 + signal.SIGTERM if ev.killed else 0
 
 
 @dataclass
@@ -107,9 +131,11 @@ class LiveRunner:
             await self._execute(lz.on_end(now, item.request, item.reason))
         elif isinstance(item, Exited):
             self._running_procs -= 1
-            if item.code != 0 and not item.killed and self.result.exit_code == 0:
-                # (processes the RMS killed on nodes the application released are no failure)
-                self.result.exit_code = item.code if item.code > 0 else 128 - item.code
+            code = process_exit_code(item)
+            if code != 0 and self.result.exit_code == 0:
+                self.result.exit_code = code
+                if item.killed and item.reason not in RELEASE_KILL_REASONS:
+                    self.result.end_reason = self.result.end_reason or item.reason
             if self.command_ends_work and self._running_procs <= 0 and self._launched_any:
                 await self._execute(self._work_done())
         elif isinstance(item, Closed):
@@ -136,9 +162,15 @@ class LiveRunner:
                 pids = await self.s.launch(st.request, node, self.command)
             except bus.WireError as e:
                 log.warning("launch refused", node=node, request=st.request, error=str(e))
-                self.result.refused.append(f"launch on {node}: {e}")
+                self.result.refused.append(f"launch on {node}: {e.message}")
                 if self.result.exit_code == 0:
-                    self.result.exit_code = 1
+                    self.result.exit_code = CANNOT_RUN.get(e.code, 1)
+                if e.code in CANNOT_RUN and self.command_ends_work:
+                    # the command cannot run on any node: fail now, as a shell does, and free the nodes
+                    # rather than hold them until the walltime
+                    if self._running_procs <= 0:
+                        await self._execute(self._work_done())
+                    return
                 continue
             self._running_procs += len(pids)
             self.result.processes += len(pids)

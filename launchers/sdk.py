@@ -21,19 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from coorm.launchers.base import ClusterProps, Views
 from coorm.shared import bus, subjects
+from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import (
     Ack,
+    AllocationsQuery,
+    AllocationsReply,
     ChangeNotify,
     ChangeType,
     CloseMsg,
     ClustersInfoReply,
     DoneMsg,
+    ExitsQuery,
+    ExitsReply,
     Filter,
     HeartbeatMsg,
     InfoQuery,
@@ -47,6 +52,7 @@ from coorm.shared.protocol import (
     SessionOpen,
     SessionOpenReply,
     StartNotify,
+    SystemStopping,
 )
 from coorm.shared.requests import RequestSpec, RequestType
 from coorm.shared.settings import Settings
@@ -82,11 +88,23 @@ class Killed:
 
 @dataclass(frozen=True)
 class Exited:
+    """One process ended. ``code``: its exit status, or minus its signal, None if unknown (it ended while its
+    agent was down); ``reason``: why it was killed (``ProcessExited.reason``)."""
+
     request: str
     node: str
     pid: int
-    code: int
+    code: int | None
     killed: bool
+    reason: str | None = None
+
+
+class RMSStopped(Exception):
+    """CooRM as a whole is stopping (``SystemStopping``): the session ends, its processes are killed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"CooRM is stopping: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -105,6 +123,7 @@ class _Stats:
     notifications: int = 0
     notification_bytes: int = 0
     messages_sent: int = 0
+    recoveries: int = 0  # reconnections after which what was missed was asked for
 
 
 @dataclass
@@ -127,12 +146,15 @@ class Session:
         self._subs: list = []
         self._heartbeat: asyncio.Task | None = None
         self._started: dict[str, Started] = {}
+        self._killed: set[str] = set()
+        self._unexited: dict[tuple[str, int], str] = {}  # (node, pid) launched, whose exit has not come
+        self._exited: set[tuple[str, int]] = set()
         self._start_waiters: dict[str, list[asyncio.Future]] = {}
         self._exits: dict[str, list[Exited]] = {}
         self._exit_cond = asyncio.Condition()
         self._outputs: dict[str, asyncio.Queue] = {}
         self._all_output: asyncio.Queue | None = None
-        self.lost: bus.Unreachable | None = None
+        self.lost: bus.Unreachable | RMSStopped | None = None
         self._gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # done once lost
 
     # ============================================================================================
@@ -150,14 +172,20 @@ class Session:
             for session in opened:
                 await session._connection_lost()
 
+        async def on_reconnected() -> None:
+            for session in opened:
+                await session._recover()
+
         if nc is None:
             nc = await bus.connect_client(settings.nats_url, f"launcher-{kind or 'app'}",
                                           timeout=settings.connect_timeout,
                                           reconnect_window=settings.reconnect_window,
-                                          source=settings.source_of("nats_url"), closed_cb=on_closed)
+                                          source=settings.source_of("nats_url"), closed_cb=on_closed,
+                                          reconnected_cb=on_reconnected)
         msg = SessionOpen(filter=Filter(clusters=clusters, preemptive_views=preemptive_views), user=user or _whoami(),
                           name=name, kind=kind)
-        reply = await _call_retrying(nc, subjects.SESSION_OPEN, msg, SessionOpenReply)
+        # (sent again after a timeout: a session opened by the attempt that timed out is reaped, unheard of)
+        reply = await _call_retrying(nc, subjects.SESSION_OPEN, msg, SessionOpenReply, after_timeout=_reraise)
         self = cls(nc=nc, reply=reply, settings=settings, own_connection=own)
         opened.append(self)
         await self._subscribe()
@@ -172,11 +200,13 @@ class Session:
             await self.nc.subscribe(s.kill, cb=self._on_kill),
             await self.nc.subscribe(subjects.app_exited(self.app), cb=self._on_exit),
             await self.nc.subscribe(subjects.app_output_any(self.app), cb=self._on_output),
+            await self.nc.subscribe(subjects.SYSTEM_STOPPING, cb=self._on_system_stopping),
         ]
         # the first changeNotify may have been sent before we listened: ask for the views as they stand (the
         # server handles a connection's commands in order, so the subscriptions are in place before the query
         # is; no flush needed)
-        note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify)
+        note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify,
+                                    after_timeout=_reraise)
         if note.changes:
             self._apply_change(note, len(bus.encode(note)))
 
@@ -200,13 +230,21 @@ class Session:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _connection_lost(self) -> None:
-        """The client gave up reconnecting: every wait ends with the error, and so does the event stream."""
+    async def _on_system_stopping(self, raw) -> None:
+        try:
+            reason = bus.decode(raw.data, SystemStopping).reason
+        except bus.WireError:
+            reason = "(no reason given)"
+        await self._connection_lost(RMSStopped(reason))
+
+    async def _connection_lost(self, error: RMSStopped | None = None) -> None:
+        """The client gave up reconnecting (or the RMS said it stops): every wait ends with the error, and so
+        does the event stream."""
         if self.closed:
             return  # our own close
         self.closed = True
-        self.lost = bus.Unreachable(self.settings.nats_url, self.settings.source_of("nats_url"),
-                                    self.settings.reconnect_window, lost=True)
+        self.lost = error or bus.Unreachable(self.settings.nats_url, self.settings.source_of("nats_url"),
+                                             self.settings.reconnect_window, lost=True)
         for futs in self._start_waiters.values():
             for fut in futs:
                 if not fut.done():
@@ -277,14 +315,25 @@ class Session:
     # ============================================================================================
     async def request(self, *specs: RequestSpec) -> list[str]:
         """``request``: one batch, accepted or refused as a whole (:class:`~coorm.shared.bus.WireError`)."""
-        ack = await self._call(self.reply.subjects.request, RequestMsg(token=self.token, requests=list(specs)), Ack)
+        def accepted_before(e: bus.WireError) -> Ack:
+            if e.code is ErrorCode.DUPLICATE:  # the attempt that timed out was accepted
+                return Ack(requests=[s.id for s in specs])
+            raise e
+
+        ack = await self._call(self.reply.subjects.request, RequestMsg(token=self.token, requests=list(specs)), Ack,
+                               after_timeout=accepted_before)
         return ack.requests
 
     async def done(self, request: str, released: Iterable[str] = ()) -> None:
         """``done``: end a running request (releasing ``released`` node IDs if a NEXT successor keeps the
         rest) or cancel one not started yet."""
+        def done_before(e: bus.WireError) -> Ack:
+            if e.code in (ErrorCode.ENDED, ErrorCode.UNKNOWN_REQUEST):  # the attempt that timed out was done
+                return Ack()
+            raise e
+
         await self._call(self.reply.subjects.done, DoneMsg(token=self.token, request=request,
-                                                           released=list(released)), Ack)
+                                                           released=list(released)), Ack, after_timeout=done_before)
 
     async def update(self, current: str, new: RequestSpec, released: Iterable[str] = ()) -> str:
         """Spontaneous update (CooRMv2 §III-A3): ``request(new NEXT current)`` then ``done(current)``."""
@@ -321,7 +370,12 @@ class Session:
                      cwd: str | None = None) -> list[int]:
         """Start ``argv`` on ``node`` (which ``request`` must hold) through the node's agent."""
         msg = LaunchMsg(token=self.token, app=self.app, request=request, argv=argv, env=env or {}, cwd=cwd)
-        return (await self._call(subjects.node_launch(node), msg, LaunchReply)).pids
+        # (not retried when the agent answers unavailable: it may be stopping, or may have started it)
+        pids = (await self._call(subjects.node_launch(node), msg, LaunchReply, retry_unavailable=False)).pids
+        for pid in pids:
+            if (node, pid) not in self._exited:  # (a quick one's exit may come before the launch's reply)
+                self._unexited[node, pid] = request
+        return pids
 
     async def wait_exits(self, request: str, count: int, timeout: float | None = None) -> list[Exited]:
         """The first ``count`` process exits of ``request``."""
@@ -377,25 +431,72 @@ class Session:
         self._events.put_nowait(ViewsChanged(self.views, note.epoch, size))
 
     async def _on_start(self, msg) -> None:
-        note = StartNotify.model_validate_json(msg.data)
-        ev = Started(note.request, note.cluster, tuple(note.nodes), tuple(note.kept), note.end)
-        self._started[note.request] = ev
         self.stats.notifications += 1
         self.stats.notification_bytes += len(msg.data)
+        self._deliver_start(StartNotify.model_validate_json(msg.data))
+
+    def _deliver_start(self, note: StartNotify) -> None:
+        if note.request in self._started:
+            return  # told twice: by the recovery after a reconnection, then by the notification itself
+        ev = Started(note.request, note.cluster, tuple(note.nodes), tuple(note.kept), note.end)
+        self._started[note.request] = ev
         for fut in self._start_waiters.pop(note.request, []):
             if not fut.done():
                 fut.set_result(ev)
         self._events.put_nowait(ev)
 
     async def _on_kill(self, msg) -> None:
-        note = KillNotify.model_validate_json(msg.data)
         self.stats.notifications += 1
         self.stats.notification_bytes += len(msg.data)
+        self._deliver_kill(KillNotify.model_validate_json(msg.data))
+
+    def _deliver_kill(self, note: KillNotify) -> None:
+        if note.request in self._killed:
+            return
+        self._killed.add(note.request)
         self._events.put_nowait(Killed(note.request, note.reason.value, tuple(note.nodes)))
 
+    async def _recover(self) -> None:
+        """The connection is back (a nats-server restarted): what was sent while it was cut is lost. Ask for
+        the views as they stand and for what started and ended, and take what was missed as if heard."""
+        if self.closed:
+            return
+        try:
+            note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify)
+            if note.changes:
+                self._apply_change(note, len(bus.encode(note)))
+            reply = await _call_retrying(self.nc, subjects.app_allocations(self.app),
+                                         AllocationsQuery(token=self.token), AllocationsReply)
+        except Exception as e:  # noqa: BLE001 - the next reconnection asks again; the notifications go on
+            _log().warning("could not recover what was missed while disconnected", app=self.app, error=repr(e))
+            return
+        for node in sorted({n for n, _ in self._unexited}):
+            try:
+                gone = await bus.call(self.nc, subjects.node_exits(node), ExitsQuery(token=self.token, app=self.app),
+                                      ExitsReply, timeout=5.0)
+            except Exception as e:  # noqa: BLE001 - its agent may be down: its exits come when it is back
+                _log().warning("could not ask an agent for missed exits", node=node, error=repr(e))
+                continue
+            for note in gone.exits:
+                if (note.node, note.pid) in self._unexited:
+                    await self._deliver_exit(note)
+        self.stats.recoveries += 1
+        for rec in reply.allocations:
+            self._deliver_start(StartNotify(app=self.app, request=rec.request, cluster=rec.cluster, nodes=rec.nodes,
+                                            kept=rec.kept, end=rec.end))
+            if rec.ended is not None:
+                self._deliver_kill(KillNotify(app=self.app, request=rec.request, reason=rec.ended, nodes=rec.nodes))
+        async with self._exit_cond:
+            self._exit_cond.notify_all()
+
     async def _on_exit(self, msg) -> None:
-        note = ProcessExited.model_validate_json(msg.data)
-        ev = Exited(note.request, note.node, note.pid, note.code, note.killed)
+        await self._deliver_exit(ProcessExited.model_validate_json(msg.data))
+
+    async def _deliver_exit(self, note: ProcessExited) -> None:
+        if self._unexited.pop((note.node, note.pid), None) is None and (note.node, note.pid) in self._exited:
+            return  # told twice: by the recovery after a reconnection, then by the notification itself
+        self._exited.add((note.node, note.pid))
+        ev = Exited(note.request, note.node, note.pid, note.code, note.killed, note.reason)
         async with self._exit_cond:
             self._exits.setdefault(note.request, []).append(ev)
             self._exit_cond.notify_all()
@@ -411,13 +512,16 @@ class Session:
     # ============================================================================================
     # plumbing
     # ============================================================================================
-    async def _call(self, subject: str, message, reply):
+    async def _call(self, subject: str, message, reply, *, retry_unavailable: bool = True,
+                    after_timeout: AfterTimeout | None = None):
         if self.lost is not None:
             raise self.lost
         self.stats.messages_sent += 1
         # a request in flight when the connection is lost for good would wait for its whole timeout (nats-py
         # leaves it pending): it ends with the loss instead
-        call = asyncio.ensure_future(_call_retrying(self.nc, subject, message, reply))
+        call = asyncio.ensure_future(_call_retrying(self.nc, subject, message, reply,
+                                                    retry_unavailable=retry_unavailable,
+                                                    after_timeout=after_timeout))
         await asyncio.wait((call, self._gone), return_when=asyncio.FIRST_COMPLETED)
         if call.done():
             return call.result()
@@ -434,24 +538,66 @@ class Session:
                 return
             with contextlib.suppress(Exception):
                 await _call_retrying(self.nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
-                                     attempts=1)
+                                     attempts=1, timeout=heartbeat_timeout(self.reply))
 
 
-async def _call_retrying(nc, subject: str, message, reply, *, attempts: int = 40, timeout: float = 30.0):
-    """Request/reply that rides over a policy engine take-over: nobody answering (no leader for a moment)
-    is retried; a timeout is not (the command may have been applied: a retry could apply it twice)."""
+def heartbeat_timeout(reply: SessionOpenReply) -> float:
+    """How long one heartbeat waits for its answer: a quarter of the session timeout (at most its period
+    again), so that a heartbeat lost with a dying leader leaves time for several more to reach the next
+    one before the session could be reaped."""
+    timeout = reply.session_timeout if reply.session_timeout is not None else 4 * reply.heartbeat_interval
+    return max(0.05, min(timeout / 4, max(reply.heartbeat_interval, 0.05) * 2))
+
+
+# one attempt's wait for a reply: a request that reached a leader as it died is sent again after this (a
+# standby takes over within a lease, 3 s by default)
+CALL_TIMEOUT = 5.0
+
+
+AfterTimeout = Callable[[bus.WireError], object]
+
+
+async def _call_retrying(nc, subject: str, message, reply, *, attempts: int = 40, timeout: float = CALL_TIMEOUT,
+                         retry_unavailable: bool = True, after_timeout: AfterTimeout | None = None):
+    """Request/reply that rides over a policy engine take-over or a Redis restart: nobody answering (no
+    leader for a moment) and ``unavailable`` (it could not be logged, so it was not applied) are retried.
+    A timeout (a request that reached a leader as it died) is retried only with ``after_timeout``: the
+    command may have been applied, so what a retry is refused with after a timeout (``duplicate`` for a
+    request already accepted, ``ended`` for a ``done`` already done) goes to ``after_timeout``, which
+    returns the reply the first attempt would have had -- or raises."""
     from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
 
     delay = 0.05
+    timed_out = False
     for i in range(attempts):
         try:
             return await bus.call(nc, subject, message, reply, timeout=timeout)
-        except NoRespondersError:
-            if i == attempts - 1:
+        except NatsTimeout:
+            if after_timeout is None or i == attempts - 1:
+                raise
+            timed_out = True
+            continue
+        except (NoRespondersError, bus.WireError) as e:
+            if isinstance(e, bus.WireError) and timed_out and after_timeout is not None \
+                    and e.code is not ErrorCode.UNAVAILABLE:
+                return after_timeout(e)
+            if i == attempts - 1 or (isinstance(e, bus.WireError)
+                                     and (e.code is not ErrorCode.UNAVAILABLE or not retry_unavailable)):
                 raise
             await asyncio.sleep(delay)  # back-off before asking again
             delay = min(delay * 2, 1.0)
     raise AssertionError("unreachable")
+
+
+def _reraise(e: bus.WireError) -> object:
+    raise e
+
+
+def _log():
+    import structlog
+
+    return structlog.get_logger("coorm.sdk")
 
 
 def _whoami() -> str:

@@ -13,21 +13,33 @@ The I/O shell around :class:`coorm.node_agent.state.NodeBook`:
   once they are dead;
 * kills a request's processes itself when its assignment's end passed more than ``kill_grace`` ago.
 
-A launch is its process group: when the group leader exits, whatever it left running in its group is
-killed (as batch systems do at the end of a job step).
+A launch is its process group, and its cgroup where the host lets the agent create one
+(:mod:`coorm.node_agent.containment`: then ``setsid`` or a double fork cannot escape): when the group leader
+exits, whatever it left running is killed (as batch systems do at the end of a job step).
+
+Restarts: the agent keeps a state file of the processes it runs (``agent_state_dir``). An agent that was
+SIGKILLed left them running unsupervised, their exit statuses out of anyone's reach; its successor kills
+what is left of them (found by cgroup, or by pid and start time) and reports each as killed with reason
+``agent_restarted`` (or, for one that ended while no agent watched, with an unknown code), then registers;
+the node allocator sends it the current assignment of each of its nodes, so launches go on working.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import collections
 import contextlib
+import errno
+import hmac
+import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import nats.errors
 import structlog
@@ -35,8 +47,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from coorm.node_agent import procs
+from coorm.node_agent.containment import Cgroups
 from coorm.node_agent.nodes import default_agent_id, host_node_info, parse_nodes
-from coorm.node_agent.state import NodeBook, ProcessRecord, Refused
+from coorm.node_agent.state import NodeBook, ProcessRecord, Refused, token_hash
 from coorm.shared import metrics, subjects
 from coorm.shared.bus import WireError, call, connect, decode, encode, shutdown
 from coorm.shared.events import ErrorCode
@@ -44,6 +57,9 @@ from coorm.shared.protocol import (
     Ack,
     AgentHeartbeat,
     AgentRegister,
+    AgentRegistered,
+    ExitsQuery,
+    ExitsReply,
     KillMsg,
     KillReply,
     LaunchMsg,
@@ -63,7 +79,7 @@ REGISTER_BACKOFF = (0.1, 2.0)  # first and longest pause between attempts
 STRAY_KILL_WAIT = 5.0  # how long to wait for a SIGKILLed group to be gone
 OUTPUT_DRAIN = 2.0  # after a group is gone, how long its output pipes may stay open (escaped daemons)
 POLL = 0.02  # polling a group that has no parent we can wait on
-EXIT_CHECK = 1.0  # how often to check that a process whose exit status has not come yet still exists
+RECENT_EXITS = 256  # exits kept per node for launchers that missed them (a reconnection)
 STOP_WAIT = 5.0  # on stop, how long (beyond the kill grace) to wait for exits to be published
 
 
@@ -99,6 +115,9 @@ class _Running:
     app: str
     request: str  # as of the last look at the books (NEXT hand-overs change it)
     pipes: _Pipes
+    cgroup: Path | None = None  # where the launch is contained (None: its process group only)
+    token_sha256: str = ""  # of the session that launched it: who may read its exit later
+    start_ticks: int | None = None  # when it started (with the pid, its identity for a successor)
     watcher: asyncio.Task | None = None
     record: ProcessRecord | None = None  # taken off the books when the leader was reaped
     kill_at: float | None = None  # monotonic deadline for the rest of the group after TERM
@@ -140,6 +159,11 @@ class Agent:
         self._closed = asyncio.Event()
         self._subreaper_held = False
         self._log = log.bind(agent=agent_id, cluster=cluster)
+        self.cgroups: Cgroups | None = None
+        self.state_file: Path = settings.agent_state_path(agent_id)
+        self.leftovers_reaped = 0  # processes a predecessor left that this agent killed and reported
+        self._assigns_seen: dict[str, int] = {}  # assignments received per node (see _sync)
+        self._recent_exits: dict[str, collections.deque[tuple[ProcessExited, str]]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -156,6 +180,13 @@ class Agent:
             if not self._subreaper_held:
                 self._log.warning("cannot become child subreaper: killed groups are reaped by init")
         self.nc = await connect(self.settings.nats_url, f"coorm-agent-{self.agent_id}")
+        self.cgroups = Cgroups.create(self.agent_id, str(self.state_file)) if self.settings.agent_cgroups else None
+        if self.cgroups is not None:
+            self._log.info("launches contained in cgroups", base=str(self.cgroups.base))
+        else:
+            self._log.warning("launches contained by process group only: a process that calls setsid or "
+                              "double-forks escapes its kill", why=Cgroups.why_not or "COORM_AGENT_CGROUPS=0")
+        await self._reap_leftovers()
         for node in self.book.nodes:
             await self._serve_node(node)
         await self.nc.subscribe(subjects.AGENT_HELLO, cb=self._on_hello)
@@ -187,7 +218,7 @@ class Agent:
             for t in background:
                 t.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            pids = self.book.kill_all()
+            pids = self.book.kill_all("agent_stopping")
             if pids:
                 self._log.info("stopping: killing processes", pids=pids)
             await self._terminate(pids, self.settings.kill_grace)
@@ -198,6 +229,11 @@ class Agent:
                 t.cancel()
             if self.nc is not None and not self.nc.is_closed:
                 await shutdown(self.nc)
+            if not self._running:  # a clean stop: nothing for a successor to find
+                with contextlib.suppress(OSError):
+                    self.state_file.unlink(missing_ok=True)
+                if self.cgroups is not None:
+                    Cgroups.remove(self.cgroups.base)
             self._log.info("agent stopped")
         finally:
             if self._subreaper_held:
@@ -209,8 +245,10 @@ class Agent:
     async def _register(self) -> None:
         pause = REGISTER_BACKOFF[0]
         while True:
+            seen = dict(self._assigns_seen)
             try:
-                await call(self.nc, subjects.AGENT_REGISTER, self._register_msg, Ack, timeout=REGISTER_TIMEOUT)
+                reply = await call(self.nc, subjects.AGENT_REGISTER, self._register_msg, AgentRegistered,
+                                   timeout=REGISTER_TIMEOUT)
             except WireError as e:
                 self._log.warning("registration refused", code=e.code.value, reason=e.message)
             except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
@@ -218,12 +256,33 @@ class Agent:
             except nats.errors.Error as e:
                 self._log.warning("registration failed", error=str(e))
             else:
+                self._sync(reply, seen)
                 self.registrations += 1
                 self.registered.set()
                 self._log.info("registered", nodes=[n.id for n in self.node_info])
                 return
             await asyncio.sleep(pause)  # retry back-off
             pause = min(pause * 2, REGISTER_BACKOFF[1])
+
+    def _sync(self, reply: AgentRegistered, seen: dict[str, int]) -> None:
+        """Take the RMS's word for whom each node belongs to now: a restarted agent learns its assignments,
+        one that was cut off kills what runs under allocations that ended meanwhile. A node assigned while
+        the registration was under way keeps that newer assignment."""
+        current = {node: a for a in reply.assignments for node in a.nodes if node in self.book.nodes}
+        doomed: list[int] = []
+        for node in self.book.nodes:
+            if self._assigns_seen.get(node, 0) != seen.get(node, 0):
+                continue
+            if node in current:
+                doomed += self.book.assign(node, current[node])
+            else:
+                doomed += self.book.release(node, "allocation_ended")
+        self._rearm.set()
+        if doomed:
+            self._log.warning("registered: killing the processes of allocations that ended meanwhile",
+                              pids=doomed)
+            self._save()
+            self._background(self._terminate(doomed, self.settings.kill_grace))
 
     async def _on_hello(self, msg: Msg) -> None:
         if self._stopping:
@@ -256,7 +315,10 @@ class Agent:
                 await asyncio.wait_for(self._rearm.wait(), timeout)
             except TimeoutError:
                 pass
-            for ex in self.book.expire(self.clock()):
+            expired = self.book.expire(self.clock())
+            if expired:
+                self._save()
+            for ex in expired:
                 self._log.warning("allocation ended without word from the RMS: killing its processes",
                                   node=ex.node, app=ex.app, request=ex.request, end=ex.end, pids=list(ex.pids))
                 self._background(self._terminate(list(ex.pids), self.settings.kill_grace))
@@ -271,6 +333,7 @@ class Agent:
             subjects.node_assign(node): (NodeAssign, self._on_assign),
             subjects.node_launch(node): (LaunchMsg, self._on_launch),
             subjects.node_kill(node): (KillMsg, self._on_kill),
+            subjects.node_exits(node): (ExitsQuery, self._on_exits),
         }
         bases = {subject.rsplit(".", 1)[0] for subject in actions}
 
@@ -315,6 +378,9 @@ class Agent:
         if node not in msg.nodes:
             raise WireError(ErrorCode.BAD_REQUEST, f"node {node} is not among the assignment's nodes")
         doomed = self.book.assign(node, msg)
+        self._assigns_seen[node] = self._assigns_seen.get(node, 0) + 1
+        if self.book.processes(node=node):  # a NEXT hand-over renamed them, or they are doomed
+            self._save()
         self._rearm.set()
         self._log.info("node assigned", node=node, app=msg.app, request=msg.request, end=msg.end,
                        previous=msg.previous)
@@ -334,32 +400,48 @@ class Agent:
             raise WireError(e.code, e.message) from None
         env = {**os.environ, **msg.env, "COORM_NODE": node, "COORM_NODES": ",".join(assignment.nodes),
                "COORM_REQUEST": msg.request, "COORM_APP": msg.app}
+        cg = self.cgroups.prepare() if self.cgroups is not None else None
         try:
             transport, pipes = await asyncio.get_running_loop().subprocess_exec(
                 _Pipes, *msg.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, env=env, cwd=msg.cwd, start_new_session=True,
+                preexec_fn=Cgroups.joiner(cg) if cg is not None else None,
             )
         except (OSError, ValueError, subprocess.SubprocessError) as e:
-            raise WireError(ErrorCode.BAD_REQUEST, f"cannot start {msg.argv[0]!r}: {e}") from None
+            if cg is not None:
+                Cgroups.remove(cg)
+            raise _launch_error(msg, e) from None
         pid = transport.get_pid()
         stale = self._running.get(pid)
         if stale is not None:  # a reaped leader whose watcher has not run yet: its pid was reused
             self._forget(stale)
-        run = _Running(pid=pid, node=node, app=msg.app, request=msg.request, pipes=pipes)
+        run = _Running(pid=pid, node=node, app=msg.app, request=msg.request, pipes=pipes, cgroup=cg,
+                       token_sha256=assignment.token_sha256, start_ticks=procs.start_time(pid))
         self._running[pid] = run
         self.book.started(pid, node, msg.app, msg.request)
+        self._save()
         run.watcher = self._background(self._watch(run))
         self._log.info("launched", node=node, app=msg.app, request=msg.request, pid=pid, argv=msg.argv)
         # the assignment may have expired, or the agent begun stopping, while the process was created
         current = self.book.assignment(node)
         if current is None or current.app != msg.app or current.request != msg.request or self._stopping:
-            self.book.mark_killed(pid)
+            self.book.mark_killed(pid, "reassigned")
             await self._terminate([pid], 0.0)
             raise WireError(ErrorCode.NOT_OWNER, f"node {node} changed hands during the launch")
         return LaunchReply(pids=[pid])
 
+    async def _on_exits(self, node: str, msg: ExitsQuery) -> ExitsReply:
+        """The application's recent exits on the node, for its launcher back from a cut connection. Only
+        the holder of the token the processes were launched with may read them."""
+        digest = token_hash(msg.token)
+        mine = [ev for ev, sha in self._recent_exits.get(node, ()) if ev.app == msg.app]
+        if mine and not any(hmac.compare_digest(sha, digest)
+                            for ev, sha in self._recent_exits.get(node, ()) if ev.app == msg.app):
+            raise WireError(ErrorCode.BAD_TOKEN, f"the token does not match application {msg.app}")
+        return ExitsReply(exits=mine)
+
     async def _on_kill(self, node: str, msg: KillMsg) -> asyncio.Future:
-        pids = self.book.kill(node, msg.request)
+        pids = self.book.kill(node, msg.request, msg.reason)
         self._rearm.set()
         self._log.info("kill", node=node, request=msg.request, pids=pids, grace=msg.grace, reason=msg.reason)
 
@@ -388,15 +470,22 @@ class Agent:
 
     async def _terminate_one(self, run: _Running, grace: float) -> None:
         run.kill_at = time.monotonic() + grace
-        procs.signal_group(run.pid, signal.SIGTERM)
+        self._signal(run, signal.SIGTERM)
         if not run.done.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(run.done.wait(), grace)
         if not run.done.is_set():
             if not run.pipes.exited.done():
                 self._log.info("still alive after grace: KILL", pid=run.pid, grace=grace)
-                procs.signal_group(run.pid, signal.SIGKILL)
+                self._signal(run, signal.SIGKILL)
             await run.done.wait()
+
+    def _signal(self, run: _Running, sig: int) -> None:
+        """``sig`` to the launch: its process group, and every process of its cgroup (those that left the
+        group)."""
+        procs.signal_group(run.pid, sig)
+        if run.cgroup is not None and self.cgroups is not None:
+            self.cgroups.signal(run.cgroup, sig)
 
     async def _watch(self, run: _Running) -> None:
         """Pump the output, wait for the leader, clean the rest of its group, publish the exit."""
@@ -412,38 +501,39 @@ class Agent:
             await asyncio.gather(pump, return_exceptions=True)
             run.pipes.transport.close()
             if rec is not None:
-                ev = ProcessExited(node=rec.node, app=rec.app, request=rec.request, pid=run.pid, code=code,
-                                   killed=rec.killed)
-                self._log.info("process exited", node=rec.node, app=rec.app, request=rec.request,
-                               pid=run.pid, code=code, killed=rec.killed)
-                outcome = "killed" if rec.killed else "ok" if code == 0 else "failed"
-                metrics.agent_process_exits.labels(self.agent_id, self.cluster, outcome).inc()
-                try:
-                    await self.nc.publish(subjects.app_exited(rec.app), encode(ev))
-                    await self.nc.publish(subjects.AGENT_EXITED, encode(ev))
-                except nats.errors.Error as e:
-                    self._log.warning("exit not published", pid=run.pid, error=str(e))
+                await self._report(ProcessExited(node=rec.node, app=rec.app, request=rec.request, pid=run.pid,
+                                                 code=code, killed=rec.killed,
+                                                 reason=rec.reason if rec.killed else None), run.token_sha256)
         finally:
             pump.cancel()
             run.pipes.transport.close()
             self._forget(run)
+            if run.cgroup is not None and not Cgroups.remove(run.cgroup):
+                self._log.warning("cgroup not removed: something still runs in it", cgroup=str(run.cgroup))
+            self._save()
             run.done.set()
 
-    async def _exit_code(self, run: _Running) -> int:
-        """The leader's exit status, as asyncio's child watcher reports it -- or, should its status have
-        been collected elsewhere (a subreaper's reap of a group racing the watcher), -SIGKILL once the
-        process is gone: an agent must never wait for ever on a process that no longer exists."""
-        while True:
-            try:
-                return await asyncio.wait_for(asyncio.shield(run.pipes.exited), EXIT_CHECK)
-            except TimeoutError:
-                try:
-                    os.kill(run.pid, 0)
-                except ProcessLookupError:
-                    self._log.warning("exit status lost: the process is gone", pid=run.pid)
-                    return -signal.SIGKILL
-                except PermissionError:  # pragma: no cover
-                    pass
+    async def _report(self, ev: ProcessExited, token_sha256: str = "") -> None:
+        """Tell the application (and the RMS) how one of its processes ended; keep it among the node's
+        recent exits, for a launcher that was disconnected when it was published."""
+        recent = self._recent_exits.setdefault(ev.node, collections.deque(maxlen=RECENT_EXITS))
+        recent.append((ev, token_sha256))
+        self._log.info("process exited", node=ev.node, app=ev.app, request=ev.request, pid=ev.pid, code=ev.code,
+                       killed=ev.killed, reason=ev.reason)
+        outcome = "killed" if ev.killed else "ok" if ev.code == 0 else "failed"
+        metrics.agent_process_exits.labels(self.agent_id, self.cluster, outcome).inc()
+        try:
+            await self.nc.publish(subjects.app_exited(ev.app), encode(ev))
+            await self.nc.publish(subjects.AGENT_EXITED, encode(ev))
+        except nats.errors.Error as e:
+            self._log.warning("exit not published", pid=ev.pid, error=str(e))
+
+    @staticmethod
+    async def _exit_code(run: _Running) -> int:
+        """The leader's exit status, as asyncio's child watcher reports it. The watcher always reports (a
+        pidfd, or a thread in ``waitpid``): nothing else here reaps a launched leader
+        (:func:`procs.reap_group` keeps them), so the status is the process's own."""
+        return await run.pipes.exited
 
     def _forget(self, run: _Running) -> ProcessRecord | None:
         """Take the process off the books (once); its last record."""
@@ -457,20 +547,88 @@ class Agent:
     async def _finish_group(self, run: _Running) -> None:
         """The leader ended: let the rest of its group finish until the kill deadline (if it is being
         killed), then KILL what is left and wait until nothing of it runs."""
-        if not procs.group_alive(run.pid):
+        if not self._alive(run):
             return
         if run.kill_at is not None:
-            while time.monotonic() < run.kill_at and procs.group_alive(run.pid):
+            while time.monotonic() < run.kill_at and self._alive(run):
                 await asyncio.sleep(POLL)  # polling: the members are not our children
         else:
             self._log.info("leader exited: killing the rest of its group", pid=run.pid)
-        procs.signal_group(run.pid, signal.SIGKILL)
+        self._signal(run, signal.SIGKILL)
         deadline = time.monotonic() + STRAY_KILL_WAIT
-        while procs.group_alive(run.pid):
+        while self._alive(run):
             if time.monotonic() > deadline:
                 self._log.warning("process group still alive after KILL", pgid=run.pid)
                 return
             await asyncio.sleep(POLL)  # polling: the members are not our children
+        if run.cgroup is not None:
+            procs.reap_orphans(self._running.keys())  # what left the group comes back to us as a zombie
+
+    def _alive(self, run: _Running) -> bool:
+        """Whether anything of the launch still runs (its group; its cgroup, where it has one)."""
+        keep = self._running.keys()
+        if procs.group_alive(run.pid, keep):
+            return True
+        if run.cgroup is not None and Cgroups.populated(run.cgroup):
+            procs.reap_group(run.pid, keep)
+            return True
+        return False
+
+    # -- the state file, and what a predecessor left --------------------------------------------------
+    def _save(self) -> None:
+        """Which processes run here, for a successor should this agent be killed (one small file, replaced
+        atomically; a crash of the host takes the processes with it, so no fsync)."""
+        entries = [{"pid": pid, "node": r.node, "app": r.app, "request": (self.book.process(pid) or r).request,
+                    "start": r.start_ticks, "cgroup": str(r.cgroup) if r.cgroup else None,
+                    "token_sha256": r.token_sha256}
+                   for pid, r in self._running.items()]
+        try:
+            self.state_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"agent": self.agent_id, "processes": entries}))
+            tmp.replace(self.state_file)
+        except OSError as e:
+            self._log.warning("state file not written: a successor could not find these processes",
+                              path=str(self.state_file), error=str(e))
+
+    async def _reap_leftovers(self) -> None:
+        """Kill what a predecessor (SIGKILLed, or its host's agent restarted) left running, and report each
+        process it started as ended: killed (``agent_restarted``) if it still ran, with an unknown code if it
+        ended while no agent watched it."""
+        try:
+            state = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            state = {"processes": []}
+        except (OSError, ValueError) as e:
+            self._log.error("state file unreadable: what a predecessor left is not reported", error=str(e))
+            state = {"processes": []}
+        mine = set(self.book.nodes)
+        left = [p for p in state.get("processes", []) if p.get("node") in mine]
+        cgroups = set(self.cgroups.leftovers()) if self.cgroups is not None else set()
+        for p in left:
+            pid, cg = int(p["pid"]), Path(p["cgroup"]) if p.get("cgroup") else None
+            running = p.get("start") is not None and procs.start_time(pid) == p["start"]
+            if running:
+                procs.signal_group(pid, signal.SIGKILL)
+            if cg is not None and self.cgroups is not None:
+                running = running or Cgroups.populated(cg)
+                self.cgroups.signal(cg, signal.SIGKILL)
+            self.leftovers_reaped += 1
+            self._log.warning("a predecessor's process: killed" if running else
+                              "a predecessor's process ended unwatched: its exit status is unknown",
+                              pid=pid, node=p["node"], app=p["app"], request=p["request"])
+            await self._report(ProcessExited(node=p["node"], app=p["app"], request=p["request"], pid=pid,
+                                             code=-signal.SIGKILL if running else None, killed=running,
+                                             reason="agent_restarted"), p.get("token_sha256", ""))
+        for cg in cgroups:  # including launches the predecessor never recorded (killed mid-launch)
+            assert self.cgroups is not None
+            self.cgroups.signal(cg, signal.SIGKILL)
+        deadline = time.monotonic() + STRAY_KILL_WAIT
+        while any(Cgroups.populated(cg) for cg in cgroups) and time.monotonic() < deadline:
+            await asyncio.sleep(POLL)  # polling: they are not our children
+        for cg in cgroups:
+            Cgroups.remove(cg)
+        self._save()
 
     async def _pump(self, run: _Running) -> None:
         """Publish the output, line by line (pieces of at most CHUNK characters), until both pipes end."""
@@ -512,6 +670,19 @@ class Agent:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
         return t
+
+
+def _launch_error(msg: LaunchMsg, e: Exception) -> WireError:
+    """Why a launch could not start, with a shell's distinction: no such program (127), not executable
+    (126), or anything else (a missing working directory, ...)."""
+    program = msg.argv[0]
+    if isinstance(e, OSError) and e.filename is not None and str(e.filename) == str(msg.cwd):
+        return WireError(ErrorCode.BAD_REQUEST, f"cannot enter the working directory {msg.cwd!r}: {e.strerror}")
+    if isinstance(e, FileNotFoundError) or (isinstance(e, OSError) and e.errno == errno.ENOENT):
+        return WireError(ErrorCode.COMMAND_NOT_FOUND, f"{program}: command not found")
+    if isinstance(e, PermissionError) or (isinstance(e, OSError) and e.errno in (errno.EACCES, errno.ENOEXEC)):
+        return WireError(ErrorCode.NOT_EXECUTABLE, f"{program}: cannot execute: {e.strerror}")
+    return WireError(ErrorCode.BAD_REQUEST, f"cannot start {program!r}: {e}")
 
 
 # -- the ``coorm agent`` command ------------------------------------------------------------------------

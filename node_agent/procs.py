@@ -14,6 +14,7 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Container
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -96,25 +97,46 @@ def signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def reap_group(pgid: int) -> int:
+def reap_group(pgid: int, keep: Container[int] = ()) -> int:
     """Collect the exit status of every exited child of ours in the group (orphans re-parented to us as
-    subreaper). Call only once the group leader has been waited for (its status belongs to asyncio).
-    Returns how many were reaped."""
+    subreaper), except the pids in ``keep``: launched leaders whose status asyncio's child watcher must
+    collect (a leader's pid is its group's id, and a reused pid names a new leader's group). Reaping one of
+    those here would make the watcher report a made-up status. Returns how many were reaped."""
+    members = _members(pgid)
+    if members is None:  # pragma: no cover - no /proc: reap by group, unless the group is a kept leader's
+        return 0 if pgid in keep else _reap_by_group(pgid)
+    me, n = os.getpid(), 0
+    for pid, state, ppid in members:
+        if state in ("Z", "X") and ppid == me and pid not in keep:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    n += 1
+            except ChildProcessError:
+                pass
+    return n
+
+
+def reap_orphans(keep: Container[int] = ()) -> int:
+    """Collect every exited child of ours that is not in ``keep``, whatever its group: what left its launch's
+    group (``setsid``) and was killed with its cgroup comes back to us, the subreaper, as a zombie."""
+    return reap_group(-1, keep)
+
+
+def _reap_by_group(pgid: int) -> int:  # pragma: no cover - hosts without /proc
     n = 0
     while True:
         try:
             res = os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG)
-        except ChildProcessError:
-            return n
-        except OSError:  # pragma: no cover
+        except OSError:
             return n
         if res is None:
             return n
         n += 1
 
 
-def _members(pgid: int) -> list[tuple[int, str]] | None:
-    """(pid, state letter) of every process in the group, from /proc; None without /proc."""
+def _members(pgid: int) -> list[tuple[int, str, int]] | None:
+    """(pid, state letter, parent pid) of every process in the group (-1: of every group), from /proc; None
+    without /proc."""
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -129,14 +151,15 @@ def _members(pgid: int) -> list[tuple[int, str]] | None:
         except OSError:
             continue
         fields = stat.rsplit(b")", 1)[-1].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid:
-            out.append((int(name), fields[0].decode()))
+        if len(fields) >= 3 and (pgid == -1 or int(fields[2]) == pgid):
+            out.append((int(name), fields[0].decode(), int(fields[1])))
     return out
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs (zombies do not count; ours are reaped first)."""
-    reap_group(pgid)
+def group_alive(pgid: int, keep: Container[int] = ()) -> bool:
+    """Whether any process of the group still runs (zombies do not count; ours are reaped first, except
+    ``keep``: see :func:`reap_group`)."""
+    reap_group(pgid, keep)
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -146,10 +169,21 @@ def group_alive(pgid: int) -> bool:
     members = _members(pgid)
     if members is None:  # pragma: no cover - no /proc: trust kill(0)
         return True
-    if any(state not in ("Z", "X") for _, state in members):
+    if any(state not in ("Z", "X") for _, state, _ in members):
         return True
-    reap_group(pgid)  # only zombies left: collect those that are ours
+    reap_group(pgid, keep)  # only zombies left: collect those that are ours
     return False
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started (clock ticks since boot, /proc/<pid>/stat field 22): with the pid, an
+    identity that a reused pid does not share. None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[-1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 SIGTERM = signal.SIGTERM

@@ -56,6 +56,7 @@ class ProcessRecord:
     app: str
     request: str
     killed: bool = False  # the agent is killing it (told to, replaced owner, end passed, agent stopping)
+    reason: str | None = None  # why (``ProcessExited.reason``): the RMS's or the agent's own
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,7 @@ class NodeBook:
             if p.app == msg.app and msg.previous is not None and p.request == msg.previous:
                 p.request = msg.request
                 continue
-            p.killed = True
+            p.killed, p.reason = True, p.reason or "reassigned"
             doomed.append(p.pid)
         return doomed
 
@@ -140,9 +141,10 @@ class NodeBook:
             raise Refused(ErrorCode.BAD_TOKEN, f"the token does not match application {app}")
         return a
 
-    def kill(self, node: str, request: str) -> list[int]:
+    def kill(self, node: str, request: str, reason: str = "") -> list[int]:
         """Forget ``request``'s assignment of ``node`` (if it is the current one); return its processes
-        there (including any already being killed), all marked killed."""
+        there (including any already being killed), all marked killed (for ``reason``, unless they already
+        were for another)."""
         self._check(node)
         a = self._assigned.get(node)
         if a is not None and a.request == request:
@@ -150,15 +152,27 @@ class NodeBook:
         pids = []
         for p in self._procs.values():
             if p.node == node and p.request == request:
-                p.killed = True
+                p.killed, p.reason = True, p.reason or reason or None
                 pids.append(p.pid)
         return pids
 
-    def kill_all(self) -> list[int]:
+    def release(self, node: str, reason: str) -> list[int]:
+        """The RMS says ``node`` belongs to no request: forget its assignment; every process there, marked
+        killed for ``reason``."""
+        self._check(node)
+        self._assigned.pop(node, None)
+        pids = []
+        for p in self._procs.values():
+            if p.node == node:
+                p.killed, p.reason = True, p.reason or reason
+                pids.append(p.pid)
+        return pids
+
+    def kill_all(self, reason: str = "agent_stopping") -> list[int]:
         """The agent stops: every process, marked killed; every assignment forgotten."""
         self._assigned.clear()
         for p in self._procs.values():
-            p.killed = True
+            p.killed, p.reason = True, p.reason or reason
         return list(self._procs)
 
     def expire(self, now: float) -> list[Expired]:
@@ -171,7 +185,7 @@ class NodeBook:
             pids = []
             for p in self._procs.values():
                 if p.node == node and p.request == a.request and p.app == a.app:
-                    p.killed = True
+                    p.killed, p.reason = True, p.reason or "allocation_ended"
                     pids.append(p.pid)
             out.append(Expired(node=node, app=a.app, request=a.request, end=a.end, pids=tuple(pids)))
         return out
@@ -185,10 +199,10 @@ class NodeBook:
         self._procs[pid] = rec
         return rec
 
-    def mark_killed(self, pid: int) -> None:
+    def mark_killed(self, pid: int, reason: str) -> None:
         rec = self._procs.get(pid)
         if rec is not None:
-            rec.killed = True
+            rec.killed, rec.reason = True, rec.reason or reason
 
     def exited(self, pid: int) -> ProcessRecord | None:
         """The process ended: forget it; its record (request as of now, whether the agent killed it)."""

@@ -33,11 +33,24 @@ def configure_logging(level: str = "INFO") -> None:
     )
 
 
-def redis_client(url: str, max_connections: int = 32) -> aioredis.Redis:
+def redis_client(url: str, max_connections: int = 32, *, ride_over: float = 0.0) -> aioredis.Redis:
     """A client whose pool waits for a free connection under load (rather than failing with
-    ``MaxConnectionsError`` when a thousand launchers open sessions at once)."""
+    ``MaxConnectionsError`` when a thousand launchers open sessions at once). With ``ride_over``, a command
+    that meets a lost connection is sent again (backing off) for about that many seconds: a Redis restart
+    is waited out. (Not for the policy engine: a leader must step down at its first failed write, lest a
+    late retry append to a log that another leader now owns.)"""
+    extra: dict = {}
+    if ride_over > 0:
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        cap = 1.0
+        extra = {"retry": Retry(ExponentialBackoff(cap=cap, base=0.05), retries=max(1, int(ride_over / cap) + 5)),
+                 "retry_on_error": [RedisConnectionError, RedisTimeoutError, OSError]}
     pool = aioredis.BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=max_connections,
-                                                    timeout=None)
+                                                    timeout=None, **extra)
     return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes its connections
 
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -15,20 +16,33 @@ import nats
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from coorm.shared import subjects
 from coorm.shared.events import ErrorCode
-from coorm.shared.protocol import ErrorBody, ErrorReply
+from coorm.shared.protocol import DeadLetter, ErrorBody, ErrorReply
+from coorm.shared.requests import Identifier
 
 log = structlog.get_logger("coorm.bus")
 M = TypeVar("M", bound=BaseModel)
+
+
+MAX_ERROR_CHARS = 1000  # an error's message is cut there: it may quote what was sent, which may be huge
+
+
+def _bounded(text: str) -> str:
+    """``text`` cut to :data:`MAX_ERROR_CHARS` and encodable whatever it quotes (a 1 MB field name, a lone
+    surrogate), so that a reply saying why always fits in a message and always goes out."""
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[:MAX_ERROR_CHARS] + "..."
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 class WireError(Exception):
     """A request refused with a protocol error code."""
 
     def __init__(self, code: ErrorCode, message: str) -> None:
+        message = _bounded(message)
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
@@ -74,7 +88,8 @@ async def connect(url: str, name: str) -> NATS:
 
 
 async def connect_client(url: str, name: str, *, timeout: float, reconnect_window: float, source: str = "",
-                         closed_cb: Callable[[], Awaitable[None]] | None = None) -> NATS:
+                         closed_cb: Callable[[], Awaitable[None]] | None = None,
+                         reconnected_cb: Callable[[], Awaitable[None]] | None = None) -> NATS:
     """A client's connection (the command line, a launcher): gives up on the first connection after
     ``timeout`` seconds with :class:`Unreachable`; once connected, rides over a server's restart for about
     ``reconnect_window`` seconds, then closes (``closed_cb`` runs: the client must tell its user)."""
@@ -89,12 +104,16 @@ async def connect_client(url: str, name: str, *, timeout: float, reconnect_windo
         if closed_cb is not None:
             await closed_cb()
 
+    async def reconnected() -> None:
+        if reconnected_cb is not None:
+            await reconnected_cb()
+
     try:
         await asyncio.wait_for(nc.connect(url, name=name, connect_timeout=max(1, math.ceil(timeout)),
                                           allow_reconnect=True, max_reconnect_attempts=attempts,
                                           # nats-py annotates an int; it sleeps on any number
                                           reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
-                                          error_cb=quiet, closed_cb=closed),
+                                          error_cb=quiet, closed_cb=closed, reconnected_cb=reconnected),
                                timeout)
     except (TimeoutError, OSError, nats.errors.Error) as e:
         with contextlib.suppress(Exception):
@@ -125,37 +144,101 @@ def encode(model: BaseModel) -> bytes:
     return model.model_dump_json().encode()
 
 
+# What a message may be, checked before it is parsed: CooRM's own messages are far smaller (NATS refuses
+# more than its max_payload, 1 MiB by default) and nest 6 levels at most (ViewsEpoch's steps)
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+MAX_DEPTH = 32
+_OTHERS = bytes(b for b in range(256) if b not in b'"[]{}')  # all but quotes and brackets
+_STRING = re.compile(rb'"[^"]*"')  # a string, once its escapes are gone: its brackets are not nesting
+_SQUARE = bytes.maketrans(b"{}", b"[]")  # only the depth counts here; json.loads checks that pairs match
+
+
+def _too_deep(data: bytes) -> bool:
+    """Whether the JSON text nests deeper than :data:`MAX_DEPTH` (or its brackets do not pair), found at C
+    speed without parsing it: ``json.loads`` recurses, and a deep enough message is a RecursionError."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return False  # every message CooRM sends that is not a big batch
+    # escaped backslashes, then escaped quotes, go first: what is left of a string is "..." without a quote
+    text = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _OTHERS)
+    brackets = _STRING.sub(b"", text).translate(_SQUARE)
+    too_deep = b"[" * (MAX_DEPTH + 1)
+    for _ in range(MAX_DEPTH):  # each round takes the innermost level off every branch
+        if too_deep in brackets:
+            return True  # (the attack's usual shape: found at once)
+        inner = brackets.replace(b"[]", b"")
+        if len(inner) == len(brackets):
+            break  # no pair left to take: unbalanced
+        brackets = inner
+    return bool(brackets)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")  # NaN and Infinity: Python's extension, not JSON
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} does not fit a float")
+    return value
+
+
 def decode(data: bytes, model: type[M]) -> M:
-    """Parse a message, turning every way it can be wrong into a :class:`WireError` that says why."""
+    """Parse a message, turning every way it can be wrong into a :class:`WireError` that says why: not
+    JSON (numbers too: finite ones only), too big, nested too deep, not the model."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise WireError(ErrorCode.BAD_MESSAGE, f"{len(data)} bytes: more than {MAX_MESSAGE_BYTES}")
+    if _too_deep(data):
+        raise WireError(ErrorCode.BAD_MESSAGE, f"not JSON nested {MAX_DEPTH} levels deep at most")
     try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+        raw = json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise WireError(ErrorCode.BAD_MESSAGE, f"not JSON: {e}") from None
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or '(message)'}: {err['msg']}" for err in e.errors()[:5]
-        )
-        raise WireError(ErrorCode.BAD_MESSAGE, f"not a valid {model.__name__}: {problems}") from None
+        raise WireError(ErrorCode.BAD_MESSAGE, f"not a valid {model.__name__}: {_problems(e)}") from None
+
+
+def _problems(e: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(x) for x in err['loc']) or '(message)'}: {err['msg']}" for err in e.errors()[:5])
 
 
 Handler = Callable[[M, Msg], Awaitable[BaseModel | None]]
 
 
 _running: set[asyncio.Task] = set()
+_ID = TypeAdapter(Identifier)
+
+
+def _check_ids(pattern: str, subject: str) -> None:
+    """The tokens of ``subject`` that the wildcards of ``pattern`` matched must be ids: a client may publish
+    to ``app.>.views`` or ``app.é.request``, and the handler would take that for an application's id."""
+    tokens = subject.split(".")
+    for i, wild in enumerate(pattern.split(".")):
+        matched = tokens[i:] if wild == ">" else tokens[i:i + 1] if wild == "*" else []
+        for token in matched:
+            try:
+                _ID.validate_python(token)
+            except ValidationError:
+                raise WireError(ErrorCode.BAD_REQUEST, f"not an id in the subject: {token!r}") from None
 
 
 async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, queue: str = "",
                 concurrent: bool = False):
     """Subscribe ``handler`` to ``subject``: it gets the parsed message and returns the reply model (or None
-    for a publish that expects no reply). A :class:`WireError` becomes an ``ErrorReply``; any other
-    exception too (code ``unavailable``), logged, so that the caller never waits for nothing.
+    for a publish that expects no reply). Every request gets a reply, never silence: a :class:`WireError`
+    becomes an ``ErrorReply``; so does an id of the subject that is not one and a pydantic model that the
+    handler builds from what it was sent refusing a value (code ``bad_request``); any other exception too
+    (code ``unavailable``), logged; and a reply too big to send.
 
     A subscription's messages are handled one after the other; with ``concurrent`` each gets its own task,
     so that a handler waiting on I/O does not hold the next (callers that need an order wait for replies)."""
     # only servers serve: a launcher importing this module registers no Prometheus metrics
     from coorm.shared import metrics
+
+    has_ids = any(token in ("*", ">") for token in subject.split("."))
 
     async def on_msg(msg: Msg) -> None:
         if concurrent:
@@ -165,22 +248,46 @@ async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, que
         else:
             await handle(msg)
 
-    async def handle(msg: Msg) -> None:
-        metrics.messages_received.labels(subjects.verb_of(msg.subject)).inc()
+    async def answer(msg: Msg) -> BaseModel | None:
         try:
-            parsed = decode(msg.data, model)
-            out = await handler(parsed, msg)
+            if has_ids:
+                _check_ids(subject, msg.subject)
+            return await handler(decode(msg.data, model), msg)
         except WireError as e:
-            out = e.reply()
+            return e.reply()
+        except ValidationError as e:
+            # a model the handler built from what it was sent refuses a value: the request's fault
+            log.warning("a model refused what the handler was sent", subject=msg.subject, model=e.title)
+            return WireError(ErrorCode.BAD_REQUEST, f"refused by {e.title}: {_problems(e)}").reply()
         except Exception as e:  # noqa: BLE001 - a reply must go out whatever went wrong
             log.exception("handler failed", subject=msg.subject)
-            out = WireError(ErrorCode.UNAVAILABLE, f"internal error: {type(e).__name__}: {e}").reply()
+            return WireError(ErrorCode.UNAVAILABLE, f"internal error: {type(e).__name__}: {e}").reply()
+
+    async def handle(msg: Msg) -> None:
+        metrics.messages_received.labels(subjects.verb_of(msg.subject)).inc()
+        out = await answer(msg)
         if isinstance(out, ErrorReply):
             metrics.error_replies.labels(out.error.code.value).inc()
         if msg.reply and out is not None:
-            await msg.respond(encode(out))
+            await _respond(nc, msg, out)
 
     return await nc.subscribe(subject, queue=queue, cb=on_msg)
+
+
+async def _respond(nc: NATS, msg: Msg, out: BaseModel) -> None:
+    """Send the reply; one that cannot be encoded or is too big for the server goes out as an error."""
+    try:
+        data = encode(out)
+    except Exception as e:  # noqa: BLE001 - a reply must go out
+        log.exception("reply not encodable", subject=msg.subject)
+        data = encode(WireError(ErrorCode.UNAVAILABLE, f"internal error: the reply cannot be encoded: {e}").reply())
+    if len(data) > nc.max_payload:
+        data = encode(WireError(ErrorCode.UNAVAILABLE, f"internal error: the reply is {len(data)} bytes, more than "
+                                                       f"the server's {nc.max_payload}").reply())
+    try:
+        await msg.respond(data)
+    except nats.errors.Error as e:  # the connection is closing: nothing to reply on
+        log.warning("reply not sent", subject=msg.subject, error=str(e))
 
 
 async def call(nc: NATS, subject: str, message: BaseModel, reply: type[M], *, timeout: float = 5.0) -> M:
@@ -191,3 +298,50 @@ async def call(nc: NATS, subject: str, message: BaseModel, reply: type[M], *, ti
         err = ErrorReply.model_validate(raw).error
         raise WireError(err.code, err.message)
     return reply.model_validate(raw)
+
+
+# ================================================================================================
+# JetStream consumers: poison messages
+# ================================================================================================
+MAX_DELIVERIES = 5  # a stream message that failed this many deliveries is set aside
+RETRY_DELAY = 0.25  # seconds before its next delivery, doubled each time (0.25, 0.5, 1, 2)
+DEAD_LETTER_DATA = 64 * 1024  # bytes of the message a dead letter quotes (escaped, it still fits a message)
+
+
+async def set_aside(nc: NATS, msg: Msg, error: str) -> None:
+    """Dead-letter a stream message: a :class:`~coorm.shared.protocol.DeadLetter` on
+    ``subjects.deadletter(<its stream>)``, counted (``coorm_dead_letters_total``) and logged once, then
+    terminated so that JetStream never delivers it again -- at its first delivery when it can never be
+    processed (not a valid message), through :func:`retry_or_set_aside` when it keeps failing."""
+    from coorm.shared import metrics
+
+    meta = msg.metadata
+    error = _bounded(error)
+    letter = DeadLetter(stream=meta.stream, consumer=meta.consumer, sequence=meta.sequence.stream,
+                        subject=msg.subject, deliveries=meta.num_delivered, error=error, size=len(msg.data),
+                        data=msg.data[:DEAD_LETTER_DATA].decode(errors="replace"))
+    try:
+        await nc.publish(subjects.deadletter(meta.stream), encode(letter))
+    except Exception as e:  # noqa: BLE001 - terminated all the same: it must not come back for ever
+        log.warning("dead letter not published", stream=meta.stream, error=f"{type(e).__name__}: {e}")
+    metrics.dead_letters.labels(meta.stream).inc()
+    log.warning("stream message set aside", stream=meta.stream, consumer=meta.consumer, seq=meta.sequence.stream,
+                deliveries=meta.num_delivered, error=error)
+    with contextlib.suppress(nats.errors.Error):  # the connection is going: it comes again, and goes here again
+        await msg.term()
+
+
+async def retry_or_set_aside(nc: NATS, msg: Msg, error: BaseException) -> None:
+    """After a delivery that failed: deliver the message again later (a nak with back-off), or set it aside
+    once it failed :data:`MAX_DELIVERIES` deliveries. (A consumer that waits for an unreachable server
+    naks by itself instead: that is no fault of the message.)"""
+    n = msg.metadata.num_delivered
+    why = f"{type(error).__name__}: {error}"
+    if n >= MAX_DELIVERIES:
+        await set_aside(nc, msg, f"failed {n} deliveries, the last with {why}")
+        return
+    # the traceback once, with the first failure
+    log.warning("stream message not processed: it comes again", stream=msg.metadata.stream,
+                seq=msg.metadata.sequence.stream, delivery=n, error=why, exc_info=error if n == 1 else None)
+    with contextlib.suppress(nats.errors.Error):
+        await msg.nak(delay=RETRY_DELAY * 2 ** (n - 1))

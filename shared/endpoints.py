@@ -13,7 +13,8 @@ Rules of the table
   the roles that consume it (through the JetStream API, not by subscribing to the subject).
 * ``errors`` are the codes the subject's handler can answer with, read from the handlers
   (``services/*/service.py``, the policy core's ``CommandError``s, ``node_agent/agent.py`` and
-  ``node_agent/state.py``); ``bus.serve`` adds ``bad_message`` (undecodable) and ``unavailable`` (the handler
+  ``node_agent/state.py``); ``bus.serve`` adds ``bad_message`` (undecodable), ``bad_request`` (an id in the
+  subject that is not one, a value refused by a model the handler builds) and ``unavailable`` (the handler
   failed) to every request/reply subject it serves.
 * A pure data module: no NATS, no I/O.
 """
@@ -33,11 +34,17 @@ from coorm.shared.protocol import (
     Ack,
     AgentHeartbeat,
     AgentRegister,
+    AgentRegistered,
+    AllocationsQuery,
+    AllocationsReply,
     AllocatorDecisions,
     ChangeNotify,
     CloseMsg,
     ClustersInfoReply,
+    DeadLetter,
     DoneMsg,
+    ExitsQuery,
+    ExitsReply,
     HeartbeatMsg,
     InfoQuery,
     InterClusterInfoReply,
@@ -57,6 +64,7 @@ from coorm.shared.protocol import (
     StartNotify,
     StatusQuery,
     StatusReply,
+    SystemStopping,
     ViewsEpoch,
     ViewsQuery,
 )
@@ -65,10 +73,12 @@ from coorm.shared.protocol import (
 APP = "<app>"
 NODE = "<node>"
 REQUEST = "<request>"
+STREAM = "<stream>"
 # how each placeholder reads as a NATS wildcard: application and node ids are one token each (the engine
 # names applications a<N>; a node id with a dot would not match the agents' permissions), a request id may
-# hold dots (``Identifier`` allows them) and comes last, so it takes the rest of the subject
-WILDCARDS: Mapping[str, str] = {APP: "*", NODE: "*", REQUEST: ">"}
+# hold dots (``Identifier`` allows them) and comes last, so it takes the rest of the subject; a stream's name
+# is one token
+WILDCARDS: Mapping[str, str] = {APP: "*", NODE: "*", REQUEST: ">", STREAM: "*"}
 
 INBOX = "_INBOX.>"  # where nats-py's requests get their replies (and JetStream its deliveries)
 JETSTREAM = "$JS.>"  # the JetStream API, acknowledgements and flow control
@@ -145,8 +155,11 @@ def nats_pattern(subject: str) -> str:
     return ".".join(WILDCARDS.get(token, token) for token in subject.split("."))
 
 
-# the codes every request/reply subject served through bus.serve can answer
+# the codes every request/reply subject served through bus.serve (or the node agent's loop) can answer
 _SERVED = (ErrorCode.BAD_MESSAGE, ErrorCode.UNAVAILABLE)
+# bus.serve also refuses an id in a wildcard subject that is not one (``app.>.views``), and a value the models
+# the handler builds from what it was sent refuse
+_BUS = (*_SERVED, ErrorCode.BAD_REQUEST)
 # a launcher's session check (PolicyEngine._check) on every token-carrying subject
 _SESSION = (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN)
 
@@ -163,7 +176,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="subscribe",
         # DUPLICATE: the core refuses an application id it already has (only if the id counter in Redis were
         # lost while the engine's state was not)
-        errors=(*_SERVED, ErrorCode.DUPLICATE),
+        errors=(*_BUS, ErrorCode.DUPLICATE),
         description=(
             "Open a session. The filter names the clusters the application may use and whether it wants "
             "preemptive views; ``user``, ``name`` and ``kind`` are recorded for status and accounting. The "
@@ -181,7 +194,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.app_views(APP), names=("app_views", "APP_VIEWS_ANY"), part=Part.LAUNCHER,
         kind=Kind.REQUEST, request=InfoQuery, reply=ChangeNotify, publishers=(Role.LAUNCHER,),
-        subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="view publisher", errors=_SERVED,
+        subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="view publisher", errors=_BUS,
         description=(
             "Every current view of the application, as one ``changeNotify`` (the same message the "
             "notification subject carries). A launcher asks once it has subscribed to its notifications, "
@@ -192,9 +205,25 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             {"cluster": "c0", "type": "non_preemptive", "cap": [[_T0, 16], [_T0 + 600, 64]]}]},
     ),
     Endpoint(
+        subject=subjects.app_allocations(APP), names=("app_allocations", "APP_ALLOCATIONS_ANY"),
+        part=Part.LAUNCHER, kind=Kind.REQUEST, request=AllocationsQuery, reply=AllocationsReply,
+        publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="node allocator",
+        errors=(*_BUS, ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN),
+        description=(
+            "Every request of the application that started, with its nodes, and its end reason if it ended: "
+            "what its ``startNotify`` and kill notifications said. A launcher whose connection was cut (a "
+            "nats-server restart loses what was sent meanwhile) asks on reconnecting, and takes what it did "
+            "not hear of as if it had (the SDK does). Records stay an hour after the session's end."),
+        example={"token": _TOKEN},
+        reply_example={"ok": True, "allocations": [
+            {"request": "a7.run", "cluster": "c0", "nodes": ["c0n0", "c0n1"], "kept": [], "end": _T0 + 3600,
+             "ended": None},
+            {"request": "a7.pre", "cluster": "c0", "nodes": ["c0n2"], "kept": [], "end": None, "ended": "walltime"}]},
+    ),
+    Endpoint(
         subject=subjects.CLUSTERS_INFO, names=("CLUSTERS_INFO",), part=Part.LAUNCHER, kind=Kind.REQUEST,
         request=InfoQuery, reply=ClustersInfoReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
-        sent_by=_LAUNCHERS, served_by="view publisher", errors=_SERVED, paper="listClustersInfo",
+        sent_by=_LAUNCHERS, served_by="view publisher", errors=_BUS, paper="listClustersInfo",
         description=(
             "CINFO of every cluster: its up nodes and, per node, the fewest cores and the least memory among "
             "them; its relative speed (from the operator's inventory). The body is ``{}``."),
@@ -205,7 +234,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.CLUSTERS_INTERINFO, names=("CLUSTERS_INTERINFO",), part=Part.LAUNCHER, kind=Kind.REQUEST,
         request=InfoQuery, reply=InterClusterInfoReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
-        sent_by=_LAUNCHERS, served_by="view publisher", errors=_SERVED, paper="listInterClusterInfo",
+        sent_by=_LAUNCHERS, served_by="view publisher", errors=_BUS, paper="listInterClusterInfo",
         description=(
             "ICINFO of every pair of clusters: latency and bandwidth, from the operator's inventory (defaults "
             "for pairs it does not name). The body is ``{}``."),
@@ -216,7 +245,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         subject=subjects.app_request(APP), names=("app_request", "APP_REQUEST_ANY"), part=Part.LAUNCHER,
         kind=Kind.REQUEST, request=RequestMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="request",
-        errors=(*_SERVED, *_SESSION, ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.DUPLICATE,
+        errors=(*_BUS, *_SESSION, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.DUPLICATE,
                 ErrorCode.BAD_RELATION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED),
         description=(
             "Add a batch of requests, accepted or refused as a whole. Each names its type, cluster, number of "
@@ -234,7 +263,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         subject=subjects.app_done(APP), names=("app_done", "APP_DONE_ANY"), part=Part.LAUNCHER, kind=Kind.REQUEST,
         request=DoneMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="done",
-        errors=(*_SERVED, *_SESSION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED,
+        errors=(*_BUS, *_SESSION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED,
                 ErrorCode.BAD_RELEASE),
         description=(
             "End a started request now, or cancel one not started yet. ``released`` names node IDs the "
@@ -247,7 +276,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.app_heartbeat(APP), names=("app_heartbeat", "APP_HEARTBEAT_ANY"), part=Part.LAUNCHER,
         kind=Kind.REQUEST, request=HeartbeatMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
-        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_SERVED, *_SESSION),
+        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_BUS, *_SESSION),
         description=(
             "The session is alive. A launcher sends one every ``heartbeat_interval`` seconds (from the "
             "session's reply); a session silent for the engine's ``session_timeout`` is closed (reaped): its "
@@ -258,7 +287,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.app_close(APP), names=("app_close", "APP_CLOSE_ANY"), part=Part.LAUNCHER, kind=Kind.REQUEST,
         request=CloseMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
-        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_SERVED, *_SESSION),
+        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_BUS, *_SESSION),
         description=(
             "End the session: its waiting requests are cancelled, its running ones end (reason "
             "``session_closed``) and the agents kill their processes."),
@@ -271,12 +300,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         subscribers=(Role.SERVICE,),
         sent_by="``coorm status``, ``apps``, ``requests``, ``estimate`` (as a launcher); the in-process stack "
                 "waiting for its nodes (``services/stack.py``, as a service)",
-        served_by="policy engine (the leader)", errors=_SERVED,
+        served_by="policy engine (the leader)", errors=_BUS,
         description=(
             "What the policy engine knows now: per cluster a partition of its up nodes, every open session, "
-            "every waiting and started request with its scheduled (or actual) start and planned end. The body "
-            "is ``{}``."),
-        example={},
+            "every waiting and started request with its scheduled (or actual) start and planned end. Sessions "
+            "and requests come a page at a time (``offset``, ``limit``: at most 5,000 of each; ``limit`` 0 for "
+            "the counts only), so that a reply fits in a message; the totals come with every page."),
+        example={"offset": 0, "limit": 1000},
         reply_example={"now": _T0, "epoch": 12, "leader": "policy-1f2e3d4c",
                        "clusters": [{"cluster": "c0", "up": 64, "non_preemptible": 16, "pre_allocated_unused": 0,
                                      "preemptible": 8, "held": 0, "idle": 40}],
@@ -284,7 +314,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                                  "opened": _T0 - 60, "waiting": 0, "running": 2, "nodes": 24}],
                        "requests": [{"app": "a7", "request": "a7.run", "type": "non-preemptible", "cluster": "c0",
                                      "nodes": 16, "state": "started", "submitted": _T0 - 50, "start": _T0 - 49,
-                                     "end": _T0 + 3551}]},
+                                     "end": _T0 + 3551}],
+                       "total_apps": 1, "total_requests": 1, "waiting": 0, "running": 1},
     ),
     # -- RMS -> launcher ----------------------------------------------------------------------------------
     Endpoint(
@@ -323,6 +354,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "their processes are being killed (the agents publish each exit)."),
         example={"app": "a7", "request": "a7.extra", "reason": "violation", "nodes": ["c0n16", "c0n17"]},
     ),
+    Endpoint(
+        subject=subjects.SYSTEM_STOPPING, names=("SYSTEM_STOPPING",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
+        request=SystemStopping, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.LAUNCHER,),
+        sent_by="coorm up, when it stops", served_by="every launcher", errors=(),
+        description=(
+            "CooRM as a whole is stopping (not one service restarting: a standby or a restarted service "
+            "goes on): every session ends and its processes are killed. Sent once, with the reason, before "
+            "the servers go; the SDK ends its session with the reason (``RMSStopped``), and ``coorm submit`` "
+            "exits 3."),
+        example={"reason": "coorm up was stopped (SIGTERM)"},
+    ),
     # -- to the node agents -------------------------------------------------------------------------------
     Endpoint(
         subject=subjects.node_assign(NODE), names=("node_assign",), part=Part.NODES, kind=Kind.PUBLISH,
@@ -347,13 +389,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         request=LaunchMsg, reply=LaunchReply, publishers=(Role.LAUNCHER,), subscribers=(Role.AGENT,),
         subscribe_as=subjects.node_launch(NODE).rsplit(".", 1)[0] + ".*",
         sent_by=_LAUNCHERS, served_by="the node's agent",
-        errors=(*_SERVED, ErrorCode.NOT_OWNER, ErrorCode.BAD_TOKEN, ErrorCode.BAD_REQUEST),
+        errors=(*_SERVED, ErrorCode.NOT_OWNER, ErrorCode.BAD_TOKEN, ErrorCode.BAD_REQUEST,
+                ErrorCode.COMMAND_NOT_FOUND, ErrorCode.NOT_EXECUTABLE),
         description=(
             "Start ``argv`` on the node for a request that holds it now, in its own process group, with "
             "``env`` added to the agent's environment and ``COORM_NODE``, ``COORM_NODES``, ``COORM_REQUEST``, "
             "``COORM_APP`` set. ``not_owner``: the node is not the request's now; ``bad_token``: the token is "
-            "not the session's; ``bad_request``: the program could not be started; ``unavailable``: the agent "
-            "is stopping. The process's output and exit come on ``app.<app>.output.<request>`` and "
+            "not the session's; ``command_not_found`` / ``not_executable``: ``argv[0]`` does not exist / cannot "
+            "be executed (a shell's 127 / 126: the launcher fails the job at once); ``bad_request``: the "
+            "working directory does not exist or the program could not be started otherwise; ``unavailable``: "
+            "the agent is stopping. The process's output and exit come on ``app.<app>.output.<request>`` and "
             "``app.<app>.exited``."),
         example={"token": _TOKEN, "app": "a7", "request": "a7.run", "argv": ["./sim", "--steps", "1000"],
                  "env": {"OMP_NUM_THREADS": "32"}, "cwd": "/home/alice/sim"},
@@ -370,6 +415,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "kill: it ends a request with ``done``.)"),
         example={"request": "a7.run", "grace": 5.0, "reason": "done"},
         reply_example={"ok": True, "killed": [41873]},
+    ),
+    Endpoint(
+        subject=subjects.node_exits(NODE), names=("node_exits",), part=Part.NODES, kind=Kind.REQUEST,
+        request=ExitsQuery, reply=ExitsReply, publishers=(Role.LAUNCHER,), subscribers=(Role.AGENT,),
+        subscribe_as=subjects.node_exits(NODE).rsplit(".", 1)[0] + ".*",
+        sent_by=_LAUNCHERS, served_by="the node's agent", errors=(*_SERVED, ErrorCode.BAD_TOKEN),
+        description=(
+            "The application's processes that ended on the node lately (the agent keeps the last 256 exits "
+            "of each node), as their ``app.<app>.exited`` messages said. A launcher whose connection was cut "
+            "(exits published meanwhile are lost) asks the nodes where it awaits exits, on reconnecting. "
+            "``bad_token``: the token is not the one the processes were launched with."),
+        example={"token": _TOKEN, "app": "a7"},
+        reply_example={"ok": True, "exits": [{"node": "c0n0", "app": "a7", "request": "a7.run", "pid": 41873,
+                                              "code": 0, "killed": False, "reason": None}]},
     ),
     # -- node agents -> launcher -----------------------------------------------------------------------------
     Endpoint(
@@ -398,16 +457,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     # -- node agents -> RMS ---------------------------------------------------------------------------------
     Endpoint(
         subject=subjects.AGENT_REGISTER, names=("AGENT_REGISTER",), part=Part.AGENTS, kind=Kind.REQUEST,
-        request=AgentRegister, reply=Ack, publishers=(Role.AGENT,), subscribers=(Role.SERVICE,),
-        sent_by="node agents", served_by="node allocator", errors=(*_SERVED, ErrorCode.BAD_REQUEST),
+        request=AgentRegister, reply=AgentRegistered, publishers=(Role.AGENT,), subscribers=(Role.SERVICE,),
+        sent_by="node agents", served_by="node allocator", errors=_BUS,
         description=(
-            "An agent's nodes are up: their ids, cores and memory, in one cluster. The allocator records them "
-            "and brings them up in the policy engine. ``bad_request``: a node is already registered in "
-            "another cluster; ``unavailable``: no policy engine leader yet (the agent registers again, with "
-            "back-off, until it gets an ``Ack``)."),
+            "An agent's nodes are up: their ids, cores and memory, in one cluster. The allocator records them, "
+            "brings them up in the policy engine and answers with the current assignment of each node that "
+            "has one (a restarted agent learns whom its nodes belong to; one that was cut off learns that "
+            "allocations ended meanwhile, and kills their processes). ``bad_request``: a node is already "
+            "registered in another cluster; ``unavailable``: no policy engine leader yet (the agent registers "
+            "again, with back-off, until it is answered)."),
         example={"agent": "agent-c0", "cluster": "c0", "nodes": [{"id": "c0n0", "cores": 32, "memory_mb": 131072},
                                                                  {"id": "c0n1", "cores": 32, "memory_mb": 131072}]},
-        reply_example={"ok": True, "requests": []},
+        reply_example={"ok": True, "assignments": [
+            {"app": "a7", "request": "a7.run", "nodes": ["c0n0", "c0n1"], "token_sha256": _SHA, "end": _T0 + 3600,
+             "previous": None}]},
     ),
     Endpoint(
         subject=subjects.AGENT_HEARTBEAT, names=("AGENT_HEARTBEAT",), part=Part.AGENTS, kind=Kind.PUBLISH,
@@ -456,19 +519,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.VIEWS_QUERY, names=("VIEWS_QUERY",), part=Part.INTERNAL, kind=Kind.REQUEST,
         request=ViewsQuery, reply=ViewsEpoch, publishers=(Role.SERVICE,), subscribers=(Role.SERVICE,),
-        sent_by="view publisher (after it starts)", served_by="policy engine (the leader)", errors=_SERVED,
+        sent_by="view publisher (after it starts)", served_by="policy engine (the leader)", errors=_BUS,
         description=(
             "Every current view of every application (``full``): a view publisher that (re)started asks until "
-            "a leader answers. The body is ``{}``."),
-        example={},
+            "a leader answers, a page of applications at a time (``offset``, ``limit``) while the reply says "
+            "``more``."),
+        example={"offset": 0, "limit": 500},
         reply_example={"epoch": 13, "now": _T0, "views": {"a7": {"c0": {"non_preemptive": [[_T0, 16]],
                                                                         "preemptive": None}}},
-                       "closed": [], "full": True},
+                       "closed": [], "full": True, "more": False},
     ),
     Endpoint(
         subject=subjects.NODES_EVENT, names=("NODES_EVENT",), part=Part.INTERNAL, kind=Kind.REQUEST,
         request=NodesEvent, reply=Ack, publishers=(Role.SERVICE,), subscribers=(Role.SERVICE,),
-        sent_by="node allocator", served_by="policy engine (the leader)", errors=_SERVED,
+        sent_by="node allocator", served_by="policy engine (the leader)", errors=_BUS,
         description=(
             "An agent's nodes came up (``register``) or went down (``down``: the agent went silent). The "
             "``Ack`` comes once the event is in the engine's log and applied."),
@@ -507,6 +571,22 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         example={"kind": "ended", "at": _T0 + 3600, "app": "a7", "user": "alice", "app_kind": "rigid",
                  "request": "a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16,
                  "started_at": _T0, "reason": "done"},
+    ),
+    Endpoint(
+        subject=subjects.deadletter(STREAM), names=("deadletter",), part=Part.STREAMS, kind=Kind.PUBLISH,
+        request=DeadLetter, reply=None, publishers=(Role.SERVICE,), subscribers=(),
+        sent_by="the streams' consumers: accounting, node allocator",
+        served_by="no CooRM program (for operators: ``nats sub 'coorm.v1.deadletter.>'``)", errors=(),
+        description=(
+            "A poison message set aside: a message of the stream that its consumer could not process -- not "
+            "a valid message (at once), or failing every one of ``bus.MAX_DELIVERIES`` (5) deliveries, a "
+            "server being unreachable aside -- is published here, counted in ``coorm_dead_letters_total``, "
+            "logged and terminated, so that it is never delivered again and the consumer goes on. The "
+            "message itself stays in the stream at ``sequence`` until the stream's max_age; ``data`` is its "
+            "first 64 KiB, as text. Accounting also keeps the invalid ones in Redis (``keys.ACCT_REJECTED``)."),
+        example={"stream": subjects.LIFECYCLE_STREAM, "consumer": "accounting", "sequence": 4121,
+                 "subject": subjects.LIFECYCLE, "deliveries": 1, "size": 16,
+                 "error": "not a lifecycle event: not JSON: NaN is not a JSON number", "data": '{"at": NaN}'},
     ),
 )
 
@@ -580,10 +660,13 @@ BROADER_THAN_NEEDED: tuple[BroadGrant, ...] = (
 
 
 ERROR_MEANINGS: Mapping[ErrorCode, str] = {
-    ErrorCode.BAD_MESSAGE: "not JSON, or not the subject's message (a missing, unknown or ill-typed field)",
-    ErrorCode.BAD_REQUEST: "well-formed but refused: a request batch the policy cannot take as a whole (e.g. a "
-                           "cycle of relations), a node registered in another cluster, a program that cannot "
-                           "be started, an assignment that does not name the node",
+    ErrorCode.BAD_MESSAGE: "not JSON (``NaN``, ``Infinity`` and numbers beyond a float are not), more than 8 MiB "
+                           "or nested deeper than 32 levels, or not the subject's message (a missing, unknown or "
+                           "ill-typed field)",
+    ErrorCode.BAD_REQUEST: "well-formed but refused: an id in the subject that is not one (``app.>.views``), a "
+                           "request batch the policy cannot take as a whole (e.g. a cycle of relations), a node "
+                           "registered in another cluster, a program that cannot be started, an assignment that "
+                           "does not name the node",
     ErrorCode.UNKNOWN_APP: "no open session for the application of the subject",
     ErrorCode.BAD_TOKEN: "the session token does not match the application",
     ErrorCode.UNKNOWN_CLUSTER: "a request names a cluster the RMS does not know",
@@ -599,4 +682,8 @@ ERROR_MEANINGS: Mapping[ErrorCode, str] = {
                          "or its allocation's end passed)",
     ErrorCode.UNAVAILABLE: "the service cannot take it now (no leader yet, stopping, or an internal error): "
                            "retry",
+    ErrorCode.COMMAND_NOT_FOUND: "a launch's program does not exist (`argv[0]`): the job fails with 127, as in "
+                                 "a shell",
+    ErrorCode.NOT_EXECUTABLE: "a launch's program exists but cannot be executed (permissions, format): the job "
+                              "fails with 126, as in a shell",
 }

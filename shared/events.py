@@ -107,6 +107,8 @@ class ErrorCode(StrEnum):
     BAD_TOKEN = "bad_token"  # the session token does not match the application
     NOT_OWNER = "not_owner"  # a launch on a node the application's request does not hold now
     UNAVAILABLE = "unavailable"  # the service cannot take it now (no leader yet): retry
+    COMMAND_NOT_FOUND = "command_not_found"  # a launch's argv[0] does not exist (a shell's 127)
+    NOT_EXECUTABLE = "not_executable"  # a launch's argv[0] exists but cannot be executed (a shell's 126)
 
 
 class EndReason(StrEnum):

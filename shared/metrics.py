@@ -38,6 +38,8 @@ request_start_latency_seconds = Histogram(
 messages_received = Counter("coorm_messages_received_total", "Protocol messages a service handled",
                             ["subject"])  # the verb: session.open, request, done, close, heartbeat, ...
 error_replies = Counter("coorm_error_replies_total", "Messages refused with an error reply", ["code"])
+dead_letters = Counter("coorm_dead_letters_total", "Stream messages set aside (dead-lettered) by their consumer: "
+                       "not valid, or failing every delivery", ["stream"])
 kills = Counter("coorm_kills_total", "Ends of started requests decided by the RMS, by reason", ["reason"])
 KILL_REASONS = ("walltime", "violation", "node_failure", "session_closed", "container_ended")
 preemptions = Counter("coorm_preemptions_total", "Preemptible nodes the RMS asked launchers to give back",

@@ -66,6 +66,9 @@ class SessionOpenReply(_Msg):
     token: str
     subjects: SessionSubjects
     heartbeat_interval: float
+    # a session silent this long is reaped: a heartbeat waits for its answer a fraction of it, so that one
+    # sent to a leader that just died is followed by another (to the next leader) in time
+    session_timeout: float | None = None
 
 
 class InfoQuery(_Msg):
@@ -100,7 +103,9 @@ class InterClusterInfoReply(_Msg):
 
 
 class Authenticated(_Msg):
-    token: str = Field(min_length=1)
+    # printable ASCII, bounded (the engine's tokens are 32 URL-safe characters): anything else cannot be a
+    # session's, and comparing it in constant time (which takes ASCII strings only) would fail
+    token: str = Field(min_length=1, max_length=256, pattern=r"^[!-~]+$")
 
 
 class RequestMsg(Authenticated):
@@ -225,6 +230,36 @@ class AgentRegister(_Msg):
     nodes: list[NodeInfo] = Field(min_length=1)
 
 
+class AllocationsQuery(Authenticated):
+    """What became of the application's started requests: asked by a launcher whose connection was cut
+    (a nats-server restart), as notifications sent meanwhile are lost."""
+
+
+class AllocationRecord(_Msg):
+    """A request that started (its startNotify), and whether it ended since (its kill notification)."""
+
+    request: Identifier
+    cluster: Identifier
+    nodes: list[Identifier] = Field(default_factory=list)
+    kept: list[Identifier] = Field(default_factory=list)
+    end: float | None = None
+    ended: EndReason | None = None  # None: it still runs
+
+
+class AllocationsReply(_Msg):
+    ok: Literal[True] = True
+    allocations: list[AllocationRecord] = Field(default_factory=list)
+
+
+class AgentRegistered(_Msg):
+    """The reply to a registration: the current assignment of each of the agent's nodes that has one (a
+    restarted agent learns whom its nodes belong to; an agent that was cut off learns which allocations
+    ended meanwhile). A node not listed belongs to no request: the agent kills what runs there."""
+
+    ok: Literal[True] = True
+    assignments: list[NodeAssign] = Field(default_factory=list)
+
+
 class AgentHeartbeat(_Msg):
     agent: Identifier
     nodes: list[Identifier]
@@ -232,14 +267,41 @@ class AgentHeartbeat(_Msg):
 
 
 class ProcessExited(_Msg):
-    """``code``: the exit status, or minus the signal that ended it (as Python's ``returncode``)."""
+    """``code``: the exit status, or minus the signal that ended it (as Python's ``returncode``); None when
+    it is unknown (the process ended while no agent watched it: its agent had been killed)."""
 
     node: Identifier
     app: Identifier
     request: Identifier
     pid: int
-    code: int
+    code: int | None
     killed: bool = False  # the agent killed it (told to, or the allocation's end passed)
+    # why the agent killed it: the RMS's reason (``done``, ``next``, ``cancelled`` when the application
+    # released the node; ``walltime``, ``node_failure``, ... when the RMS ended the request) or the agent's
+    # own (:data:`AGENT_KILL_REASONS`); None when it was not killed
+    reason: str | None = Field(default=None, max_length=64)
+
+
+AGENT_KILL_REASONS = {
+    "agent_stopping": "the node agent was stopped",
+    "allocation_ended": "the allocation's end passed without word from the RMS",
+    "reassigned": "the node was given to another request",
+    "agent_restarted": "the node agent was restarted: what its predecessor ran was killed",
+}
+# kills that follow the application's own release of its nodes: no failure of its work
+RELEASE_KILL_REASONS = frozenset({"done", "next", "cancelled"})
+
+
+class ExitsQuery(Authenticated):
+    """The application's processes that ended on the node lately (the agent keeps the last ones): asked by
+    a launcher whose connection was cut, as exits published meanwhile are lost."""
+
+    app: Identifier
+
+
+class ExitsReply(_Msg):
+    ok: Literal[True] = True
+    exits: list[ProcessExited] = Field(default_factory=list)
 
 
 class ProcessOutput(_Msg):
@@ -281,6 +343,29 @@ class Lifecycle(_Msg):
     deadline: float | None = None
 
 
+class SystemStopping(_Msg):
+    """The RMS is stopping as a whole (not one service restarting): sessions end, their processes are
+    killed. Sent once to every launcher, before the servers go."""
+
+    reason: str = Field(max_length=1000)
+
+
+class DeadLetter(_Msg):
+    """A stream message its consumer could not process -- not a valid message, or failing every one of its
+    deliveries -- set aside on ``deadletter.<stream>`` and never delivered again (a poison message must not
+    hold a consumer for ever). The message itself stays in its stream at ``sequence`` until the stream's
+    max_age; ``data`` is its beginning, as text."""
+
+    stream: str
+    consumer: str
+    sequence: int = Field(ge=0)  # the message's sequence in the stream
+    subject: str
+    deliveries: int = Field(ge=1)  # how many times it was delivered, the last included
+    error: str
+    size: int = Field(ge=0)  # the message's length in bytes
+    data: str  # its first bytes (64 KiB), as UTF-8 with undecodable bytes replaced
+
+
 # -- between services --------------------------------------------------------------------------------
 class AppViews(_Msg):
     """One application's views on one cluster."""
@@ -298,6 +383,7 @@ class ViewsEpoch(_Msg):
     views: dict[str, dict[str, AppViews]] = Field(default_factory=dict)
     closed: list[str] = Field(default_factory=list)
     full: bool = False
+    more: bool = False  # (a reply to a ViewsQuery) there are applications after this page
 
 
 AllocatorDecision = Annotated[
@@ -315,7 +401,12 @@ class AllocatorDecisions(_Msg):
 
 
 class ViewsQuery(_Msg):
-    """view publisher -> policy engine: every current view (after a restart)."""
+    """view publisher -> policy engine: every current view (after a restart), a page of applications at a
+    time (``offset`` in the engine's order of applications; the reply's ``more`` says whether to go on):
+    a reply must fit in one message."""
+
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=500, ge=1, le=5000)
 
 
 class NodesEvent(_Msg):
@@ -328,7 +419,12 @@ class NodesEvent(_Msg):
 
 # -- queries (coorm status, apps, requests, estimate) --------------------------------------------------
 class StatusQuery(_Msg):
-    """What the policy engine knows now (``coorm status`` and friends)."""
+    """What the policy engine knows now (``coorm status`` and friends). Applications and requests come a
+    page at a time (the same ``offset`` and ``limit`` for both lists, each in a fixed order), so that a
+    reply fits in one message whatever their number; the totals come with every page."""
+
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=1000, ge=0, le=5000)
 
 
 class ClusterStatus(_Msg):
@@ -377,13 +473,19 @@ class StatusReply(_Msg):
     clusters: list[ClusterStatus]
     apps: list[AppStatus]
     requests: list[RequestStatus]
+    # over every page
+    total_apps: int = 0
+    total_requests: int = 0
+    waiting: int = 0
+    running: int = 0
 
 
 WIRE_MODELS: tuple[type[BaseModel], ...] = (
     SessionOpen, InfoQuery, SessionOpenReply, ClustersInfoReply, InterClusterInfoReply, RequestMsg, DoneMsg, CloseMsg,
     HeartbeatMsg, Ack, ErrorReply, ChangeNotify, StartNotify, KillNotify, LaunchMsg, LaunchReply, KillMsg,
-    KillReply, NodeAssign, AgentRegister, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
-    ViewsEpoch, ViewsQuery, NodesEvent, StatusQuery, StatusReply, AllocatorDecisions,
+    KillReply, NodeAssign, AgentRegister, AgentRegistered, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
+    ViewsEpoch, ViewsQuery, NodesEvent, StatusQuery, StatusReply, AllocatorDecisions, DeadLetter,
+    SystemStopping, AllocationsQuery, AllocationsReply, ExitsQuery, ExitsReply,
 )
 
 

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     agent_heartbeat: float = Field(default=1.0, gt=0)
     agent_timeout: float = Field(default=5.0, gt=0, description="a silent agent's nodes go down")
     kill_grace: float = Field(default=5.0, ge=0, description="TERM, then KILL after this many seconds")
+    # where an agent records the processes it runs, for a successor to find should it be killed
+    agent_state_dir: Path | None = Field(default=None, description="default: $XDG_STATE_HOME/coorm/agents")
+    agent_cgroups: bool = Field(default=True, description="contain launches in cgroups v2 where possible")
     leader_lease: float = Field(default=3.0, gt=0, description="the policy engine leader's lease in Redis")
     snapshot_every: int = Field(default=10_000, ge=0, description="events between two snapshots (0: none)")
 
@@ -88,6 +91,14 @@ class Settings(BaseSettings):
         if name in _ConnectionFileSource(type(self))():
             return str(connection_file())
         return "the default"
+
+    def agent_state_path(self, agent_id: str) -> Path:
+        base = self.agent_state_dir
+        if base is None:
+            state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+            base = Path(state) / "coorm" / "agents"
+        safe = "".join(c if c.isalnum() or c in "-_.@" else "_" for c in agent_id)
+        return base / f"{safe}.json"
 
     def write_connection_file(self) -> Path:
         path = connection_file()

@@ -27,6 +27,11 @@ def app_views(app: str) -> str:
     return f"{PREFIX}.app.{app}.views"
 
 
+def app_allocations(app: str) -> str:
+    """launcher -> node allocator, reply: AllocationsReply (what started and ended: after a reconnection)."""
+    return f"{PREFIX}.app.{app}.allocations"
+
+
 def app_heartbeat(app: str) -> str:
     return f"{PREFIX}.app.{app}.heartbeat"
 
@@ -66,6 +71,11 @@ def node_kill(node: str) -> str:
     return f"{PREFIX}.node.{node}.kill"
 
 
+def node_exits(node: str) -> str:
+    """launcher -> agent, reply: ExitsReply (the application's recent exits there: after a reconnection)."""
+    return f"{PREFIX}.node.{node}.exits"
+
+
 def node_assign(node: str) -> str:
     """allocator -> agent: the node now belongs to this request (who may launch, until when)."""
     return f"{PREFIX}.node.{node}.assign"
@@ -77,6 +87,9 @@ AGENT_HEARTBEAT = f"{PREFIX}.agent.heartbeat"
 AGENT_EXITED = f"{PREFIX}.agent.exited"
 AGENT_HELLO = f"{PREFIX}.agent.hello"  # allocator -> every agent: (re-)register now (it restarted)
 
+# RMS -> every launcher: the whole system is stopping (``coorm up`` ends): SystemStopping
+SYSTEM_STOPPING = f"{PREFIX}.system.stopping"
+
 # service <-> service
 SCHEDULE_EPOCH = f"{PREFIX}.internal.schedule"  # policy engine -> view publisher: ViewsEpoch
 VIEWS_QUERY = f"{PREFIX}.internal.views"  # view publisher -> policy engine, reply: ViewsEpoch (full)
@@ -85,6 +98,11 @@ DECISIONS_STREAM = "COORM_DECISIONS"
 NODES_EVENT = f"{PREFIX}.internal.nodes"  # node allocator -> policy engine, reply: Ack
 LIFECYCLE = f"{PREFIX}.lifecycle"  # captured by the durable JetStream stream below
 LIFECYCLE_STREAM = "COORM_LIFECYCLE"
+
+
+def deadletter(stream: str) -> str:
+    """A stream's poison messages, set aside by its consumer (``DeadLetter``): ``deadletter.COORM_LIFECYCLE``."""
+    return f"{PREFIX}.deadletter.{stream}"
 
 # queries (request/reply)
 QUERY_STATUS = f"{PREFIX}.query.status"  # policy engine: StatusQuery -> StatusReply
@@ -95,6 +113,7 @@ APP_DONE_ANY = f"{PREFIX}.app.*.done"
 APP_CLOSE_ANY = f"{PREFIX}.app.*.close"
 APP_HEARTBEAT_ANY = f"{PREFIX}.app.*.heartbeat"
 APP_VIEWS_ANY = f"{PREFIX}.app.*.views"
+APP_ALLOCATIONS_ANY = f"{PREFIX}.app.*.allocations"  # served by the node allocator
 
 
 def app_of(subject: str) -> str:

@@ -36,3 +36,10 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# agents record their processes under $XDG_STATE_HOME (for a restarted agent to find): each test run gets its
+# own, so that runs side by side on one machine (and a developer's own agents) never see each other's
+if "COORM_AGENT_STATE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="coorm-tests-state-")

@@ -198,7 +198,7 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
                   output: Path | None, label: bool, name: str, announce=None, say=_line) -> int:
     from coorm.launchers.live import LiveRunner
     from coorm.launchers.rigid import RigidLauncher
-    from coorm.launchers.sdk import Session
+    from coorm.launchers.sdk import RMSStopped, Session
     from coorm.shared import bus
 
     try:
@@ -226,16 +226,21 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
     except bus.Unreachable as e:  # lost for good: what became of the job is unknown here
         say(f"{e}; job {session.app} may still run: see 'coorm requests' once CooRM is back")
         return UNREACHABLE
+    except RMSStopped as e:  # its processes are being killed: the job did not complete
+        say(f"{e}; job {session.app} is killed")
+        return UNREACHABLE
     finally:
         if sink:
             sink.close()
     if result.refused:
         err.print(f"[red]refused:[/red] {result.refused[0]}")
-    if result.end_reason and result.exit_code == 0:
-        err.print(f"[red]job {session.app} ended by the RMS: {result.end_reason}[/red]")
-        return 124 if result.end_reason == "walltime" else 1
     if result.end_reason:
-        err.print(f"[red]job {session.app} ended by the RMS: {result.end_reason}[/red]")
+        from coorm.shared.protocol import AGENT_KILL_REASONS
+
+        why = AGENT_KILL_REASONS.get(result.end_reason) or f"ended by the RMS: {result.end_reason}"
+        err.print(f"[red]job {session.app}: {why}[/red]")
+        if result.exit_code == 0:
+            return 124 if result.end_reason == "walltime" else 1
     return result.exit_code
 
 
@@ -358,33 +363,47 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
 # ================================================================================================
 # status, nodes, apps, requests, estimate
 # ================================================================================================
-async def _status(settings: Settings):
+PAGE = 1000  # applications and requests per status reply (one reply must fit in a NATS message)
+
+
+async def _status(settings: Settings, *, everything: bool = True):
+    """The status; with ``everything``, every application and request (page after page), else the counts
+    only."""
     from coorm.shared import bus, subjects
     from coorm.shared.protocol import StatusQuery, StatusReply
 
     nc = await _connect(settings)
     try:
-        return await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=5)
+        st = await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(limit=PAGE if everything else 0), StatusReply,
+                            timeout=5)
+        offset = PAGE
+        while everything and (len(st.apps) < st.total_apps or len(st.requests) < st.total_requests):
+            page = await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(offset=offset, limit=PAGE), StatusReply,
+                                  timeout=5)
+            if not page.apps and not page.requests:
+                break  # (fewer than when the first page was read)
+            st.apps += page.apps
+            st.requests += page.requests
+            offset += PAGE
+        return st
     finally:
         await bus.shutdown(nc)
 
 
-def fetch_status():
+def fetch_status(everything: bool = True):
     settings = _settings()
     try:
-        return asyncio.run(_status(settings))
+        return asyncio.run(_status(settings, everything=everything))
     except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
         raise _failure(e, settings) from None
 
 
 def show_status(as_json: bool) -> None:
-    st = fetch_status()
+    st = fetch_status(everything=False)
     if as_json:
         print(json.dumps({"now": st.now, "epoch": st.epoch, "leader": st.leader,
                           "clusters": [c.model_dump() for c in st.clusters],
-                          "apps": len(st.apps),
-                          "waiting": sum(1 for r in st.requests if r.state == "waiting"),
-                          "running": sum(1 for r in st.requests if r.state == "started")}, indent=2))
+                          "apps": st.total_apps, "waiting": st.waiting, "running": st.running}, indent=2))
         return
     t = Table(title=f"CooRM — epoch {st.epoch}, leader {st.leader}")
     for col in ("cluster", "up", "non-preemptible", "pre-allocated unused", "preemptible", "fair-start held",
@@ -394,9 +413,7 @@ def show_status(as_json: bool) -> None:
         t.add_row(c.cluster, str(c.up), str(c.non_preemptible), str(c.pre_allocated_unused), str(c.preemptible),
                   str(c.held), str(c.idle))
     Console().print(t)
-    waiting = sum(1 for r in st.requests if r.state == "waiting")
-    running = sum(1 for r in st.requests if r.state == "started")
-    Console().print(f"{len(st.apps)} applications, {running} requests running, {waiting} waiting")
+    Console().print(f"{st.total_apps} applications, {st.running} requests running, {st.waiting} waiting")
 
 
 def show_apps(as_json: bool) -> None:

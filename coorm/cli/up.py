@@ -1,6 +1,17 @@
-"""``coorm up``: the embedded default. A local nats-server (JetStream) and valkey-server on free ports,
-every service and one agent per cluster as child processes, the connection settings written where every
-other ``coorm`` command of this user finds them; in the foreground until Ctrl-C, then everything stops."""
+"""``coorm up``: the embedded default. A local nats-server (JetStream on disk) and valkey-server (append-only
+file) on free ports, every service -- the policy engine twice: a leader and a standby -- and one agent per
+cluster as child processes, the connection settings written where every other ``coorm`` command of this
+user finds them; in the foreground until Ctrl-C, then everything stops.
+
+It supervises its children (:mod:`coorm.cli.supervise`): one that dies, servers included, is started again
+on the same ports and data after a back-off, and the restart is logged (on the console and in
+``<workdir>/supervisor.log``; ``<workdir>/pids.json`` says which pid each child has now). A child that keeps
+dying (5 times within a minute) cannot be repaired: everything stops and ``coorm up`` exits 1. When it
+stops, every connected application is told why (``SystemStopping``) before the servers go.
+
+Data survive a server's death: valkey writes its append-only file before it answers (``appendfsync
+everysec`` syncs it to disk once a second: a killed valkey loses nothing it acknowledged, a crashed host up
+to a second), and JetStream keeps its streams in files."""
 
 from __future__ import annotations
 
@@ -12,13 +23,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 from rich.panel import Panel
 
+from coorm.cli.supervise import Backoff, Child, describe, spawn
 from coorm.shared.servers import free_port, start_servers
 from coorm.shared.settings import Settings, connection_file
+
+ENGINES = ("policy-engine", "policy-engine-standby")
 
 
 def parse_clusters(text: str) -> dict[str, int]:
@@ -50,9 +65,17 @@ class Up:
         self.accounting = accounting
         self.write_connection = write_connection
         self.servers = None
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.children: dict[str, Child] = {}
         self.metrics_ports: dict[str, int] = {}  # process name -> where it serves its Prometheus metrics
         self.settings: Settings | None = None
+        self.backoff = Backoff()
+        self.failed: str | None = None  # why supervision gave up
+        self.say: Callable[[str], None] = lambda line: None  # where restarts are announced (the console)
+
+    @property
+    def procs(self) -> dict[str, subprocess.Popen]:
+        """Each child's current process."""
+        return {name: c.proc for name, c in self.children.items() if c.proc is not None}
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -62,23 +85,42 @@ class Up:
         return env
 
     def _spawn(self, name: str, args: list[str], *, metrics: bool = True) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         env = self._env()
         if metrics:
-            self.metrics_ports[name] = free_port()
+            self.metrics_ports[name] = free_port()  # (the same port after a restart: Prometheus finds it)
             env.update(COORM_METRICS_PORT=str(self.metrics_ports[name]), COORM_METRICS_ADDR="127.0.0.1")
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "coorm.cli.main", *args], env=env,
-                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, cwd=self.workdir)
-        log.close()
+        argv = [sys.executable, "-m", "coorm.cli.main", *args]
+        log = self.log_dir / f"{name}.log"
+        child = Child(name, start=lambda: spawn(argv, env=env, log=log, cwd=self.workdir))
+        self._start(child)
+        self.children[name] = child
+
+    def _start(self, child: Child) -> None:
+        child.proc = child.start()
+        child.started = time.monotonic()
+        child.due = None
+
+    def _adopt_servers(self) -> None:
+        """nats-server and valkey, started by :func:`start_servers`, become children like the others: the
+        same command (ports, data directory) starts them again."""
+        assert self.servers is not None
+        for name, proc in zip(("nats-server", "valkey"), self.servers.procs, strict=True):
+            argv = [str(a) for a in proc.args]  # type: ignore[union-attr]
+            log = self.log_dir / f"{name}.log"
+            self.children[name] = Child(name, start=lambda argv=argv, log=log: spawn(argv, env=dict(os.environ),
+                                                                                        log=log),
+                                        proc=proc, started=time.monotonic())
 
     def start(self, timeout: float = 60.0) -> Settings:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.servers = start_servers(self.workdir / "servers")
+        self._adopt_servers()
         own = {k.removeprefix("COORM_").lower(): v for k, v in self.extra_env.items() if k.startswith("COORM_")}
         own = {k: v for k, v in own.items() if k in Settings.model_fields and k not in ("nats_url", "redis_url")}
         self.settings = Settings(nats_url=self.servers.nats_url, redis_url=self.servers.redis_url, **own)
-        services = ["policy-engine", "node-allocator", "view-publisher"]
+        for engine in ENGINES:  # the second stands by: it takes over within a lease of the leader's death
+            self._spawn(engine, ["service", "policy-engine"])
+        services = ["node-allocator", "view-publisher"]
         if self.accounting:
             services.append("accounting")
         for s in services:
@@ -90,10 +132,56 @@ class Up:
             self._spawn(f"agent-{cluster}", ["agent", "--cluster", cluster, "--nodes", span, "--cores", "1",
                                              "--memory-mb", "1024", "--id", f"agent-{cluster}"])
         self._wait_nodes(timeout)
+        self._write_pids()
         self.targets_file.write_text(json.dumps(self.prometheus_targets(), indent=1) + "\n")
         if self.write_connection:
             self.settings.write_connection_file()
         return self.settings
+
+    @property
+    def pids_file(self) -> Path:
+        return self.workdir / "pids.json"
+
+    def _write_pids(self) -> None:
+        tmp = self.pids_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({name: c.pid for name, c in self.children.items()}, indent=1) + "\n")
+        tmp.replace(self.pids_file)
+
+    def _log(self, line: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        with open(self.workdir / "supervisor.log", "a") as f:
+            f.write(f"{stamp} {line}\n")
+        self.say(line)
+
+    def supervise(self, now: float | None = None) -> bool:
+        """One look at the children: a dead one is restarted once its back-off is over. False once a child
+        is beyond repair (:attr:`failed` says which and why)."""
+        now = time.monotonic() if now is None else now
+        changed = False
+        for child in self.children.values():
+            if child.due is not None:
+                if now >= child.due:
+                    self._start(child)
+                    child.restarts += 1
+                    changed = True
+                    self._log(f"{child.name} started again (pid {child.pid}, restart {child.restarts})")
+                continue
+            if child.alive():
+                continue
+            assert child.proc is not None
+            code = child.proc.returncode
+            delay = self.backoff.delay(child.deaths, child.started, now, child.last_delay)
+            child.deaths.append(now)
+            if delay is None:
+                self.failed = (f"{child.name} {describe(code)} {len(child.deaths)} times within "
+                               f"{self.backoff.window:g} s; see {self.log_dir / child.name}.log")
+                self._log(f"giving up: {self.failed}")
+                return False
+            child.last_delay, child.due = delay, now + delay
+            self._log(f"{child.name} {describe(code)}: starting it again in {delay:g} s")
+        if changed:
+            self._write_pids()
+        return True
 
     @property
     def targets_file(self) -> Path:
@@ -113,11 +201,12 @@ class Up:
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
-            for name, p in self.procs.items():
-                if p.poll() is not None:
-                    raise RuntimeError(f"{name} exited with code {p.returncode}; see {self.log_dir / name}.log")
+            for name, c in self.children.items():
+                if not c.alive():
+                    code = c.proc.returncode if c.proc is not None else None
+                    raise RuntimeError(f"{name} exited with code {code}; see {self.log_dir / name}.log")
             try:
-                st = asyncio.run(_status(self.settings))
+                st = asyncio.run(_status(self.settings, everything=False))
                 up = {c.cluster: c.up for c in st.clusters}
                 if all(up.get(c) == n for c, n in self.clusters.items()):
                     return
@@ -128,22 +217,15 @@ class Up:
         raise RuntimeError(f"the system did not come up within {timeout:g} s (last seen: {last}); "
                            f"logs in {self.log_dir}")
 
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        self.procs.clear()
-        if self.servers is not None:
-            self.servers.stop()
+    def stop(self, reason: str = "coorm up was stopped") -> None:
+        """Tell every application why, stop the services and agents (agents kill their processes), then the
+        servers."""
+        if self.servers is not None and self.children.get("nats-server") and self.children["nats-server"].alive():
+            self._announce(reason)
+        servers = [self.children.pop(n) for n in ("nats-server", "valkey") if n in self.children]
+        for group in (list(self.children.values()), servers):
+            _terminate([c.proc for c in group if c.proc is not None])
+        self.children.clear()
         if self.write_connection and self.settings is not None:
             path = connection_file()
             try:
@@ -151,6 +233,27 @@ class Up:
                     path.unlink()
             except OSError:
                 pass
+
+    def _announce(self, reason: str) -> None:
+        """``SystemStopping`` to every launcher (best effort: a second at most)."""
+        import asyncio
+
+        from coorm.shared import bus, subjects
+        from coorm.shared.protocol import SystemStopping
+
+        async def send() -> None:
+            import nats
+
+            assert self.servers is not None
+            nc = await nats.connect(self.servers.nats_url, connect_timeout=1, allow_reconnect=False)
+            try:
+                await nc.publish(subjects.SYSTEM_STOPPING, bus.encode(SystemStopping(reason=reason)))
+                await nc.flush(timeout=1)
+            finally:
+                await nc.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run(asyncio.wait_for(send(), 2.0))
 
     def __enter__(self) -> Up:
         try:
@@ -162,6 +265,22 @@ class Up:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _terminate(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
+    """TERM each process group, KILL what is left after ``grace``; wait for all."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def run(clusters_text: str, workdir: Path | None) -> None:
@@ -189,22 +308,24 @@ def run(clusters_text: str, workdir: Path | None) -> None:
         "  coorm status; coorm nodes; coorm apps; coorm requests\n"
         f"  coorm estimate -c {next(iter(clusters))} -N 4 -t 1h\n\n"
         "Ctrl-C stops everything.", title="coorm up"))
-    stop = {"now": False}
+    stop: dict[str, str | None] = {"why": None}
 
-    def on_signal(*_):
-        stop["now"] = True
+    def on_signal(sig, _frame):
+        stop["why"] = f"coorm up was stopped ({signal.Signals(sig).name})"
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    up.say = lambda line: console.print(f"[yellow]{line}[/yellow]")
     try:
-        while not stop["now"]:
-            for name, p in up.procs.items():
-                if p.poll() is not None:
-                    console.print(f"[red]{name} exited with code {p.returncode}[/red]; see {up.log_dir / name}.log")
-                    stop["now"] = True
-                    break
-            time.sleep(0.5)  # supervising the children: a check every half second
+        while stop["why"] is None:
+            if not up.supervise():
+                stop["why"] = f"coorm up could not repair itself: {up.failed}"
+                break
+            time.sleep(0.2)  # supervising the children: a look five times a second
     finally:
         console.print("stopping...")
-        up.stop()
+        up.stop(stop["why"] or "coorm up stopped")
         console.print("stopped.")
+    if up.failed is not None:
+        console.print(f"[red]{up.failed}[/red]")
+        raise SystemExit(1)

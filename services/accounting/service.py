@@ -13,8 +13,11 @@ Theory of operation
   8 days, longer than the stream keeps messages) or a second event of the same kind for the same request
   is not recorded again. Its roll-up is enqueued again all the same (the roll-up is idempotent), in case the
   last instance died between the write and the enqueue.
-* A message that is not a valid lifecycle event is logged, kept in ``keys.ACCT_REJECTED``, acked and skipped:
-  it can never block the stream.
+* A message that is not a valid lifecycle event is kept in ``keys.ACCT_REJECTED`` and set aside at once
+  (``bus.set_aside``: a ``DeadLetter`` on ``subjects.deadletter``, counted, logged, terminated): it can never
+  block the stream. One that fails to be recorded comes again (a nak with back-off): for as long as Redis or
+  the broker is unreachable, which is no fault of the message; ``bus.MAX_DELIVERIES`` times for any other
+  failure, then it is set aside too -- a poison message, which would otherwise come back for ever.
 * A finished request enqueues ``rollup_request``, a preemption ``rollup_preemption`` (Celery tasks in
   :mod:`coorm.services.accounting.tasks`, on the same Redis).
 """
@@ -25,6 +28,8 @@ import asyncio
 import contextlib
 import json
 
+import kombu.exceptions
+import redis.exceptions
 import structlog
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -45,6 +50,10 @@ FETCH_WAIT = 0.5  # a fetch waits this long for messages (and so bounds how long
 SEEN_RETENTION = 8 * 24 * 3600.0  # > the stream's max_age (7 days): any redelivery is recognised
 RAW_MAXLEN = 1_000_000  # the raw event stream is trimmed (approximately) to this many events
 REJECTED_MAXLEN = 1000
+RETRY_WAIT = 1.0  # seconds before a message not recorded for want of Redis or the broker comes again
+# failures that are the servers' (down, restarting), not the message's: redelivered for as long as they last
+UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, kombu.exceptions.OperationalError,
+               OSError)
 
 # KEYS: 1 seen, 2 events, 3 request record, 4 ended index, 5 preemptions, 6 preemptions by time
 # ARGV: 1 event id, 2 now, 3 forget seen ids before, 4 event JSON, 5 marker, 6 ended_at, 7 request,
@@ -134,25 +143,32 @@ class AccountingService:
     # one message
     # ============================================================================================
     async def handle(self, msg: Msg) -> None:
-        """Record, enqueue, then ack; a message that cannot be recorded now is redelivered."""
+        """Record, enqueue, then ack; what is not a lifecycle event is set aside at once, what fails comes
+        again (see the module's notes)."""
         try:
-            await self.process(msg)
-        except Exception:  # noqa: BLE001 - Redis or the broker unreachable: try again later
-            log.exception("lifecycle event not recorded; it will be redelivered")
+            try:
+                await self.process(msg)
+            except (bus.WireError, Malformed) as e:
+                await self._reject(msg, e)
+                return
+        except UNREACHABLE as e:
+            log.warning("lifecycle event not recorded (a server is unreachable); it will be redelivered",
+                        error=f"{type(e).__name__}: {e}")
             with contextlib.suppress(Exception):
-                await msg.nak(delay=1.0)
+                await msg.nak(delay=RETRY_WAIT)
             return
-        await msg.ack()
+        except Exception as e:  # noqa: BLE001 - this message fails: again, up to MAX_DELIVERIES times
+            await bus.retry_or_set_aside(self.nc, msg, e)
+            return
+        with contextlib.suppress(Exception):  # not acked: it comes again, and is recognised
+            await msg.ack()
 
     async def process(self, msg: Msg) -> bool:
-        """Record one message (without acking it): True if it was new, False if a duplicate or skipped."""
+        """Record one message (without acking it): True if it was new, False if a duplicate. Raises
+        ``bus.WireError`` or ``Malformed`` if it is not a valid lifecycle event."""
         msg_id = (msg.headers or {}).get("Nats-Msg-Id")
-        try:
-            life = bus.decode(msg.data, Lifecycle)
-            check(life)
-        except (bus.WireError, Malformed) as e:
-            await self._reject(msg, msg_id, e)
-            return False
+        life = bus.decode(msg.data, Lifecycle)
+        check(life)
         eid = event_id(life, msg_id)
         new = await self.record(life, eid)
         if new:
@@ -179,16 +195,17 @@ class AccountingService:
               keys.ACCT_PREEMPTIONS_AT]
         return bool(await self.redis.eval(_RECORD, len(ks), *ks, *args))
 
-    async def _reject(self, msg: Msg, msg_id: str | None, error: Exception) -> None:
+    async def _reject(self, msg: Msg, error: Exception) -> None:
+        """Keep a message that is not a lifecycle event in ``keys.ACCT_REJECTED``, and set it aside."""
         why = error.message if isinstance(error, bus.WireError) else str(error)
-        seq = msg.metadata.sequence.stream if msg.metadata else None
-        log.warning("malformed lifecycle message skipped", seq=seq, msg_id=msg_id, error=why)
-        entry = json.dumps({"seq": seq, "msg_id": msg_id, "error": why,
+        msg_id = (msg.headers or {}).get("Nats-Msg-Id")
+        entry = json.dumps({"seq": msg.metadata.sequence.stream, "msg_id": msg_id, "error": why,
                             "data": msg.data[:4096].decode(errors="replace"), "at": clock()})
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.lpush(keys.ACCT_REJECTED, entry)
             pipe.ltrim(keys.ACCT_REJECTED, 0, REJECTED_MAXLEN - 1)
             await pipe.execute()
+        await bus.set_aside(self.nc, msg, f"not a lifecycle event: {why}")
 
 
 def observe(life: Lifecycle) -> None:
@@ -213,5 +230,6 @@ async def main(settings: Settings | None = None, stop: asyncio.Event | None = No
     settings = settings or Settings()
     metrics.serve(settings.metrics_port, settings.metrics_addr)
     metrics.zero(metrics.lifecycle_events, *((k.value,) for k in LifecycleKind))
+    metrics.zero(metrics.dead_letters, (subjects.LIFECYCLE_STREAM,))
     service = AccountingService(settings)
     await service.run(stop or stop_on_signals())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 
 import structlog
@@ -40,6 +41,10 @@ from coorm.shared.protocol import (
     Ack,
     AgentHeartbeat,
     AgentRegister,
+    AgentRegistered,
+    AllocationRecord,
+    AllocationsQuery,
+    AllocationsReply,
     AllocatorDecisions,
     KillMsg,
     KillNotify,
@@ -68,6 +73,9 @@ return 0
 
 log = structlog.get_logger("coorm.node_allocator")
 
+REDIS_RIDE_OVER = 30.0  # seconds a Redis write waits for a restarted server (decisions wait their turn meanwhile)
+_RECORDS_KEPT = 3600  # seconds an ended session's allocation records stay (its launcher may still ask)
+
 
 
 class NodeAllocatorService:
@@ -81,9 +89,12 @@ class NodeAllocatorService:
         self.ready = asyncio.Event()
         self._kills: set[asyncio.Task] = set()
         self._digests: dict[str, str] = {}
+        # a registration's reply (the nodes' current assignments) is read between two decisions, never
+        # half-way through one: an agent must not learn of an assignment older than one already sent
+        self._acting = asyncio.Lock()
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.redis = redis_client(self.settings.redis_url)
+        self.redis = redis_client(self.settings.redis_url, ride_over=REDIS_RIDE_OVER)
         self.nc = await bus.connect(self.settings.nats_url, self.name)
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
@@ -91,10 +102,12 @@ class NodeAllocatorService:
         subs = [
             await bus.serve(self.nc, subjects.AGENT_REGISTER, AgentRegister, self._on_register),
             await bus.serve(self.nc, subjects.AGENT_HEARTBEAT, AgentHeartbeat, self._on_heartbeat),
+            await bus.serve(self.nc, subjects.APP_ALLOCATIONS_ANY, AllocationsQuery, self._on_allocations,
+                            concurrent=True),
         ]
         # a durable push consumer: decisions arrive as they are published, one at a time, in order
         psub = await self.js.subscribe(
-            subjects.DECISIONS, durable=self.name, manual_ack=True, cb=self._on_decision,
+            subjects.DECISIONS, durable=self.name, manual_ack=True, cb=self._on_decision_in_turn,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
                                   max_ack_pending=1000),
         )
@@ -117,11 +130,23 @@ class NodeAllocatorService:
     # decisions
     # ============================================================================================
     async def _on_decision(self, m) -> None:
+        """Act on one message of the decision stream, then ack it. One that is not a decision message is
+        set aside at once (it never will be one); one whose handling fails comes again, and is set aside
+        after ``bus.MAX_DELIVERIES`` deliveries: a poison message must not come back for ever."""
         try:
             decisions = bus.decode(m.data, AllocatorDecisions).decisions
-        except bus.WireError:
-            log.exception("not a decision message", data=m.data[:200])
-            decisions = []
+        except bus.WireError as e:
+            await bus.set_aside(self.nc, m, f"not a decision message: {e.message}")
+            return
+        try:
+            await self._act_on(decisions)
+        except Exception as e:  # noqa: BLE001 - whatever it was, the next messages must go on
+            await bus.retry_or_set_aside(self.nc, m, e)
+            return
+        with contextlib.suppress(Exception):  # not acked: it comes again (the connection is going)
+            await m.ack()
+
+    async def _act_on(self, decisions: list) -> None:
         # the Redis bookkeeping of a message's decisions (records for coorm nodes and kill notifications,
         # off the start's path) goes in one round trip, after every agent and application was told
         pipe = self.redis.pipeline(transaction=False)
@@ -135,7 +160,10 @@ class NodeAllocatorService:
                 await pipe.execute()
             except Exception:  # noqa: BLE001
                 log.exception("could not record the decisions' allocations", decisions=len(decisions))
-        await m.ack()
+
+    async def _on_decision_in_turn(self, m) -> None:
+        async with self._acting:
+            await self._on_decision(m)
 
     async def _act(self, d, pipe) -> None:
         if isinstance(d, StartRequest):
@@ -145,8 +173,10 @@ class NodeAllocatorService:
             if d.type is RequestType.PRE_ALLOCATION:  # no node IDs: the application still learns it started
                 await self._notify("start", subjects.notify_start(d.app),
                                    StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=[], end=d.end))
+                self._record(pipe, d.app, AllocationRecord(request=d.request, cluster=d.cluster, end=d.end))
         elif isinstance(d, SessionEnded):
             self._digests.pop(d.app, None)
+            pipe.expire(keys.requests_of(d.app), _RECORDS_KEPT)
         elif isinstance(d, NodesAssigned):
             await self._assigned(d, pipe)
         elif isinstance(d, NodesFreed):
@@ -160,8 +190,28 @@ class NodeAllocatorService:
                     nodes = json.loads(await self.redis.hget(keys.allocation(d.request), "nodes") or "[]")
                 await self._notify("kill", subjects.notify_kill(d.app),
                                    KillNotify(app=d.app, request=d.request, reason=d.reason, nodes=nodes))
+                self._record(pipe, d.app, AllocationRecord(request=d.request, cluster=d.cluster, nodes=nodes,
+                                                           ended=d.reason))
             self.held.pop(d.request, None)
             pipe.delete(keys.allocation(d.request))
+
+    @staticmethod
+    def _record(pipe, app: str, rec: AllocationRecord) -> None:
+        """What the application was told of the request (started, ended): for a launcher that missed it."""
+        pipe.hset(keys.requests_of(app), rec.request, rec.model_dump_json())
+
+    async def _on_allocations(self, msg: AllocationsQuery, raw: Msg) -> AllocationsReply:
+        """A launcher back from a cut connection asks what it may have missed."""
+        app = subjects.app_of(raw.subject)
+        session = await self.redis.hget(keys.SESSIONS, app)
+        if session is None:
+            raise bus.WireError(ErrorCode.UNKNOWN_APP, f"no open session {app}")
+        token = json.loads(session).get("token", "")
+        if not hmac.compare_digest(token.encode(), msg.token.encode()):
+            raise bus.WireError(ErrorCode.BAD_TOKEN, f"wrong session token for {app}")
+        raw_records = await self.redis.hgetall(keys.requests_of(app))
+        return AllocationsReply(allocations=[AllocationRecord.model_validate_json(v)
+                                             for _, v in sorted(raw_records.items())])
 
     async def _notify(self, kind: str, subject: str, message) -> None:
         data = bus.encode(message)
@@ -194,6 +244,8 @@ class NodeAllocatorService:
                            StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=list(d.nodes),
                                        kept=list(d.kept), end=end))
         self.held[d.request] = list(d.nodes)
+        self._record(pipe, d.app, AllocationRecord(request=d.request, cluster=d.cluster, nodes=list(d.nodes),
+                                                   kept=list(d.kept), end=end))
         pipe.hset(keys.allocation(d.request), mapping={
             "app": d.app, "cluster": d.cluster, "nodes": json.dumps(list(d.nodes)), "end": json.dumps(end)})
         await self._set_owner(d.nodes, d.app, d.request, pipe)
@@ -240,7 +292,11 @@ class NodeAllocatorService:
                                                       "up": rec.get("state") == "up"})
             a["nodes"].append(node)
 
-    async def _on_register(self, msg: AgentRegister, raw: Msg) -> Ack:
+    async def _on_register(self, msg: AgentRegister, raw: Msg) -> AgentRegistered:
+        async with self._acting:
+            return await self._register(msg)
+
+    async def _register(self, msg: AgentRegister) -> AgentRegistered:
         ids = [n.id for n in msg.nodes]
         known = {n: json.loads(raw) for n, raw in zip(ids, await self.redis.hmget(keys.NODES, ids), strict=True) if raw}
         for node, rec in known.items():
@@ -257,8 +313,26 @@ class NodeAllocatorService:
             "state": "up", "since": now, "app": known.get(info.id, {}).get("app"),
             "request": known.get(info.id, {}).get("request")}) for info in msg.nodes})
         self.agents[msg.agent] = {"cluster": msg.cluster, "nodes": ids, "last_seen": now, "up": True}
-        log.info("agent registered", agent=msg.agent, cluster=msg.cluster, nodes=len(msg.nodes))
-        return Ack()
+        assignments = await self._current_assignments(known)
+        log.info("agent registered", agent=msg.agent, cluster=msg.cluster, nodes=len(msg.nodes),
+                 assigned=sum(len(set(a.nodes) & set(ids)) for a in assignments))
+        return AgentRegistered(assignments=assignments)
+
+    async def _current_assignments(self, records: dict[str, dict]) -> list[NodeAssign]:
+        """The assignment in force of every node (of ``records``) that a started request holds: what its
+        agent must know to let the owner launch (and to kill everything else)."""
+        requests: dict[str, str] = {}
+        for rec in records.values():
+            if rec.get("request") and rec.get("app"):
+                requests[rec["request"]] = rec["app"]
+        out = []
+        for request, app in sorted(requests.items()):
+            alloc = await self.redis.hgetall(keys.allocation(request))
+            if not alloc:
+                continue
+            out.append(NodeAssign(app=app, request=request, nodes=json.loads(alloc["nodes"]),
+                                  token_sha256=await self._digest(app), end=json.loads(alloc.get("end", "null"))))
+        return out
 
     async def _on_heartbeat(self, msg: AgentHeartbeat, raw: Msg) -> None:
         a = self.agents.get(msg.agent)
@@ -281,10 +355,13 @@ class NodeAllocatorService:
                     try:
                         await bus.call(self.nc, subjects.NODES_EVENT,
                                        NodesEvent(kind="down", cluster=a["cluster"], nodes=a["nodes"]), Ack)
-                    except (NoRespondersError, NatsTimeout):
-                        continue  # no leader now: try again at the next scan
+                    except (NoRespondersError, NatsTimeout, bus.WireError):
+                        continue  # no leader now (or it could not log it): try again at the next scan
                     a["up"] = False
-                    await self._update_nodes(a["nodes"], state="down", since=now, app=None, request=None)
+                    try:
+                        await self._update_nodes(a["nodes"], state="down", since=now, app=None, request=None)
+                    except Exception:  # noqa: BLE001 - Redis away past the ride-over: the scan must go on
+                        log.exception("node records not marked down", agent=agent)
 
     def _observe(self, now: float) -> None:
         # both states of every cluster, 0 included: a dashboard's "nodes down" reads 0, not "no data"
@@ -303,4 +380,5 @@ async def main(settings: Settings | None = None, stop: asyncio.Event | None = No
 
     settings = settings or Settings()
     metrics.serve(settings.metrics_port, settings.metrics_addr)
+    metrics.zero(metrics.dead_letters, (subjects.DECISIONS_STREAM,))
     await NodeAllocatorService(settings).run(stop or stop_on_signals())

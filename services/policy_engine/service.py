@@ -31,9 +31,11 @@ import time
 import uuid
 from typing import Annotated
 
+import nats.errors
 import structlog
 from nats.aio.msg import Msg
 from pydantic import Field, TypeAdapter
+from redis.exceptions import RedisError
 
 from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine import observe
@@ -127,6 +129,29 @@ def session_subjects(app: str) -> SessionSubjects:
                            kill=subjects.notify_kill(app))
 
 
+def decision_messages(decisions: list, limit: int) -> list[bytes]:
+    """The decisions, in order, as messages of at most ``limit`` bytes each (a session closed with ten
+    thousand requests ends them all in one event: one message would exceed the server's max payload, and a
+    logged event's decisions must all go out)."""
+    if not decisions:
+        return []
+    whole = bus.encode(AllocatorDecisions(decisions=decisions))
+    if len(whole) <= limit or len(decisions) == 1:
+        return [whole]
+    half = len(decisions) // 2
+    return decision_messages(decisions[:half], limit) + decision_messages(decisions[half:], limit)
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Until one of ``events`` is set."""
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
 class PolicyEngine:
     def __init__(self, settings: Settings, instance: str | None = None) -> None:
         self.settings = settings
@@ -140,6 +165,7 @@ class PolicyEngine:
         self._views_wake = asyncio.Event()
         self.pacer = ViewPacer()
         self._subs: list = []
+        self._resign = asyncio.Event()  # set when the leader must step down (an event it could not log)
         self.nc = None
         self.js = None
         self.redis = None
@@ -155,11 +181,16 @@ class PolicyEngine:
         await ensure_streams(self.js)
         try:
             while not stop.is_set():
-                if await self._acquire():
-                    await self._lead(stop)
-                else:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), self.settings.leader_lease / 3)
+                try:
+                    if await self._acquire():
+                        await self._lead(stop)
+                        continue
+                except (RedisError, OSError, nats.errors.Error) as e:
+                    # Redis (or NATS) gone for a moment: stand by and try again; a standby must outlive an
+                    # outage to take over after it
+                    log.warning("cannot lead now: standing by", instance=self.instance, error=repr(e))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.leader_lease / 3)
         finally:
             await self._release()
             await bus.shutdown(self.nc)
@@ -193,6 +224,7 @@ class PolicyEngine:
             await bus.serve(self.nc, subjects.VIEWS_QUERY, ViewsQuery, self._on_views_query),
             await bus.serve(self.nc, subjects.QUERY_STATUS, StatusQuery, self._on_status),
         ]
+        self._resign = asyncio.Event()
         self.leader.set()
         await self._publish_views(full=True)
         tasks = [asyncio.create_task(self._sequencer()), asyncio.create_task(self._timer_loop()),
@@ -200,12 +232,20 @@ class PolicyEngine:
                  asyncio.create_task(self._views_loop())]
         metrics.leader.set(1)
         try:
-            while not stop.is_set():
+            while not stop.is_set() and not self._resign.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.settings.leader_lease / 3)
-                if not await self._renew():
+                    await asyncio.wait_for(_first(stop, self._resign), self.settings.leader_lease / 3)
+                try:
+                    renewed = await self._renew()
+                except (RedisError, OSError) as e:
+                    log.warning("lease not renewed: back to standby", instance=self.instance, error=repr(e))
+                    break
+                if not renewed:
                     log.warning("lease lost: back to standby", instance=self.instance)
                     break
+            if self._resign.is_set():
+                log.warning("an event could not be logged or applied: back to standby, to rebuild the state "
+                            "from the log", instance=self.instance)
         finally:
             self.leader.clear()
             metrics.leader.set(0)
@@ -219,6 +259,14 @@ class PolicyEngine:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
             self._subs = []
+            self._fail_pending(bus.WireError(ErrorCode.UNAVAILABLE, "the policy engine is changing leader: retry"))
+
+    def _fail_pending(self, error: Exception) -> None:
+        """Every event waiting to be logged: refused (none of them was logged, so none was applied)."""
+        while not self._inbox.empty():
+            _, fut = self._inbox.get_nowait()
+            if not fut.done():
+                fut.set_exception(error)
 
     async def _restore(self) -> None:
         """Rebuild the cores: the last snapshot, then the event log after it; publish again the decisions of
@@ -270,10 +318,15 @@ class PolicyEngine:
             try:
                 await self._apply_batch(batch)
             except Exception as e:  # noqa: BLE001 - every caller gets an answer
+                # the cores may now hold what the log does not (or the log what they do not): this leader
+                # resigns, and whoever leads next (this one too) rebuilds them from the log
                 log.exception("could not apply events")
+                error = bus.WireError(ErrorCode.UNAVAILABLE, f"the event could not be logged: {e!r}; retry")
                 for _, fut in batch:
                     if not fut.done():
-                        fut.set_exception(e)
+                        fut.set_exception(error)
+                self._resign.set()
+                return
             self._wake.set()
 
     async def _apply_batch(self, batch) -> None:
@@ -330,11 +383,11 @@ class PolicyEngine:
         if isinstance(event, OpenSession):
             self.pacer.opened(event.app)
         for_allocator = [d for d in decisions if isinstance(d, _FOR_ALLOCATOR)]
-        if for_allocator:
+        for i, data in enumerate(decision_messages(for_allocator, self.nc.max_payload // 2)):
             # acknowledged by JetStream in the background: the decisions lost with a dying leader are
-            # published again by the next one (the last events' decisions, de-duplicated by the event's id)
-            await self.js.publish_async(subjects.DECISIONS, bus.encode(AllocatorDecisions(decisions=for_allocator)),
-                                        headers={"Nats-Msg-Id": f"{self.incarnation}.{event.stimulus_id}"})
+            # published again by the next one (the last events' decisions, de-duplicated by their ids)
+            msg_id = f"{self.incarnation}.{event.stimulus_id}" + (f".{i}" if i else "")
+            await self.js.publish_async(subjects.DECISIONS, data, headers={"Nats-Msg-Id": msg_id})
         for i, d in enumerate(decisions):
             life = self._lifecycle(event, d)
             if life is not None:
@@ -430,8 +483,8 @@ class PolicyEngine:
         key = sched.np_view_key(app)
         out = {}
         for c in policy.clusters:
-            if allowed is not None and c not in allowed:
-                continue
+            if (allowed is not None and c not in allowed) or c not in sched.up:
+                continue  # (a cluster registered since the last pass has views from the next one)
             np = memo.get((key, c))
             if np is None:
                 np = memo[key, c] = [tuple(x) for x in sched.np_view(app, c).to_wire()]
@@ -447,7 +500,7 @@ class PolicyEngine:
         session = self.sessions.get(app)
         if session is None:
             raise bus.WireError(ErrorCode.UNKNOWN_APP, f"no open session {app}")
-        if not secrets.compare_digest(session["token"], token):
+        if not secrets.compare_digest(session["token"].encode(), token.encode()):  # (bytes: any text compares)
             raise bus.WireError(ErrorCode.BAD_TOKEN, f"wrong session token for {app}")
         self.last_seen[app] = clock()
         return app
@@ -473,7 +526,8 @@ class PolicyEngine:
                                                            name=msg.name, app_kind=msg.kind))
         self._answer(out)
         return SessionOpenReply(app=app, token=token, subjects=session_subjects(app),
-                                heartbeat_interval=self.settings.launcher_heartbeat)
+                                heartbeat_interval=self.settings.launcher_heartbeat,
+                                session_timeout=self.settings.session_timeout)
 
     async def _on_request(self, msg: RequestMsg, raw: Msg) -> Ack:
         app = self._check(raw.subject, msg.token)
@@ -505,11 +559,13 @@ class PolicyEngine:
 
     async def _on_views_query(self, msg: ViewsQuery, raw: Msg) -> ViewsEpoch:
         policy = self.cores.policy
-        views = {a: self._app_views(a) for a in policy.apps} if policy.schedule else {}
-        return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views=views, full=True)
+        apps = list(policy.apps)[msg.offset:msg.offset + msg.limit] if policy.schedule else []
+        memo: dict = {}
+        return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views={a: self._app_views(a, memo) for a in apps},
+                          full=True, more=bool(policy.schedule) and msg.offset + msg.limit < len(policy.apps))
 
     async def _on_status(self, msg: StatusQuery, raw: Msg) -> StatusReply:
-        return status_of(self.cores, self.sessions, self.instance)
+        return status_of(self.cores, self.sessions, self.instance, msg.offset, msg.limit)
 
     # ============================================================================================
     # time

@@ -12,7 +12,10 @@ def _t(x: float) -> float | None:
     return None if x == INF else x
 
 
-def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str) -> StatusReply:
+def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str, offset: int = 0,
+              limit: int | None = None) -> StatusReply:
+    """The status; of the applications and requests, those from ``offset`` (``limit`` of each at most),
+    in a fixed order (applications by priority, requests by submission)."""
     policy, alloc = cores.policy, cores.allocator
     requests: list[RequestStatus] = []
     running_np: dict[str, int] = {}
@@ -59,5 +62,8 @@ def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str) -> St
         w, running, n = per_app.get(a.id, [0, 0, 0])
         apps.append(AppStatus(app=a.id, user=s.get("user", a.user), name=s.get("name", a.name),
                               kind=s.get("kind", a.kind), opened=a.opened_at, waiting=w, running=running, nodes=n))
-    return StatusReply(now=cores.now, epoch=policy.epoch, leader=leader, clusters=clusters, apps=apps,
-                       requests=requests)
+    end = None if limit is None else offset + limit
+    waiting = sum(1 for r in requests if r.state == "waiting")
+    return StatusReply(now=cores.now, epoch=policy.epoch, leader=leader, clusters=clusters, apps=apps[offset:end],
+                       requests=requests[offset:end], total_apps=len(apps), total_requests=len(requests),
+                       waiting=waiting, running=len(requests) - waiting)

@@ -102,14 +102,23 @@ class ViewPublisher:
 
     async def _sync(self) -> None:
         """After a (re)start: ask the policy engine for every view, until a leader answers."""
+        pause = 0.5
         while True:
             try:
-                epoch = await bus.call(self.nc, subjects.VIEWS_QUERY, ViewsQuery(), ViewsEpoch, timeout=2.0)
+                offset = 0
+                while True:  # a page of applications at a time: one reply for all may not fit a message
+                    epoch = await bus.call(self.nc, subjects.VIEWS_QUERY, ViewsQuery(offset=offset), ViewsEpoch,
+                                           timeout=5.0)
+                    await self._on_epoch(epoch, None)
+                    if not epoch.more:
+                        return
+                    offset += len(epoch.views)
             except (NoRespondersError, NatsTimeout):
-                await asyncio.sleep(0.5)  # no leader yet: retry later (a poll, not a synchronisation)
-                continue
-            await self._on_epoch(epoch, None)
-            return
+                pass  # no leader yet
+            except Exception:  # noqa: BLE001 - a refusal or a failure now must not end the views for good
+                log.exception("views not synchronised: retrying")
+                pause = min(pause * 2, 5.0)
+            await asyncio.sleep(pause)  # retry later (a poll with back-off: nothing to wait on)
 
     # -- views ----------------------------------------------------------------------------------------
     async def _on_epoch(self, msg: ViewsEpoch, raw: Msg | None) -> None:

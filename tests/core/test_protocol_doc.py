@@ -23,7 +23,7 @@ from coorm.services.node_allocator.service import NodeAllocatorService
 from coorm.services.policy_engine.core import PolicyCore
 from coorm.services.policy_engine.service import PolicyEngine, session_subjects
 from coorm.shared import endpoints, protocol, requests, subjects
-from coorm.shared.endpoints import APP, ENDPOINTS, ERROR_MEANINGS, NODE, REQUEST, Endpoint, Kind
+from coorm.shared.endpoints import APP, ENDPOINTS, ERROR_MEANINGS, NODE, REQUEST, STREAM, Endpoint, Kind
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import AllocatorDecisions, ErrorReply, RequestMsg
 from coorm.shared.protocol_doc import COMMAND, ERROR_EXAMPLE, FIELD_NOTES, render
@@ -31,7 +31,8 @@ from coorm.shared.protocol_doc import COMMAND, ERROR_EXAMPLE, FIELD_NOTES, rende
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "protocol.md"
 NOT_SUBJECTS = {"PREFIX", "app_of", "verb_of"}  # what subjects.py defines besides subjects: parsers
-PLACEHOLDER_FOR = {"app": APP, "node": NODE, "request": REQUEST}  # a subject function's parameter -> token
+# a subject function's parameter -> token
+PLACEHOLDER_FOR = {"app": APP, "node": NODE, "request": REQUEST, "stream": STREAM}
 BY_SUBJECT = {e.subject: e for e in ENDPOINTS}
 
 

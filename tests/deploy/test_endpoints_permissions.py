@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from coorm.shared.endpoints import APP, BROADER_THAN_NEEDED, ENDPOINTS, NODE, REQUEST, Role, permissions
+from coorm.shared.endpoints import APP, BROADER_THAN_NEEDED, ENDPOINTS, NODE, REQUEST, STREAM, Role, permissions
 from tests.deploy.test_nats_permissions import CONF, NatsWithUsers, _violation, client
 
 ACTIONS = ("publish", "subscribe")
@@ -225,7 +225,7 @@ def test_a_broad_grant_the_conf_no_longer_makes_is_reported():
 # ================================================================================================
 # the real server, running the file
 # ================================================================================================
-IDS = {APP: "a1", NODE: "c0n0", REQUEST: "a1.r.1"}
+IDS = {APP: "a1", NODE: "c0n0", REQUEST: "a1.r.1", STREAM: "COORM_LIFECYCLE"}
 
 
 def _concrete(subject: str) -> str:

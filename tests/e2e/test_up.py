@@ -60,6 +60,16 @@ def test_a_job_past_its_walltime_is_killed(up):
     assert r.returncode == 124 and "walltime" in r.stderr
 
 
+def test_a_command_that_does_not_exist_fails_at_once_with_127(up):
+    """Like a shell (``sh -c nonexistent_cmd`` exits 127), at once: the job frees its nodes rather than
+    holding them until its walltime (10 minutes here; the command's own timeout is 60 s)."""
+    proc, env, tmp, conn = up
+    r = _run(env, "submit", "-c", "c0", "-N", "2", "-t", "10m", "--", "nonexistent_cmd")
+    assert r.returncode == 127 and "nonexistent_cmd: command not found" in r.stderr, r.stderr
+    ok = _run(env, "submit", "-c", "c0", "-N", "4", "-t", "30s", "--", "true")  # every node is free again
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_bad_submissions_are_refused_clearly(up):
     proc, env, tmp, conn = up
     r = _run(env, "submit", "-c", "nowhere", "-N", "1", "-t", "1m", "--", "true")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 import structlog
+from prometheus_client import REGISTRY
 from rich.console import Console
 
 from coorm.services.accounting.core import (
@@ -42,7 +43,7 @@ from coorm.services.accounting.tasks import (
 )
 from coorm.services.runtime import ensure_streams
 from coorm.shared import bus, keys, subjects
-from coorm.shared.protocol import Lifecycle, LifecycleKind
+from coorm.shared.protocol import DeadLetter, Lifecycle, LifecycleKind
 from coorm.shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -366,8 +367,9 @@ async def test_service_records_and_worker_rolls_up(js, settings, redis_url, work
                 return rows if matches(rows) else None
 
             rows = await until(rolled_up, "the worker to roll every request up")
-    skipped = [e for e in logs if e["event"] == "malformed lifecycle message skipped"]
+    skipped = [e for e in logs if e["event"] == "stream message set aside"]  # dead-lettered, logged once each
     assert len(skipped) == 3 and all(e["log_level"] == "warning" for e in skipped)
+    assert {e["stream"] for e in skipped} == {subjects.LIFECYCLE_STREAM}
     assert "not JSON" in skipped[0]["error"] and "request id" in skipped[1]["error"]
 
     r = sync_redis(redis_url)
@@ -480,5 +482,80 @@ async def test_since_filters_by_end_time_and_user(js, settings, redis_url):
         assert incremental == norm(usage_report(redis_url, since=0.0))
         assert rebuild(r) == {"requests": 3, "preemptions": 2, "users": 2, "apps": 2}
         assert norm(usage_report(redis_url)) == incremental
+    finally:
+        r.close()
+
+
+# ================================================================================================
+# poison messages: set aside, never delivered again, and the stream goes on
+# ================================================================================================
+@contextlib.asynccontextmanager
+async def dead_letters(settings):
+    """The dead letters of the lifecycle stream, as they are published."""
+    nc = await bus.connect(settings.nats_url, "test-dead-letters")
+    letters: asyncio.Queue = asyncio.Queue()
+    await nc.subscribe(subjects.deadletter(subjects.LIFECYCLE_STREAM), cb=letters.put)
+    await nc.flush()
+
+    async def next_letter() -> DeadLetter:
+        return DeadLetter.model_validate_json((await asyncio.wait_for(letters.get(), DEADLINE)).data)
+
+    try:
+        yield next_letter
+    finally:
+        await bus.shutdown(nc)
+
+
+def dead_lettered() -> float:
+    return REGISTRY.get_sample_value("coorm_dead_letters_total", {"stream": subjects.LIFECYCLE_STREAM}) or 0.0
+
+
+async def test_a_message_that_is_no_lifecycle_event_is_set_aside_at_once(js, settings, redis_url):
+    """A ``NaN`` time once went through to Redis, which refused it, and deep nesting was a RecursionError:
+    either message came back for ever. Neither is an event: each goes aside at its first delivery, and the
+    next event is recorded."""
+    pub = Publisher(js)
+    poison = [json.dumps({"kind": "ended", "at": float("nan"), "app": "a1", "request": "r1", "type": NP,
+                          "reason": "done", "started_at": T}).encode(),
+              b'{"kind": "started", "at": ' + b"[" * 50_000 + b"]" * 50_000 + b', "app": "a1"}',
+              b"\xff\xfe not even text"]
+    before = dead_lettered()
+    async with dead_letters(settings) as next_letter, running(settings):
+        seqs = [await pub.raw(data) for data in poison]
+        letters = [await next_letter() for _ in poison]
+        await pub("session_opened", at=T, app="a1", user="alice", app_kind="rigid")
+        await until(lambda: consumed(js, pub.last), "the service to go past every message")
+    assert [x.sequence for x in letters] == seqs
+    assert {(x.stream, x.consumer, x.subject, x.deliveries) for x in letters} == {
+        (subjects.LIFECYCLE_STREAM, DURABLE, subjects.LIFECYCLE, 1)}
+    assert "NaN" in letters[0].error and "nested" in letters[1].error and "not JSON" in letters[2].error
+    assert [x.size for x in letters] == [len(x) for x in poison] and letters[2].data.startswith("\ufffd")
+    assert dead_lettered() == before + 3
+    r = sync_redis(redis_url)
+    try:
+        assert (r.xlen(keys.ACCT_EVENTS), r.llen(keys.ACCT_REJECTED)) == (1, 3)
+    finally:
+        r.close()
+
+
+async def test_a_message_that_fails_every_delivery_is_set_aside_after_the_last(js, settings, redis_url):
+    """A message whose recording fails for a reason of its own (here Redis refuses the write: the key that
+    de-duplicates events is of the wrong type) is delivered again with back-off, MAX_DELIVERIES times, then
+    set aside; once the fault is gone, the next event is recorded."""
+    pub = Publisher(js)
+    r = sync_redis(redis_url)
+    r.set(keys.ACCT_SEEN, "not a sorted set")
+    before = dead_lettered()
+    try:
+        async with dead_letters(settings) as next_letter, running(settings):
+            seq = await pub.raw(bus.encode(Lifecycle(kind=LifecycleKind.SESSION_OPENED, at=T, app="a1")))
+            letter = await next_letter()
+            r.delete(keys.ACCT_SEEN)
+            await pub("session_opened", at=T, app="a2", user="bob", app_kind="psa")
+            await until(lambda: consumed(js, pub.last), "the service to go past every message")
+        assert (letter.sequence, letter.deliveries) == (seq, bus.MAX_DELIVERIES)
+        assert "WRONGTYPE" in letter.error and f"failed {bus.MAX_DELIVERIES} deliveries" in letter.error
+        assert dead_lettered() == before + 1
+        assert [json.loads(f["event"])["app"] for _, f in r.xrange(keys.ACCT_EVENTS)] == ["a2"]
     finally:
         r.close()

@@ -100,6 +100,25 @@ def _cases(a: Session, b: Session, node_a: str) -> list[tuple[str, str, object, 
         ("internal.nodes: unknown kind", subjects.NODES_EVENT, {"kind": "explode", "cluster": "c0",
                                                                  "nodes": ["c0n0"]}, "bad_message"),
         ("query.status: argument", subjects.QUERY_STATUS, {"all": True}, "bad_message"),
+        # hostile input that was answered with an internal error (or not at all) before: refused at the root
+        ("deep JSON: a list", req, b"[" * 100_000 + b"]" * 100_000, "bad_message"),  # was a RecursionError
+        ("deep JSON: an object", subjects.SESSION_OPEN, b'{"a":' * 5_000 + b"1" + b"}" * 5_000, "bad_message"),
+        ("deep JSON inside a field", done, b'{"token": "' + ta.encode() + b'", "request": ' + b"[" * 3_000
+         + b"]" * 3_000 + b"}", "bad_message"),
+        ("kill: NaN grace", subjects.node_kill(node_a), b'{"request": "zz", "grace": NaN}', "bad_message"),
+        ("kill: Infinity grace", subjects.node_kill(node_a), b'{"request": "zz", "grace": Infinity}', "bad_message"),
+        ("kill: a grace beyond a float", subjects.node_kill(node_a), b'{"request": "zz", "grace": 1e999}',
+         "bad_message"),
+        ("request: a non-ASCII token", req, {"token": "t\u00e9", "requests": [{"id": "x", "cluster": "c0",
+                                                                             "nodes": 1, "duration": 5}]},
+         "bad_message"),  # was a TypeError (compare_digest takes ASCII only)
+        ("heartbeat: a token of emoji", subjects.app_heartbeat(a.app), {"token": "\U0001f642"}, "bad_message"),
+        ("heartbeat: a token as a number", subjects.app_heartbeat(a.app), {"token": 12345}, "bad_message"),
+        ("views: '>' for an app", subjects.app_views(">"), {}, "bad_request"),  # was a ValidationError
+        ("views: '*' for an app", subjects.app_views("*"), {}, "bad_request"),
+        ("views: a non-ASCII app", subjects.app_views("\u00e9"), {}, "bad_request"),
+        ("views: an app id too long", subjects.app_views("x" * 129), {}, "bad_request"),
+        ("heartbeat: '>' for an app", subjects.app_heartbeat(">"), {"token": ta}, "bad_request"),
     ]
 
 
@@ -117,6 +136,18 @@ async def test_bad_input_on_every_subject_is_refused_with_a_reason_and_changes_n
     (rid,) = await a.request(RequestSpec(id="ok", cluster="c0", nodes=1, duration=5))
     assert rid == "ok"
     assert (await a.launch("ra", node_a, ["true"]))  # the owner may launch
+
+
+async def test_a_field_name_as_big_as_a_message_is_refused_in_a_reply_that_fits(system):
+    """The refusal names the field; it once quoted all of it, and a reply bigger than the server takes never
+    went out (the caller waited for nothing)."""
+    stack, a, b, nc = system
+    for subject in (subjects.SESSION_OPEN, subjects.app_request(a.app), subjects.QUERY_STATUS):
+        payload = json.dumps({"k" * (nc.max_payload - 16): 1}).encode()
+        assert len(payload) <= nc.max_payload
+        reply = await _raw(nc, subject, payload)
+        assert reply["ok"] is False and reply["error"]["code"] == "bad_message", reply["error"]["code"]
+        assert 10 < len(reply["error"]["message"]) <= bus.MAX_ERROR_CHARS + 3
 
 
 async def test_a_session_cannot_act_on_another_sessions_subjects(system):

@@ -423,3 +423,63 @@ async def test_close_returns_even_when_a_heartbeat_reply_races_it(stack):
         await asyncio.wait_for(asyncio.gather(*(s.close() for s in sessions)), 20)
         status = await bus.call(stack.allocator.nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply)
         assert not {s.app for s in sessions} & {a.app for a in status.apps}
+
+
+# ==================================================================================================
+# issue 11: no exit code lies
+# ==================================================================================================
+async def _rigid_job(settings, cluster: str, nodes: int, command: list[str], *, started=None):
+    from coorm.launchers.rigid import RigidLauncher
+
+    s = await Session.open(settings, kind="rigid", preemptive_views=False)
+    runner = LiveRunner(s, RigidLauncher(s.app, cluster, nodes, 600.0), command=command, command_ends_work=True)
+    if started is not None:
+        real = runner._handle
+
+        async def spy(item):
+            await real(item)
+            if isinstance(item, Started) and item.nodes and not started.done():
+                started.set_result(item)
+
+        runner._handle = spy  # type: ignore[method-assign]
+    return await runner.run()
+
+
+async def test_a_command_that_cannot_be_executed_fails_the_job_at_once_with_127(stack):
+    """Like a shell: 127 for a program that does not exist, 126 for one that cannot be executed -- at once,
+    with the nodes freed, not held until the walltime (600 s here)."""
+    result = await asyncio.wait_for(_rigid_job(stack.settings, "c0", 4, ["nonexistent_cmd_xyz"]), 30)
+    assert result.exit_code == 127 and "command not found" in result.refused[0]
+    result = await asyncio.wait_for(_rigid_job(stack.settings, "c0", 2, ["/etc/hostname"]), 30)
+    assert result.exit_code == 126
+    st = await bus.call(stack.allocator.nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=5)
+    assert not st.requests or all(r.state == "ended" for r in st.requests)
+
+
+@pytest.mark.parametrize("stack", [{"clusters": {"c0": 4, "c1": 4}, "kill_grace": 5.0}], indirect=True)
+async def test_a_job_whose_processes_its_agent_killed_does_not_exit_0(stack):
+    """The agent stops (SIGTERM): its processes are killed. The job did not complete, so its exit code says
+    so (128 + the signal), even for a process that exits 0 on SIGTERM."""
+    started: asyncio.Future = asyncio.get_running_loop().create_future()
+    job = asyncio.create_task(_rigid_job(stack.settings, "c1", 2, ["sh", "-c", "trap 'exit 0' TERM; sleep 1000 & wait"],
+                                         started=started))
+    await asyncio.wait_for(asyncio.shield(started), 20)
+    await stack.agents["c1"].stop()
+    result = await asyncio.wait_for(job, 30)
+    assert result.exit_code == 143 and result.end_reason in ("agent_stopping", "node_failure")
+
+
+@pytest.mark.parametrize("stack", [{"clusters": {"c0": 2}, "reschedule_interval": 60.0}], indirect=True)
+async def test_a_views_query_answers_while_a_new_cluster_waits_for_its_first_pass(stack):
+    """A cluster registered after the last pass has no views yet: the views query (what the view publisher
+    asks at start) answers without it, instead of failing with an internal error (KeyError) -- at start-up,
+    8 of 16 ``coorm up`` runs logged it and the view publisher's sync died."""
+    from coorm.shared.protocol import Ack, NodesEvent, ViewsEpoch, ViewsQuery
+
+    nc = stack.allocator.nc
+    async with await Session.open(stack.settings, kind="rigid"):
+        await bus.call(nc, subjects.NODES_EVENT, NodesEvent(kind="register", cluster="late", nodes=["late0"]), Ack,
+                       timeout=5)
+        epoch = await bus.call(nc, subjects.VIEWS_QUERY, ViewsQuery(), ViewsEpoch, timeout=5)
+        assert epoch.views and all("c0" in per for per in epoch.views.values())
+

@@ -1,0 +1,310 @@
+"""The chaos run: a mixed live workload on the embedded default (``coorm up``'s processes, supervised), while
+every kind of process is SIGKILLed in turn -- the policy engine's leader, the node allocator, the view
+publisher, accounting, the Celery worker, an agent, valkey and nats-server. Then, from the RMS's own records
+and the applications' own observations:
+
+* accepted requests lost: requests the RMS accepted that neither started nor were told ended;
+* applications hung or untold: applications that did not finish by the deadline, or whose session was lost;
+* double bookings: a node held by two started requests in one of the RMS's status snapshots (sampled every
+  quarter of a second through the whole run);
+* wrong exit codes: an application whose processes all ran to their end but whose exit code is not its
+  command's, or one that exited 0 although a process of it was killed or lost;
+* per killed process: the time from the kill until a new job ran to its end (recovery).
+
+Applications: rigid jobs (the SDK, the shipped rigid launcher) of ``sh -c 'sleep S; exit K'`` on 1 to 4
+nodes with K in 0..3 -- their expected exit code -- ``coorm submit`` jobs (the command line) of the same, and
+a parameter-sweep application per cluster (the shipped PSA launcher: malleable, preempted by the others).
+
+    python benchmarks/chaos.py                  # 300 applications, every process killed once
+    python benchmarks/chaos.py --apps 60 --clusters c0=8,c1=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from coorm.cli.up import Up, parse_clusters  # noqa: E402
+from coorm.launchers.live import LiveRunner  # noqa: E402
+from coorm.launchers.rigid import RigidLauncher  # noqa: E402
+from coorm.launchers.sdk import Exited, Session  # noqa: E402
+from coorm.shared import bus  # noqa: E402
+from coorm.shared.settings import Settings  # noqa: E402
+
+LEADER, STANDBY = "policy engine (leader)", "policy engine (standby)"
+VICTIMS = (LEADER, "node-allocator", "view-publisher", "accounting", "celery-worker", "agent-c0", STANDBY,
+           "valkey", "nats-server")
+ENV = {"COORM_RESCHEDULE_INTERVAL": "0.05", "COORM_FAIR_START": "0", "COORM_KILL_GRACE": "0.5",
+       "COORM_AGENT_TIMEOUT": "5", "COORM_SESSION_TIMEOUT": "15", "COORM_LAUNCHER_HEARTBEAT": "1"}
+
+
+@dataclass
+class Outcome:
+    name: str
+    via: str  # sdk | cli
+    expected: int  # the command's own exit code
+    code: int | None = None  # what the application reported (None: it did not finish)
+    exits: list[Exited] = field(default_factory=list)
+    started: bool = False
+    ended_by_rms: str | None = None
+    error: str | None = None
+    accepted: bool = False
+
+    @property
+    def killed(self) -> bool:
+        return any(e.killed and e.reason not in ("done", "next", "cancelled") or e.code is None for e in self.exits)
+
+    def wrong_code(self) -> bool:
+        if self.code is None or self.via == "cli" and self.code == 3:
+            return False  # counted as hung / untold, not as a wrong code
+        if self.via == "cli":  # only its exit code is seen: it is its command's, or it says it was cut short
+            return self.code != self.expected and self.code < 124
+        if self.via == "psa":  # it runs no command: 0 once its tasks are done (a preempted request is no fault)
+            return self.code != 0
+        if self.killed or self.ended_by_rms:
+            return self.code == 0
+        return self.code != self.expected
+
+
+async def sdk_app(settings: Settings, i: int, rng: random.Random, deadline: float) -> Outcome:
+    cluster, nodes = rng.choice(["c0", "c1"]), rng.randint(1, 4)
+    sleep, code = rng.uniform(1.0, 8.0), rng.randint(0, 3)
+    out = Outcome(f"sdk{i}", "sdk", code)
+    session = None
+    while session is None:  # opening is retried while CooRM cannot be reached (a server restarting)
+        try:
+            session = await Session.open(settings, kind="rigid", name=out.name, preemptive_views=False)
+        except bus.Unreachable:
+            if time.monotonic() > deadline:
+                out.error = "could not open a session"
+                return out
+            await asyncio.sleep(0.5)  # back-off before trying again
+    runner = LiveRunner(session, RigidLauncher(session.app, cluster, nodes, 300.0),
+                        command=["sh", "-c", f"sleep {sleep:.2f}; exit {code}"], command_ends_work=True)
+    handle = runner._handle
+
+    async def observe(item) -> None:
+        if isinstance(item, Exited):
+            out.exits.append(item)
+        await handle(item)
+
+    runner._handle = observe  # type: ignore[method-assign]
+    try:
+        result = await asyncio.wait_for(runner.run(), max(1.0, deadline - time.monotonic()))
+    except TimeoutError:
+        out.error = "hung"
+        return out
+    except Exception as e:  # noqa: BLE001 - what the application was told
+        out.error = f"{type(e).__name__}: {e}"
+        return out
+    out.code, out.started, out.ended_by_rms = result.exit_code, result.started is not None, result.end_reason
+    out.accepted = result.started is not None or result.end_reason is not None or not result.refused
+    return out
+
+
+async def psa_app(settings: Settings, cluster: str, tasks: int, deadline: float) -> Outcome:
+    """A parameter-sweep application (malleable: it grows into what the others leave idle, and gives nodes
+    back when they want them), ``tasks`` tasks of 2 s."""
+    from coorm.launchers.psa import PSALauncher
+
+    out = Outcome(f"psa-{cluster}", "psa", 0)
+    session = await Session.open(settings, kind="psa", name=out.name, preemptive_views=True)
+    runner = LiveRunner(session, PSALauncher(session.app, cluster, 2.0, total_tasks=tasks))
+    try:
+        result = await asyncio.wait_for(runner.run(), max(1.0, deadline - time.monotonic()))
+    except TimeoutError:
+        out.error = "hung"
+        return out
+    except Exception as e:  # noqa: BLE001 - what the application was told
+        out.error = f"{type(e).__name__}: {e}"
+        return out
+    out.code, out.started, out.ended_by_rms = result.exit_code, result.started is not None, result.end_reason
+    out.accepted = True
+    return out
+
+
+async def cli_app(env: dict[str, str], i: int, rng: random.Random, deadline: float) -> Outcome:
+    sleep, code = rng.uniform(0.5, 3.0), rng.randint(0, 3)
+    out = Outcome(f"cli{i}", "cli", code)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "coorm.cli.main", "submit", "-c", rng.choice(["c0", "c1"]), "-N", str(rng.randint(1, 2)),
+        "-t", "5m", "--", "sh", "-c", f"sleep {sleep:.2f}; exit {code}", env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), max(1.0, deadline - time.monotonic()))
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        out.error = "hung"
+        return out
+    out.code = proc.returncode
+    out.accepted = out.started = True
+    if out.code not in (code, 0) and out.code >= 124:
+        out.ended_by_rms = err.decode(errors="replace").strip()[-200:]
+    return out
+
+
+async def sample_double_bookings(settings: Settings, stop: asyncio.Event, seen: list[str]) -> int:
+    """Snapshots of the RMS's status through the run: a node in two started requests at once."""
+    from coorm.cli.live import _status
+
+    samples = 0
+    while not stop.is_set():
+        try:
+            st = await _status(settings)
+        except Exception:  # noqa: BLE001 - the engine or a server may be down right now
+            await asyncio.sleep(0.25)
+            continue
+        samples += 1
+        owner: dict[str, str] = {}
+        for r in st.requests:
+            for n in r.node_ids:
+                if n in owner and owner[n] != r.request:
+                    seen.append(f"{n}: {owner[n]} and {r.request} at epoch {st.epoch}")
+                owner[n] = r.request
+        await asyncio.sleep(0.25)  # the sampling period
+    return samples
+
+
+async def probe(settings: Settings, k: int) -> bool:
+    """A one-node job of ``true``, through the SDK: True once it ran to its end with 0."""
+    try:
+        session = await Session.open(settings, kind="rigid", name=f"probe{k}", preemptive_views=False)
+        result = await asyncio.wait_for(LiveRunner(session, RigidLauncher(session.app, "c0", 1, 60.0),
+                                                   command=["true"], command_ends_work=True).run(), 20)
+        return result.exit_code == 0
+    except Exception:  # noqa: BLE001 - not back yet
+        return False
+
+
+def engine(up: Up, leading: bool) -> str:
+    """Which of the two policy engines leads now (or stands by), from their own metrics."""
+    import urllib.request
+
+    for name in ("policy-engine", "policy-engine-standby"):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{up.metrics_ports[name]}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        value = next((line.split()[-1] for line in text.splitlines() if line.startswith("coorm_policy_leader ")),
+                     "0")
+        if (float(value) == 1.0) == leading:
+            return name
+    raise RuntimeError("no policy engine in that role now")
+
+
+async def kill_in_turn(up: Up, settings: Settings, victims: tuple[str, ...], pause: float) -> dict[str, float]:
+    recovery: dict[str, float] = {}
+    for k, victim in enumerate(victims):
+        await asyncio.sleep(pause)  # the workload runs a while between two kills
+        name = engine(up, victim == LEADER) if victim in (LEADER, STANDBY) else victim
+        pid = up.children[name].pid
+        assert pid is not None
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        while not await probe(settings, k):
+            if time.monotonic() - t0 > 60:
+                recovery[victim] = float("inf")
+                break
+        else:
+            recovery[victim] = time.monotonic() - t0
+    return recovery
+
+
+async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: tuple[str, ...], seed: int,
+                workdir: Path | None = None) -> dict:
+    rng = random.Random(seed)
+    up = Up(clusters, workdir, env=ENV, write_connection=False)
+    settings = await asyncio.to_thread(up.start, 120)
+    env = dict(os.environ, **ENV, COORM_NATS_URL=settings.nats_url, COORM_REDIS_URL=settings.redis_url,
+               COORM_CONNECTION_FILE=str(up.workdir / "none.json"))
+
+    async def supervise() -> None:
+        while True:
+            if not up.supervise():
+                raise RuntimeError(up.failed)
+            await asyncio.sleep(0.2)  # coorm up's own supervision period
+
+    supervisor = asyncio.create_task(supervise())
+    stop_sampling = asyncio.Event()
+    doubles: list[str] = []
+    sampler = asyncio.create_task(sample_double_bookings(settings, stop_sampling, doubles))
+    try:
+        pause = 4.0
+        deadline = time.monotonic() + pause * (len(victims) + 2) + 180
+        tasks = [asyncio.create_task(psa_app(settings, c, 4 * n, deadline)) for c, n in clusters.items()]
+        killer = None
+        for i in range(apps):
+            if rng.random() < cli_share:
+                tasks.append(asyncio.create_task(cli_app(env, i, rng, deadline)))
+            else:
+                tasks.append(asyncio.create_task(sdk_app(settings, i, rng, deadline)))
+            await asyncio.sleep(rng.expovariate(apps / (pause * len(victims))))  # arrivals through the kills
+            if i == apps // 10:
+                killer = asyncio.create_task(kill_in_turn(up, settings, victims, pause))
+        outcomes: list[Outcome] = await asyncio.gather(*tasks)
+        assert killer is not None
+        recovery = await killer
+        stop_sampling.set()
+        samples = await sampler
+    finally:
+        supervisor.cancel()
+        await asyncio.to_thread(up.stop)
+    hung = [o for o in outcomes if o.error == "hung"]
+    untold = [o for o in outcomes if o.error is not None and o.error != "hung"]
+    lost = [o for o in outcomes if o.accepted and not o.started and not o.ended_by_rms and o.error is None]
+    wrong = [o for o in outcomes if o.wrong_code()]
+    return {"apps": len(outcomes), "sdk": sum(o.via == "sdk" for o in outcomes),
+            "cli": sum(o.via == "cli" for o in outcomes), "psa": sum(o.via == "psa" for o in outcomes),
+            "killed_apps": sum(o.killed or bool(o.ended_by_rms) for o in outcomes),
+            "lost": [o.name for o in lost], "hung": [o.name for o in hung],
+            "untold": [f"{o.name}: {o.error}" for o in untold], "wrong": [
+                f"{o.name}: expected {o.expected}, got {o.code} ({[(e.code, e.reason) for e in o.exits]})"
+                for o in wrong],
+            "double_bookings": doubles, "samples": samples, "recovery": recovery,
+            "exits": sum(len(o.exits) for o in outcomes)}
+
+
+def report(r: dict) -> str:
+    lines = [f"{r['apps']} applications ({r['sdk']} SDK rigid jobs, {r['cli']} coorm submit jobs, {r['psa']} "
+             "parameter-sweep applications), "
+             f"{r['exits']} process exits seen by the SDK ones, {r['killed_apps']} cut short by a kill",
+             "", "| check | count |", "| --- | --- |",
+             f"| accepted requests lost | {len(r['lost'])} |",
+             f"| applications hung | {len(r['hung'])} |",
+             f"| applications untold (session lost) | {len(r['untold'])} |",
+             f"| nodes held by two started requests ({r['samples']} status snapshots) | {len(r['double_bookings'])} |",
+             f"| wrong exit codes | {len(r['wrong'])} |",
+             "", "| SIGKILL of | back to running a job (s) |", "| --- | --- |"]
+    lines += [f"| {name} | {t:.1f} |" for name, t in r["recovery"].items()]
+    for key in ("lost", "hung", "untold", "wrong", "double_bookings"):
+        for item in r[key][:10]:
+            lines.append(f"{key}: {item}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--apps", type=int, default=300)
+    ap.add_argument("--clusters", default="c0=32,c1=32")
+    ap.add_argument("--cli-share", type=float, default=0.1, help="share of the applications run by coorm submit")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    r = asyncio.run(chaos(parse_clusters(args.clusters), args.apps, args.cli_share, VICTIMS, args.seed))
+    print(report(r))
+    bad = r["lost"] or r["hung"] or r["untold"] or r["wrong"] or r["double_bookings"]
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

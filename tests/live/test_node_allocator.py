@@ -1,0 +1,100 @@
+"""The node allocator's decision stream under poison: a message it cannot act on is set aside -- a
+``DeadLetter`` on ``deadletter.COORM_DECISIONS``, counted, never delivered again -- and it goes on acting on the
+next decisions. (Deep nesting once raised a RecursionError in the consumer's callback: the message was never
+acknowledged, and came back for ever.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+from prometheus_client import REGISTRY
+
+from coorm.services.node_allocator.service import NodeAllocatorService
+from coorm.services.runtime import ensure_streams
+from coorm.shared import bus, subjects
+from coorm.shared.events import EndReason, EndRequest
+from coorm.shared.protocol import AllocatorDecisions, DeadLetter, KillNotify
+from coorm.shared.requests import RequestType
+from coorm.shared.settings import Settings
+
+DEADLINE = 15.0  # seconds any condition below may take
+DURABLE = "node-allocator"  # the allocator's consumer: its name
+
+
+@pytest.fixture
+async def allocator(servers, redis_url):
+    """A node allocator alone, on a purged decision stream, and a connection to watch what it publishes."""
+    nc = await bus.connect(servers.nats_url, "test-allocator")
+    js = nc.jetstream()
+    await ensure_streams(js)
+    await js.purge_stream(subjects.DECISIONS_STREAM)
+    with contextlib.suppress(Exception):
+        await js.delete_consumer(subjects.DECISIONS_STREAM, DURABLE)
+    service = NodeAllocatorService(Settings(nats_url=servers.nats_url, redis_url=redis_url), name=DURABLE)
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    ready = asyncio.create_task(service.ready.wait())
+    await asyncio.wait([task, ready], timeout=DEADLINE, return_when=asyncio.FIRST_COMPLETED)
+    if not service.ready.is_set():
+        ready.cancel()
+        stop.set()
+        await asyncio.gather(task, ready, return_exceptions=True)
+        raise AssertionError("the node allocator did not start")
+    try:
+        yield js, nc
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE)
+        await bus.shutdown(nc)
+
+
+def dead_lettered() -> float:
+    return REGISTRY.get_sample_value("coorm_dead_letters_total", {"stream": subjects.DECISIONS_STREAM}) or 0.0
+
+
+async def test_a_message_that_is_no_decision_is_set_aside_and_the_next_is_acted_on(allocator):
+    js, nc = allocator
+    letters: asyncio.Queue = asyncio.Queue()
+    kills: asyncio.Queue = asyncio.Queue()
+    await nc.subscribe(subjects.deadletter(subjects.DECISIONS_STREAM), cb=letters.put)
+    await nc.subscribe(subjects.notify_kill("a1"), cb=kills.put)
+    await nc.flush()
+    before = dead_lettered()
+    poison = [b"[" * 50_000 + b"]" * 50_000, b'{"decisions": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
+              b'{"decisions": []}', b"not JSON", b'{"decisions": [{"kind": "teleport"}]}']
+    seqs = [(await js.publish(subjects.DECISIONS, data)).seq for data in poison]
+    letters_got = [DeadLetter.model_validate_json((await asyncio.wait_for(letters.get(), DEADLINE)).data)
+                   for _ in poison]
+    # and the next decision is acted on: the application hears of its request's end
+    end = EndRequest(stimulus_id="e1", app="a1", request="r1", type=RequestType.NON_PREEMPTIBLE, cluster="c0",
+                     nodes=2, started=True, reason=EndReason.DONE, at=1_700_000_000.0)
+    last = (await js.publish(subjects.DECISIONS, bus.encode(AllocatorDecisions(decisions=[end])))).seq
+    kill = KillNotify.model_validate_json((await asyncio.wait_for(kills.get(), DEADLINE)).data)
+    assert (kill.request, kill.reason) == ("r1", EndReason.DONE)
+
+    assert sorted(x.sequence for x in letters_got) == seqs
+    assert {(x.stream, x.consumer, x.subject, x.deliveries) for x in letters_got} == {
+        (subjects.DECISIONS_STREAM, DURABLE, subjects.DECISIONS, 1)}
+    assert all("not a decision message" in x.error for x in letters_got)
+    assert dead_lettered() == before + len(poison)
+    # every message acknowledged or terminated: nothing waits to come again
+    info = await until(lambda: acked(js, last), "the allocator to go past every message")
+    assert (info.num_ack_pending, info.num_redelivered) == (0, 0)
+
+
+async def acked(js, seq: int):
+    info = await js.consumer_info(subjects.DECISIONS_STREAM, DURABLE)
+    return info if info.ack_floor.stream_seq >= seq else None
+
+
+async def until(condition, what: str):
+    """Poll ``condition`` (a coroutine function) until it gives something truthy; fail after DEADLINE."""
+    deadline = time.monotonic() + DEADLINE
+    while not (value := await condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)  # poll interval of a deadline loop (the server's state has no event)
+    return value
