@@ -79,6 +79,9 @@ class Up:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
+        # its agents' state files are this instance's: another coorm up of the same user (same agent ids) must
+        # never take them for its predecessors'
+        env["COORM_AGENT_STATE_DIR"] = str(self.workdir / "agents")
         env.update(self.extra_env)
         env["COORM_NATS_URL"] = self.servers.nats_url
         env["COORM_REDIS_URL"] = self.servers.redis_url
