@@ -206,7 +206,7 @@ class Session:
         # server handles a connection's commands in order, so the subscriptions are in place before the query
         # is; no flush needed)
         note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify,
-                                    after_timeout=_reraise)
+                                    timeout=QUERY_TIMEOUT, after_timeout=_reraise)
         if note.changes:
             self._apply_change(note, len(bus.encode(note)))
 
@@ -462,7 +462,8 @@ class Session:
         if self.closed:
             return
         try:
-            note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify)
+            note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify,
+                                        timeout=QUERY_TIMEOUT, after_timeout=_reraise)
             if note.changes:
                 self._apply_change(note, len(bus.encode(note)))
             reply = await _call_retrying(self.nc, subjects.app_allocations(self.app),
@@ -552,6 +553,7 @@ def heartbeat_timeout(reply: SessionOpenReply) -> float:
 # one attempt's wait for a reply: a request that reached a leader as it died is sent again after this (a
 # standby takes over within a lease, 3 s by default)
 CALL_TIMEOUT = 5.0
+QUERY_TIMEOUT = 2.0  # the same for a query that changes nothing (the views): sent again sooner
 
 
 AfterTimeout = Callable[[bus.WireError], object]
