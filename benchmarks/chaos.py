@@ -58,6 +58,8 @@ class Outcome:
     ended_by_rms: str | None = None
     error: str | None = None
     accepted: bool = False
+    detail: str = ""  # what a hung application was waiting for
+    refused: list[str] = field(default_factory=list)  # what the RMS refused it
 
     @property
     def killed(self) -> bool:
@@ -68,8 +70,8 @@ class Outcome:
             return False  # counted as hung / untold, not as a wrong code
         if self.via == "cli":  # only its exit code is seen: it is its command's, or it says it was cut short
             return self.code != self.expected and self.code < 124
-        if self.via == "psa":  # it runs no command: 0 once its tasks are done (a preempted request is no fault)
-            return self.code != 0
+        if self.via == "psa":  # it runs no command: 0 once its tasks are done, 2 if it gave up on a refusal
+            return self.code != (2 if self.refused else 0)
         if self.killed or self.ended_by_rms:
             return self.code == 0
         return self.code != self.expected
@@ -101,7 +103,10 @@ async def sdk_app(settings: Settings, i: int, rng: random.Random, deadline: floa
     try:
         result = await asyncio.wait_for(runner.run(), max(1.0, deadline - time.monotonic()))
     except TimeoutError:
+        lz = runner.launcher
         out.error = "hung"
+        out.detail = (f"{session.app}: started={runner.result.started is not None} exits={len(out.exits)} "
+                      f"running={sorted(lz.running)} waiting={sorted(lz.waiting)} refused={runner.result.refused}")
         return out
     except Exception as e:  # noqa: BLE001 - what the application was told
         out.error = f"{type(e).__name__}: {e}"
@@ -128,7 +133,7 @@ async def psa_app(settings: Settings, cluster: str, tasks: int, deadline: float)
         out.error = f"{type(e).__name__}: {e}"
         return out
     out.code, out.started, out.ended_by_rms = result.exit_code, result.started is not None, result.end_reason
-    out.accepted = True
+    out.accepted, out.refused = True, result.refused
     return out
 
 
@@ -267,11 +272,12 @@ async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: 
     return {"apps": len(outcomes), "sdk": sum(o.via == "sdk" for o in outcomes),
             "cli": sum(o.via == "cli" for o in outcomes), "psa": sum(o.via == "psa" for o in outcomes),
             "killed_apps": sum(o.killed or bool(o.ended_by_rms) for o in outcomes),
-            "lost": [o.name for o in lost], "hung": [o.name for o in hung],
+            "lost": [o.name for o in lost], "hung": [f"{o.name} {o.detail}" for o in hung],
             "untold": [f"{o.name}: {o.error}" for o in untold], "wrong": [
                 f"{o.name}: expected {o.expected}, got {o.code} ({[(e.code, e.reason) for e in o.exits]})"
                 for o in wrong],
             "double_bookings": doubles, "samples": samples, "recovery": recovery,
+            "gave_up": [f"{o.name}: {o.refused[0]}" for o in outcomes if o.refused and o.via == "psa"],
             "exits": sum(len(o.exits) for o in outcomes)}
 
 
@@ -287,7 +293,7 @@ def report(r: dict) -> str:
              f"| wrong exit codes | {len(r['wrong'])} |",
              "", "| SIGKILL of | back to running a job (s) |", "| --- | --- |"]
     lines += [f"| {name} | {t:.1f} |" for name, t in r["recovery"].items()]
-    for key in ("lost", "hung", "untold", "wrong", "double_bookings"):
+    for key in ("lost", "hung", "untold", "wrong", "double_bookings", "gave_up"):
         for item in r[key][:10]:
             lines.append(f"{key}: {item}")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
+from nats.errors import Error as NatsError
 
 from coorm.launchers.base import Close, Command, Done, Launcher, Submit, Timer
 from coorm.launchers.sdk import Closed, Exited, Killed, Session, Started, ViewsChanged
@@ -160,12 +161,13 @@ class LiveRunner:
                 continue
             try:
                 pids = await self.s.launch(st.request, node, self.command)
-            except bus.WireError as e:
+            except (bus.WireError, NatsError) as e:  # refused, or no agent answers for the node
                 log.warning("launch refused", node=node, request=st.request, error=str(e))
-                self.result.refused.append(f"launch on {node}: {e.message}")
+                code = e.code if isinstance(e, bus.WireError) else None
+                self.result.refused.append(f"launch on {node}: {e.message if isinstance(e, bus.WireError) else e!r}")
                 if self.result.exit_code == 0:
-                    self.result.exit_code = CANNOT_RUN.get(e.code, 1)
-                if e.code in CANNOT_RUN and self.command_ends_work:
+                    self.result.exit_code = CANNOT_RUN.get(code, 1) if code else 1
+                if code in CANNOT_RUN and self.command_ends_work:
                     # the command cannot run on any node: fail now, as a shell does, and free the nodes
                     # rather than hold them until the walltime
                     if self._running_procs <= 0:
@@ -175,6 +177,10 @@ class LiveRunner:
             self._running_procs += len(pids)
             self.result.processes += len(pids)
             self._launched_any = True
+        if self.command_ends_work and self.result.refused and self._running_procs <= 0 and not self.launcher.finished:
+            # not one process runs and none will: the job failed (its exit code says so); its nodes go back
+            # now rather than at its walltime
+            await self._execute(self._work_done())
 
     # -- outputs --------------------------------------------------------------------------------------
     async def _execute(self, commands: list[Command]) -> None:

@@ -147,6 +147,7 @@ class Session:
         self._heartbeat: asyncio.Task | None = None
         self._started: dict[str, Started] = {}
         self._killed: set[str] = set()
+        self._recovering: asyncio.Task | None = None
         self._unexited: dict[tuple[str, int], str] = {}  # (node, pid) launched, whose exit has not come
         self._exited: set[tuple[str, int]] = set()
         self._start_waiters: dict[str, list[asyncio.Future]] = {}
@@ -174,7 +175,7 @@ class Session:
 
         async def on_reconnected() -> None:
             for session in opened:
-                await session._recover()
+                session._recovering = asyncio.create_task(session._recover_after_reconnection())
 
         if nc is None:
             nc = await bus.connect_client(settings.nats_url, f"launcher-{kind or 'app'}",
@@ -216,6 +217,8 @@ class Session:
             return
         self.closed = True
         self._events.put_nowait(Closed())
+        if self._recovering is not None:
+            self._recovering.cancel()
         if self._heartbeat:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -456,6 +459,14 @@ class Session:
         self._killed.add(note.request)
         self._events.put_nowait(Killed(note.request, note.reason.value, tuple(note.nodes)))
 
+    async def _recover_after_reconnection(self) -> None:
+        """Ask at once, and once more a little later: a start or an exit told while this connection was
+        cut, by a service whose own records were not yet written when the first answer was read, is in
+        the second."""
+        await self._recover()
+        await asyncio.sleep(RECOVER_AGAIN)  # the second look's delay, not a synchronisation
+        await self._recover()
+
     async def _recover(self) -> None:
         """The connection is back (a nats-server restarted): what was sent while it was cut is lost. Ask for
         the views as they stand and for what started and ended, and take what was missed as if heard."""
@@ -553,6 +564,7 @@ def heartbeat_timeout(reply: SessionOpenReply) -> float:
 # one attempt's wait for a reply: a request that reached a leader as it died is sent again after this (a
 # standby takes over within a lease, 3 s by default)
 CALL_TIMEOUT = 5.0
+RECOVER_AGAIN = 2.0  # seconds after a reconnection, what was missed is asked for a second time
 QUERY_TIMEOUT = 2.0  # the same for a query that changes nothing (the views): sent again sooner
 
 

@@ -76,6 +76,7 @@ log = structlog.get_logger("coorm.agent")
 CHUNK = 64 * 1024  # longest ProcessOutput.data (a longer line is sent in pieces)
 REGISTER_TIMEOUT = 2.0  # one registration attempt
 REGISTER_BACKOFF = (0.1, 2.0)  # first and longest pause between attempts
+REGISTER_WAIT = 10.0  # how long a launch waits for the agent's registration (and its nodes' assignments)
 STRAY_KILL_WAIT = 5.0  # how long to wait for a SIGKILLed group to be gone
 OUTPUT_DRAIN = 2.0  # after a group is gone, how long its output pipes may stay open (escaped daemons)
 POLL = 0.02  # polling a group that has no parent we can wait on
@@ -393,6 +394,11 @@ class Agent:
     async def _on_launch(self, node: str, msg: LaunchMsg) -> LaunchReply:
         if self._stopping:
             raise WireError(ErrorCode.UNAVAILABLE, "the agent is stopping")
+        if not self.registered.is_set():
+            # a (re)starting agent learns its nodes' assignments from the registration's answer: a launch
+            # that comes first waits for it rather than be refused for an assignment sent while no agent ran
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.registered.wait(), REGISTER_WAIT)
         try:
             assignment = self.book.check_launch(node, msg.app, msg.request, msg.token, self.clock())
         except Refused as e:

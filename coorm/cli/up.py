@@ -9,9 +9,9 @@ on the same ports and data after a back-off, and the restart is logged (on the c
 dying (5 times within a minute) cannot be repaired: everything stops and ``coorm up`` exits 1. When it
 stops, every connected application is told why (``SystemStopping``) before the servers go.
 
-Data survive a server's death: valkey writes its append-only file before it answers (``appendfsync
-everysec`` syncs it to disk once a second: a killed valkey loses nothing it acknowledged, a crashed host up
-to a second), and JetStream keeps its streams in files."""
+Data survive a server's death: valkey writes and syncs its append-only file before it answers a write
+(``appendfsync always``: a killed valkey loses nothing it acknowledged), and JetStream keeps its streams in
+files."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class Up:
 
     def start(self, timeout: float = 60.0) -> Settings:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.servers = start_servers(self.workdir / "servers")
+        self.servers = start_servers(self.workdir / "servers", fsync_always=True)
         self._adopt_servers()
         own = {k.removeprefix("COORM_").lower(): v for k, v in self.extra_env.items() if k.startswith("COORM_")}
         own = {k: v for k, v in own.items() if k in Settings.model_fields and k not in ("nats_url", "redis_url")}

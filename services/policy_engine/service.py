@@ -94,7 +94,10 @@ LoggedEvent = Annotated[
 ]
 _EVENTS = TypeAdapter(LoggedEvent)
 _BATCH = 256  # events logged in one Redis round trip at most
-_REPUBLISH = 64  # on take-over, decisions of the last events are published again (de-duplicated)
+# on take-over, decisions of the last events are published again (JetStream drops those it has, by id):
+# more than a batch, as a leader that dies while publishing a full batch's decisions leaves up to a batch
+# of logged events whose decisions may not have reached JetStream
+_REPUBLISH = 2 * _BATCH
 _VIEWS_PER_MESSAGE = 256  # a round's views are split so that a message stays far below NATS's max payload
 
 # decisions the node allocator acts on

@@ -806,3 +806,35 @@ async def test_a_restarted_agent_kills_and_reports_what_its_killed_predecessor_l
             if p is not None and p.returncode is None:
                 p.terminate()
                 await p.wait()
+
+
+async def test_a_launch_before_the_registration_is_answered_waits_for_it(nats_url, prefix, tmp_path):
+    """A restarted agent serves its nodes' subjects before the allocator's answer tells it whom they belong
+    to: a launch arriving in between waits for that answer instead of being refused (in a 300-application
+    chaos run, three jobs failed that way when their agent was restarted)."""
+    other = await connect(nats_url, "slow-allocator")
+    gate = asyncio.Event()
+    n0 = f"{prefix}n0"
+
+    async def answer(msg: AgentRegister, raw) -> AgentRegistered:
+        await gate.wait()  # the allocator is busy: its answer comes late
+        return AgentRegistered(assignments=[NodeAssign(app="a1", request="r1", nodes=[n0], token_sha256=TOKEN_SHA)])
+
+    await serve(other, subjects.AGENT_REGISTER, AgentRegister, answer)
+    s = Settings(nats_url=nats_url, agent_heartbeat=0.2, kill_grace=0.3, agent_state_dir=tmp_path / "state")
+    agent = Agent(s, f"agent-{prefix}", "c0", host_node_info([n0], cores=1, memory_mb=1))
+    starting = asyncio.create_task(agent.start())
+    nc = await connect(nats_url, "early-launcher")
+    try:
+        hb = await Inbox(AgentHeartbeat).subscribe(nc, subjects.AGENT_HEARTBEAT)
+        await hb.until(lambda m: m.agent == agent.agent_id)  # it serves its nodes; not registered yet
+        early = asyncio.create_task(launch(nc, n0, ["sh", "-c", "exit 0"]))
+        await asyncio.sleep(0.3)  # the launch is in the agent's hands, waiting (nothing to wait on from here)
+        assert not early.done()
+        gate.set()
+        assert await asyncio.wait_for(early, WAIT) > 0
+        await asyncio.wait_for(starting, WAIT)
+    finally:
+        await agent.stop()
+        await nc.drain()
+        await other.drain()
