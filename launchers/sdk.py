@@ -372,9 +372,15 @@ class Session:
     async def launch(self, request: str, node: str, argv: list[str], env: dict[str, str] | None = None,
                      cwd: str | None = None) -> list[int]:
         """Start ``argv`` on ``node`` (which ``request`` must hold) through the node's agent."""
-        msg = LaunchMsg(token=self.token, app=self.app, request=request, argv=argv, env=env or {}, cwd=cwd)
-        # (not retried when the agent answers unavailable: it may be stopping, or may have started it)
-        pids = (await self._call(subjects.node_launch(node), msg, LaunchReply, retry_unavailable=False)).pids
+        import uuid
+
+        msg = LaunchMsg(token=self.token, app=self.app, request=request, argv=argv, env=env or {}, cwd=cwd,
+                        launch_id=uuid.uuid4().hex)
+        # sent again after a timeout (its agent died, or held it until its registration was answered): the
+        # launch id makes the agent answer a second attempt without starting it twice. Not sent again when
+        # the agent answers unavailable (it is stopping)
+        pids = (await self._call(subjects.node_launch(node), msg, LaunchReply, retry_unavailable=False,
+                                 after_timeout=_reraise)).pids
         for pid in pids:
             if (node, pid) not in self._exited:  # (a quick one's exit may come before the launch's reply)
                 self._unexited[node, pid] = request

@@ -80,6 +80,7 @@ REGISTER_WAIT = 10.0  # how long a launch waits for the agent's registration (an
 STRAY_KILL_WAIT = 5.0  # how long to wait for a SIGKILLed group to be gone
 OUTPUT_DRAIN = 2.0  # after a group is gone, how long its output pipes may stay open (escaped daemons)
 POLL = 0.02  # polling a group that has no parent we can wait on
+RECENT_LAUNCHES = 4096  # launch ids remembered (a retried launch is answered, not started again)
 RECENT_EXITS = 256  # exits kept per node for launchers that missed them (a reconnection)
 STOP_WAIT = 5.0  # on stop, how long (beyond the kill grace) to wait for exits to be published
 
@@ -165,6 +166,7 @@ class Agent:
         self.leftovers_reaped = 0  # processes a predecessor left that this agent killed and reported
         self._assigns_seen: dict[str, int] = {}  # assignments received per node (see _sync)
         self._recent_exits: dict[str, collections.deque[tuple[ProcessExited, str]]] = {}
+        self._launches: dict[tuple[str, str, str | None], list[int]] = {}  # (node, app, launch id) -> pids
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -404,6 +406,9 @@ class Agent:
         except Refused as e:
             self._log.info("launch refused", node=node, app=msg.app, request=msg.request, reason=e.message)
             raise WireError(e.code, e.message) from None
+        key = (node, msg.app, msg.launch_id)
+        if msg.launch_id is not None and key in self._launches:
+            return LaunchReply(pids=self._launches[key])  # a launcher's retry: started once already
         env = {**os.environ, **msg.env, "COORM_NODE": node, "COORM_NODES": ",".join(assignment.nodes),
                "COORM_REQUEST": msg.request, "COORM_APP": msg.app}
         cg = self.cgroups.prepare() if self.cgroups is not None else None
@@ -425,6 +430,10 @@ class Agent:
                        token_sha256=assignment.token_sha256, start_ticks=procs.start_time(pid))
         self._running[pid] = run
         self.book.started(pid, node, msg.app, msg.request)
+        if msg.launch_id is not None:
+            self._launches[key] = [pid]
+            while len(self._launches) > RECENT_LAUNCHES:
+                self._launches.pop(next(iter(self._launches)))
         self._save()
         run.watcher = self._background(self._watch(run))
         self._log.info("launched", node=node, app=msg.app, request=msg.request, pid=pid, argv=msg.argv)

@@ -184,6 +184,9 @@ class LaunchMsg(Authenticated):
     argv: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
+    # the launcher's name for this launch: sent again (its first attempt timed out: the agent may have
+    # started it), the agent answers with the pids it started then instead of starting it twice
+    launch_id: Identifier | None = None
 
 
 class LaunchReply(_Msg):

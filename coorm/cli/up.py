@@ -6,8 +6,10 @@ user finds them; in the foreground until Ctrl-C, then everything stops.
 It supervises its children (:mod:`coorm.cli.supervise`): one that dies, servers included, is started again
 on the same ports and data after a back-off, and the restart is logged (on the console and in
 ``<workdir>/supervisor.log``; ``<workdir>/pids.json`` says which pid each child has now). A child that keeps
-dying (5 times within a minute) cannot be repaired: everything stops and ``coorm up`` exits 1. When it
-stops, every connected application is told why (``SystemStopping``) before the servers go.
+dying (more than 5 times within a minute) cannot be repaired: everything stops and ``coorm up`` exits 1,
+the reason on one line. Ctrl-C or SIGTERM, even while it starts, is a clean stop (exit 0). When it stops,
+every connected application is told why (``SystemStopping``) before the services, the agents and the
+servers go.
 
 Data survive a server's death: valkey writes and syncs its append-only file before it answers a write
 (``appendfsync always``: a killed valkey loses nothing it acknowledged), and JetStream keeps its streams in
@@ -70,6 +72,7 @@ class Up:
         self.settings: Settings | None = None
         self.backoff = Backoff()
         self.failed: str | None = None  # why supervision gave up
+        self.stop_reason: str | None = None  # set (by a signal handler) to stop; a start under way gives up
         self.say: Callable[[str], None] = lambda line: None  # where restarts are announced (the console)
 
     @property
@@ -95,8 +98,9 @@ class Up:
         argv = [sys.executable, "-m", "coorm.cli.main", *args]
         log = self.log_dir / f"{name}.log"
         child = Child(name, start=lambda: spawn(argv, env=env, log=log, cwd=self.workdir))
+        self.children[name] = child  # first: a stop, whenever it comes, finds what was started
         self._start(child)
-        self.children[name] = child
+        self._write_pids()  # (at once: a coorm up stopped while starting still says what it started)
 
     def _start(self, child: Child) -> None:
         child.proc = child.start()
@@ -113,6 +117,7 @@ class Up:
             self.children[name] = Child(name, start=lambda argv=argv, log=log: spawn(argv, env=dict(os.environ),
                                                                                         log=log),
                                         proc=proc, started=time.monotonic())
+        self._write_pids()
 
     def start(self, timeout: float = 60.0) -> Settings:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -204,6 +209,8 @@ class Up:
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
+            if self.stop_reason is not None:
+                raise Interrupted(self.stop_reason)
             for name, c in self.children.items():
                 if not c.alive():
                     code = c.proc.returncode if c.proc is not None else None
@@ -221,14 +228,18 @@ class Up:
                            f"logs in {self.log_dir}")
 
     def stop(self, reason: str = "coorm up was stopped") -> None:
-        """Tell every application why, stop the services and agents (agents kill their processes), then the
-        servers."""
+        """Tell every application why, stop the services, then the agents (they kill their processes), then
+        the servers. Services first: none of them sees the agents go (nodes down, requests ended) and tells
+        an application another story than ``SystemStopping``."""
         if self.servers is not None and self.children.get("nats-server") and self.children["nats-server"].alive():
             self._announce(reason)
         servers = [self.children.pop(n) for n in ("nats-server", "valkey") if n in self.children]
-        for group in (list(self.children.values()), servers):
+        agents = [self.children.pop(n) for n in list(self.children) if n.startswith("agent-")]
+        for group in (list(self.children.values()), agents, servers):
             _terminate([c.proc for c in group if c.proc is not None])
         self.children.clear()
+        if self.servers is not None:
+            self.servers.stop()  # (only what was started but never adopted, if a stop came in between)
         if self.write_connection and self.settings is not None:
             path = connection_file()
             try:
@@ -270,6 +281,10 @@ class Up:
         self.stop()
 
 
+class Interrupted(RuntimeError):
+    """:meth:`Up.start` gave up: it was asked to stop (:attr:`Up.stop_reason`)."""
+
+
 def _terminate(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
     """TERM each process group, KILL what is left after ``grace``; wait for all."""
     for p in procs:
@@ -290,12 +305,23 @@ def run(clusters_text: str, workdir: Path | None) -> None:
     console = Console()
     clusters = parse_clusters(clusters_text)
     up = Up(clusters, workdir)
+
+    def on_signal(sig, _frame):
+        up.stop_reason = up.stop_reason or f"coorm up was stopped ({signal.Signals(sig).name})"
+
+    # from the start: Ctrl-C or SIGTERM while starting stops what has started (children are in sessions of
+    # their own: the terminal's Ctrl-C does not reach them, and they would outlive a coorm up killed by it)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     with console.status("starting nats-server, valkey-server, the services and the agents..."):
         try:
             up.start()
         except Exception as e:
-            up.stop()
-            console.print(f"[red]coorm up failed:[/red] {e}")
+            up.stop(up.stop_reason or f"coorm up failed: {e}")
+            if isinstance(e, Interrupted):
+                console.print("stopped.")
+                return
+            Console(stderr=True).print(f"[red]coorm up failed:[/red] {e}", soft_wrap=True)
             raise SystemExit(1) from None
     s = up.settings
     nodes = ", ".join(f"{c}: {n} nodes" for c, n in clusters.items())
@@ -311,24 +337,17 @@ def run(clusters_text: str, workdir: Path | None) -> None:
         "  coorm status; coorm nodes; coorm apps; coorm requests\n"
         f"  coorm estimate -c {next(iter(clusters))} -N 4 -t 1h\n\n"
         "Ctrl-C stops everything.", title="coorm up"))
-    stop: dict[str, str | None] = {"why": None}
-
-    def on_signal(sig, _frame):
-        stop["why"] = f"coorm up was stopped ({signal.Signals(sig).name})"
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    up.say = lambda line: console.print(f"[yellow]{line}[/yellow]")
+    up.say = lambda line: console.print(f"[yellow]{line}[/yellow]", soft_wrap=True)  # (one line each, unwrapped)
     try:
-        while stop["why"] is None:
+        while up.stop_reason is None:
             if not up.supervise():
-                stop["why"] = f"coorm up could not repair itself: {up.failed}"
+                up.stop_reason = f"coorm up could not repair itself: {up.failed}"
                 break
             time.sleep(0.2)  # supervising the children: a look five times a second
     finally:
         console.print("stopping...")
-        up.stop(stop["why"] or "coorm up stopped")
+        up.stop(up.stop_reason or "coorm up stopped")
         console.print("stopped.")
-    if up.failed is not None:
-        console.print(f"[red]{up.failed}[/red]")
+    if up.failed is not None:  # the reason, on one line (not wrapped at the console's width)
+        Console(stderr=True).print(f"[red]coorm up could not repair itself:[/red] {up.failed}", soft_wrap=True)
         raise SystemExit(1)

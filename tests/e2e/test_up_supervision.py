@@ -1,17 +1,22 @@
-"""``coorm up`` supervises what it starts: SIGKILL any of its children -- a service, the standby's leader, an
-agent, the Celery worker, valkey, nats-server -- and it comes back (a new pid in ``pids.json``) and the
-system serves jobs again; a job running when ``coorm up`` stops is told why; a child that keeps dying makes
-``coorm up`` give up. Real processes throughout."""
+"""``coorm up`` supervises what it starts: SIGKILL any of its children -- the leading policy engine, a service,
+an agent, the Celery worker, the standby, valkey, nats-server -- and it comes back (a new pid in
+``pids.json``) and the system serves jobs again; every application connected when ``coorm up`` stops is told
+why; a child that keeps dying makes ``coorm up`` give up and exit non-zero; a signal while it starts stops
+what it started. Real processes throughout."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import deque
+from urllib.parse import urlparse
 
 import pytest
 
@@ -19,10 +24,13 @@ from coorm.cli.supervise import Backoff, pid_alive, spawn
 from tests.e2e.processes import interrupt, wait_for
 
 COORM = [sys.executable, "-m", "coorm.cli.main"]
-# every child, in the order they are killed (the standby is killed last among the engines: by then the
-# first engine's successor leads or stands by)
-CHILDREN = ("policy-engine", "node-allocator", "view-publisher", "accounting", "celery-worker", "agent-c0",
-            "policy-engine-standby", "valkey", "nats-server")
+# every child, in the order they are killed: "leader" and "standby" are the policy engines leading and
+# standing by at the moment of the kill (the standby is killed last among the engines: by then the first
+# leader's successor leads and the restarted first leader stands by)
+ORDER = ("leader", "node-allocator", "view-publisher", "accounting", "celery-worker", "agent-c0", "standby",
+         "valkey", "nats-server")
+ENGINES = ("policy-engine", "policy-engine-standby")
+SERVERS = ("valkey", "nats-server")
 
 
 @pytest.fixture
@@ -55,43 +63,168 @@ def _job(env, *command: str, timeout: float = 60) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _urls(env) -> dict[str, str]:
+    return json.loads(open(env["COORM_CONNECTION_FILE"]).read())
+
+
+def _listens(url: str) -> bool:
+    u = urlparse(url)
+    try:
+        with socket.create_connection((u.hostname, u.port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _leading(work) -> str | None:
+    """Which policy engine leads (only the leader's metrics say ``coorm_policy_leader 1.0``)."""
+    targets = {t["labels"]["job"]: t["targets"][0] for t in json.loads((work / "prometheus-targets.json").read_text())}
+    for name in ENGINES:
+        try:
+            with urllib.request.urlopen(f"http://{targets[name]}/metrics", timeout=2) as r:  # noqa: S310 - local
+                if "coorm_policy_leader 1.0" in r.read().decode():
+                    return name
+        except OSError:
+            continue  # (dead, or not serving its metrics yet)
+    return None
+
+
+@pytest.mark.slow
 def test_every_child_killed_comes_back_and_jobs_run_again(up):
     proc, env, work = up
-    assert set(_pids(work)) == set(CHILDREN)
-    recovery = {}
-    for name in CHILDREN:
+    assert set(_pids(work)) == {*ENGINES, *(n for n in ORDER if n not in ("leader", "standby"))}
+    urls = _urls(env)
+    back, serving, killed = {}, {}, []
+    for role in ORDER:
+        name = role
+        if role in ("leader", "standby"):
+            leader = wait_for(lambda: _leading(work), 30, "a policy engine to lead")
+            name = leader if role == "leader" else next(e for e in ENGINES if e != leader)
         old = _pids(work)[name]
+        killed.append(name)
         t0 = time.monotonic()
         os.kill(old, signal.SIGKILL)
+        # back: a new process (a server: listening again on the same port)
         new = wait_for(lambda name=name, old=old: (p := _pids(work)[name]) != old and pid_alive(p) and p, 30,
                        f"{name} to be started again")
+        if name in SERVERS:
+            wait_for(lambda name=name: _listens(urls["redis_url" if name == "valkey" else "nats_url"]), 30,
+                     f"{name} to listen again")
+        back[role] = round(time.monotonic() - t0, 2)
+        # serving: a job submitted now runs to its end
         r = _job(env, "sh", "-c", "exit 0")
-        recovery[name] = round(time.monotonic() - t0, 2)
-        assert r.returncode == 0, (name, r.stderr)
+        serving[role] = round(time.monotonic() - t0, 2)
+        assert r.returncode == 0, (role, r.stderr)
         assert new != old and proc.poll() is None
-    print("\nkilled -> a job ran again, seconds:", json.dumps(recovery))
-    assert all(t < 30 for t in recovery.values()), recovery
+    print("\nkilled -> started again, seconds:", json.dumps(back))
+    print("killed -> a job ran again, seconds:", json.dumps(serving))
+    assert all(t < 30 for t in serving.values()), serving  # (generous: the speed is measured, not asserted)
+    assert _urls(env) == urls  # the same servers' addresses throughout
+    st = json.loads(subprocess.run([*COORM, "status", "--json"], env=env, capture_output=True, text=True,
+                                   timeout=30).stdout)
+    assert [(c["cluster"], c["up"]) for c in st["clusters"]] == [("c0", 4)], st
     log = (work / "supervisor.log").read_text()
-    assert all(f"{name} killed by SIGKILL" in log for name in CHILDREN), log
+    assert all(log.count(f"{name} killed by SIGKILL") == killed.count(name) for name in _pids(work)), log
 
 
-def test_a_job_running_when_coorm_up_stops_is_told_why(up):
+def test_every_connected_application_is_told_why_coorm_up_stops(up):
+    """A bare NATS subscriber gets ``SystemStopping`` with the reason; a job running through the SDK
+    (``coorm submit``) ends with exit code 3 and says why; then ``coorm up`` exits 0."""
+    import nats
+
+    from coorm.shared import bus, subjects
+    from coorm.shared.protocol import SystemStopping
+
     proc, env, work = up
     job = subprocess.Popen([*COORM, "submit", "-c", "c0", "-N", "2", "-t", "5m", "--", "sleep", "300"], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    async def listen_then_stop() -> SystemStopping:
+        nc = await nats.connect(_urls(env)["nats_url"], allow_reconnect=False)
+        try:
+            sub = await nc.subscribe(subjects.SYSTEM_STOPPING)
+            await nc.flush()  # subscribed before coorm up is asked to stop
+            os.killpg(proc.pid, signal.SIGTERM)
+            msg = await sub.next_msg(timeout=30)
+            return bus.decode(msg.data, SystemStopping)
+        finally:
+            await nc.close()
+
     try:
         conn = env["COORM_CONNECTION_FILE"]
         wait_for(lambda: "started" in subprocess.run([*COORM, "requests", "--json"], env=env, capture_output=True,
                                                      text=True).stdout, 30, "the job to start")
-        os.killpg(proc.pid, signal.SIGTERM)
+        told = asyncio.run(listen_then_stop())
+        assert told.reason == "coorm up was stopped (SIGTERM)"
         _, err = job.communicate(timeout=60)
         assert job.returncode == 3 and "CooRM is stopping: coorm up was stopped (SIGTERM)" in err, err
         assert proc.wait(60) == 0
         assert not os.path.exists(conn)
+        assert not [n for n, p in _pids(work).items() if pid_alive(p)]
     finally:
         if job.poll() is None:
             job.kill()
             job.wait()
+
+
+@pytest.mark.slow
+def test_coorm_up_exits_non_zero_when_a_child_cannot_be_repaired(up):
+    """valkey's append-only manifest made unreadable, then valkey killed: every restart exits at once, and
+    after the sixth death within a minute ``coorm up`` stops everything, tells the applications, and exits
+    1 with the reason on one line."""
+    import nats
+
+    from coorm.shared import bus, subjects
+    from coorm.shared.protocol import SystemStopping
+
+    proc, env, work = up
+    manifest = work / "servers" / "appendonlydir" / "appendonly.aof.manifest"
+    with open(manifest, "a") as f:  # (valkey reads it only when it starts)
+        f.write("not a manifest line\n")
+
+    async def kill_and_listen() -> SystemStopping:
+        nc = await nats.connect(_urls(env)["nats_url"])
+        try:
+            sub = await nc.subscribe(subjects.SYSTEM_STOPPING)
+            await nc.flush()
+            os.kill(_pids(work)["valkey"], signal.SIGKILL)
+            msg = await sub.next_msg(timeout=90)  # the back-offs: 0.5 + 1 + 2 + 4 + 8 s
+            return bus.decode(msg.data, SystemStopping)
+        finally:
+            await nc.close()
+
+    told = asyncio.run(kill_and_listen())
+    assert proc.wait(60) == 1
+    last = (work.parent / "up.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("coorm up could not repair itself: valkey exited with code 1 6 times within 60 s;"), last
+    assert told.reason.startswith("coorm up could not repair itself: valkey exited with code 1"), told.reason
+    assert not [n for n, p in _pids(work).items() if pid_alive(p)]
+    assert (work / "supervisor.log").read_text().count("valkey started again") == 5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_starting_stops_what_started(tmp_path, sig):
+    """Ctrl-C (or SIGTERM) before the system is up: what was started is stopped (the children are in
+    sessions of their own: nothing else would end them), and ``coorm up`` exits 0."""
+    env = dict(os.environ, COORM_CONNECTION_FILE=str(tmp_path / "connection.json"))
+    work = tmp_path / "work"
+    with open(tmp_path / "up.log", "wb") as out:
+        proc = subprocess.Popen([*COORM, "up", "--clusters", "c0=2", "--workdir", str(work)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        started = wait_for(lambda: (work / "pids.json").exists() and "policy-engine" in _pids(work) and _pids(work),
+                           60, "coorm up to start its first service")
+        os.killpg(proc.pid, sig)
+        assert proc.wait(60) == 0, (tmp_path / "up.log").read_text()
+        assert "CooRM is up" not in (tmp_path / "up.log").read_text()  # (it was stopped while starting)
+        assert started.keys() <= _pids(work).keys()
+        assert not [n for n, p in _pids(work).items() if pid_alive(p)]
+        assert not (tmp_path / "connection.json").exists()
+    finally:
+        interrupt(proc)
+        for pid in _pids(work).values() if (work / "pids.json").exists() else ():
+            if pid_alive(pid):  # (what a failed run left: the processes this test started, by pid)
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_a_child_that_keeps_dying_is_beyond_repair(tmp_path):

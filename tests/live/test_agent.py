@@ -648,16 +648,18 @@ from coorm.node_agent import procs
 
 async def main():
     procs.use_pidfd_child_watcher()
-    p = await asyncio.create_subprocess_exec("sh", "-c", "exit 3", start_new_session=True)
-    fd = os.pidfd_open(p.pid)
-    select.select([fd], [], [], 30)  # it has exited (a zombie): the loop has not run its watcher yet
+    p = await asyncio.create_subprocess_exec("sh", "-c", "read line; exit 3", stdin=asyncio.subprocess.PIPE,
+                                             start_new_session=True)
+    fd = os.pidfd_open(p.pid)  # (it waits for its line: alive)
+    os.write(p.stdin.transport.get_extra_info("pipe").fileno(), b"go\\n")  # from here the loop does not run:
+    select.select([fd], [], [], 30)  # it has exited (a zombie), and the watcher has not reaped it
     stolen = procs.reap_group(p.pid, keep={p.pid}) + (0 if procs.group_alive(p.pid, keep={p.pid}) else 0)
     print(stolen, await p.wait())
 
 asyncio.run(main())
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split() == ["0", "3"], out.stdout + out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["0", "3"], out.stdout + out.stderr
 
 
 async def test_many_short_processes_each_report_their_own_exit_code(nc, make_agent):
@@ -838,3 +840,15 @@ async def test_a_launch_before_the_registration_is_answered_waits_for_it(nats_ur
         await agent.stop()
         await nc.drain()
         await other.drain()
+
+
+async def test_a_launch_sent_again_with_its_id_is_not_started_twice(nc, agent):
+    """A launcher whose launch timed out sends it again with the same ``launch_id``: the agent answers with
+    the pids it started the first time."""
+    n0 = node(agent)
+    await assign(nc, n0)
+    first = await launch(nc, n0, ["sleep", "1000"], launch_id="l-1")
+    again = await launch(nc, n0, ["sleep", "1000"], launch_id="l-1")
+    other = await launch(nc, n0, ["sleep", "1000"], launch_id="l-2")
+    assert again == first and other != first and agent.process_count == 2
+    await kill(nc, n0)
