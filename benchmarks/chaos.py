@@ -123,11 +123,15 @@ async def psa_app(settings: Settings, cluster: str, tasks: int, deadline: float)
 
     out = Outcome(f"psa-{cluster}", "psa", 0)
     session = await Session.open(settings, kind="psa", name=out.name, preemptive_views=True)
-    runner = LiveRunner(session, PSALauncher(session.app, cluster, 2.0, total_tasks=tasks))
+    psa = PSALauncher(session.app, cluster, 2.0, total_tasks=tasks)
+    runner = LiveRunner(session, psa)
     try:
         result = await asyncio.wait_for(runner.run(), max(1.0, deadline - time.monotonic()))
     except TimeoutError:
         out.error = "hung"
+        out.detail = (f"{session.app}: completed={psa.completed}/{tasks} running={sorted(psa.running)} "
+                      f"waiting={sorted(psa.waiting)} asked={psa.asked} tasks={len(psa.tasks)} "
+                      f"view={psa._view()} refused={runner.result.refused}")
         return out
     except Exception as e:  # noqa: BLE001 - what the application was told
         out.error = f"{type(e).__name__}: {e}"

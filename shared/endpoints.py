@@ -398,7 +398,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "not the session's; ``command_not_found`` / ``not_executable``: ``argv[0]`` does not exist / cannot "
             "be executed (a shell's 127 / 126: the launcher fails the job at once); ``bad_request``: the "
             "working directory does not exist or the program could not be started otherwise; ``unavailable``: "
-            "the agent is stopping. The process's output and exit come on ``app.<app>.output.<request>`` and "
+            "the agent is stopping. A launch with a ``launch_id`` the agent saw for the node and application is "
+            "answered with the pids it started then (a launcher's retry after a timeout starts nothing twice); "
+            "one that comes while the agent is (re)registering waits for the allocator's answer. The "
+            "process's output and exit come on ``app.<app>.output.<request>`` and "
             "``app.<app>.exited``."),
         example={"token": _TOKEN, "app": "a7", "request": "a7.run", "argv": ["./sim", "--steps", "1000"],
                  "env": {"OMP_NUM_THREADS": "32"}, "cwd": "/home/alice/sim"},
