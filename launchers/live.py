@@ -189,6 +189,13 @@ class LiveRunner:
                 try:
                     await self.s.request(*c.requests)
                 except bus.WireError as e:
+                    if e.code is ErrorCode.ENDED and self.launcher.background:
+                        # an adaptive application's request related to one the RMS ended meanwhile (a
+                        # race, not a refusal of its plan): it learns those requests ended, and adapts
+                        log.warning("request refused: its relation ended", error=str(e))
+                        for spec in c.requests:
+                            await self._execute(self.launcher.on_end(self.clock(), spec.id, "cancelled"))
+                        continue
                     # the RMS refused: the application cannot go on as it planned
                     log.error("request refused", error=str(e))
                     self.result.refused.append(str(e))

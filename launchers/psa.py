@@ -183,6 +183,10 @@ class PSALauncher(Launcher):
         nodes = self.running.get(request, ())
         super().on_end(now, request, reason)
         self.asked.pop(request, None)
+        if self.handing.pop(request, None) is not None:
+            # a shrink's successor that never started (refused: its predecessor had ended meanwhile): the
+            # nodes it was to keep are gone with the predecessor; what the view offers can be asked again
+            return self._adapt(now)
         if reason in ("violation", "session_closed"):
             for node in list(self.tasks):
                 self._kill(now, node)

@@ -77,3 +77,21 @@ def test_tasks_on_nodes_not_given_back_are_counted_lost():
     psa.on_start(130, successor, ("n2", "n9"))  # n3 was not carried over
     assert "n3" not in psa.tasks and psa.tasks["n2"] == 0 and psa.tasks["n9"] == 130
     assert psa.killed == 3  # two killed by the shrink, n3 lost on the way
+
+
+def test_a_shrinks_successor_that_never_starts_is_forgotten_and_the_view_asked_again():
+    """Live, a shrink's NEXT successor can be refused (its predecessor ended meanwhile): the runner tells the
+    PSA it ended, and the PSA stops counting the nodes it was to keep -- before, it counted them for ever and
+    never asked for nodes again (a PSA hung in a chaos run)."""
+    psa = PSALauncher("p", "c0", 600)
+    ask(psa, views(0, [(0, 4)]))
+    (rid,) = [c.requests[0].id for c in psa._last if isinstance(c, Submit)]
+    psa.on_start(0, rid, ("n0", "n1", "n2", "n3"))
+    out = ask(psa, views(100, [(100, 2)]))  # shrink: a successor keeps 2 nodes
+    successor = [c for c in out if isinstance(c, Submit)][0].requests[0]
+    assert psa._held() == 2 and successor.id in psa.handing
+    psa.on_end(100, rid, "walltime")  # the predecessor ends before its successor could start
+    out = psa.on_end(100, successor.id, "cancelled")  # the runner: the successor was refused
+    assert successor.id not in psa.handing and psa._held() == 0
+    (again,) = [c for c in out if isinstance(c, Submit)]  # the view still offers 2: asked again
+    assert again.requests[0].nodes == 2 and again.requests[0].related_to is None
