@@ -100,19 +100,26 @@ async def sdk_app(settings: Settings, i: int, rng: random.Random, deadline: floa
         await handle(item)
 
     runner._handle = observe  # type: ignore[method-assign]
+    lz = runner.launcher
+    return await _run(runner, out, deadline, lambda: (
+        f"{session.app}: started={runner.result.started is not None} exits={len(out.exits)} "
+        f"running={sorted(lz.running)} waiting={sorted(lz.waiting)} refused={runner.result.refused}"))
+
+
+async def _run(runner: LiveRunner, out: Outcome, deadline: float, detail) -> Outcome:
+    """Run the application until the deadline; what it reported, or how it hung (``detail()``: what it waited
+    for) or what error it was told."""
     try:
         result = await asyncio.wait_for(runner.run(), max(1.0, deadline - time.monotonic()))
     except TimeoutError:
-        lz = runner.launcher
-        out.error = "hung"
-        out.detail = (f"{session.app}: started={runner.result.started is not None} exits={len(out.exits)} "
-                      f"running={sorted(lz.running)} waiting={sorted(lz.waiting)} refused={runner.result.refused}")
+        out.error, out.detail = "hung", detail()
         return out
     except Exception as e:  # noqa: BLE001 - what the application was told
         out.error = f"{type(e).__name__}: {e}"
         return out
     out.code, out.started, out.ended_by_rms = result.exit_code, result.started is not None, result.end_reason
     out.accepted = result.started is not None or result.end_reason is not None or not result.refused
+    out.refused = result.refused
     return out
 
 
@@ -125,20 +132,10 @@ async def psa_app(settings: Settings, cluster: str, tasks: int, deadline: float)
     session = await Session.open(settings, kind="psa", name=out.name, preemptive_views=True)
     psa = PSALauncher(session.app, cluster, 2.0, total_tasks=tasks)
     runner = LiveRunner(session, psa)
-    try:
-        result = await asyncio.wait_for(runner.run(), max(1.0, deadline - time.monotonic()))
-    except TimeoutError:
-        out.error = "hung"
-        out.detail = (f"{session.app}: completed={psa.completed}/{tasks} running={sorted(psa.running)} "
-                      f"waiting={sorted(psa.waiting)} asked={psa.asked} tasks={len(psa.tasks)} "
-                      f"view={psa._view()} refused={runner.result.refused}")
-        return out
-    except Exception as e:  # noqa: BLE001 - what the application was told
-        out.error = f"{type(e).__name__}: {e}"
-        return out
-    out.code, out.started, out.ended_by_rms = result.exit_code, result.started is not None, result.end_reason
-    out.accepted, out.refused = True, result.refused
-    return out
+    return await _run(runner, out, deadline, lambda: (
+        f"{session.app}: completed={psa.completed}/{tasks} running={sorted(psa.running)} "
+        f"waiting={sorted(psa.waiting)} asked={psa.asked} tasks={len(psa.tasks)} view={psa._view()} "
+        f"refused={runner.result.refused}"))
 
 
 async def cli_app(env: dict[str, str], i: int, rng: random.Random, deadline: float) -> Outcome:

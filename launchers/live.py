@@ -167,19 +167,15 @@ class LiveRunner:
                 self.result.refused.append(f"launch on {node}: {e.message if isinstance(e, bus.WireError) else e!r}")
                 if self.result.exit_code == 0:
                     self.result.exit_code = CANNOT_RUN.get(code, 1) if code else 1
-                if code in CANNOT_RUN and self.command_ends_work:
-                    # the command cannot run on any node: fail now, as a shell does, and free the nodes
-                    # rather than hold them until the walltime
-                    if self._running_procs <= 0:
-                        await self._execute(self._work_done())
-                    return
+                if code in CANNOT_RUN:
+                    break  # the command cannot run on any node: launching it on the others is pointless
                 continue
             self._running_procs += len(pids)
             self.result.processes += len(pids)
             self._launched_any = True
         if self.command_ends_work and self.result.refused and self._running_procs <= 0 and not self.launcher.finished:
-            # not one process runs and none will: the job failed (its exit code says so); its nodes go back
-            # now rather than at its walltime
+            # not one process runs and none will (refused, or a program a shell could not run either): the job
+            # failed, as its exit code says; its nodes go back now rather than at its walltime
             await self._execute(self._work_done())
 
     # -- outputs --------------------------------------------------------------------------------------

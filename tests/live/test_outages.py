@@ -27,18 +27,21 @@ def own_servers(tmp_path):
     s.stop()
 
 
-def stop_valkey(servers) -> list[str]:
-    """Stop valkey (it has written its append-only file as it went); how to start it again."""
-    old = servers.procs[1]
+def stop_server(servers, index: int) -> list[str]:
+    """Stop one server (0: nats-server, 1: valkey; each writes its files as it goes); how to start it again."""
+    old = servers.procs[index]
     old.send_signal(signal.SIGTERM)
     old.wait(timeout=10)
     return list(old.args)
 
 
-def start_valkey(servers, args: list[str]) -> None:
+def start_server(servers, index: int, args: list[str]) -> None:
     """Start it again on the same port and directory, as a supervisor would."""
-    servers.procs[1] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
+    servers.procs[index] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            start_new_session=True)
+
+
+VALKEY, NATS = 1, 0
 
 
 async def _request_until_accepted(app: Session, spec: RequestSpec, timeout: float = 30.0) -> str:
@@ -71,10 +74,10 @@ async def test_a_valkey_restart_neither_kills_nor_wedges_the_policy_engine(own_s
             (before,) = await app.request(RequestSpec(id="before", type="non-preemptible", cluster="c0", nodes=2,
                                                       duration=600))
             await app.wait_start(before, 10)
-            args = await asyncio.to_thread(stop_valkey, own_servers)
+            args = await asyncio.to_thread(stop_server, own_servers, VALKEY)
             # the leader finds out at its next write (the lease's renewal, a third of the lease from now)
             await wait_until(lambda: not stack.engine.leader.is_set(), 10, "the leader to step down")
-            start_valkey(own_servers, args)
+            start_server(own_servers, VALKEY, args)
             after = await _request_until_accepted(app, RequestSpec(id="after", type="non-preemptible",
                                                                    cluster="c0", nodes=2, duration=600))
             start = await app.wait_start(after, 20)
@@ -95,13 +98,7 @@ async def test_a_valkey_restart_neither_kills_nor_wedges_the_policy_engine(own_s
 
 
 def restart(servers, index: int) -> None:
-    """Stop one server (0: nats-server, 1: valkey) and start it again on the same port and directory."""
-    old = servers.procs[index]
-    old.send_signal(signal.SIGTERM)
-    old.wait(timeout=10)
-    start_valkey(servers, list(old.args)) if index == 1 else servers.procs.__setitem__(
-        0, subprocess.Popen(list(old.args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True))
+    start_server(servers, index, stop_server(servers, index))
 
 
 async def test_a_launcher_learns_after_a_nats_restart_what_it_missed(own_servers):
@@ -146,7 +143,7 @@ async def test_a_launcher_learns_after_a_nats_restart_what_it_missed(own_servers
                 await asyncio.sleep(0.05)  # polling Redis: nothing to wait on
             else:
                 raise AssertionError(f"the allocator did not act: {told}")
-            await asyncio.to_thread(restart, own_servers, 0)
+            await asyncio.to_thread(restart, own_servers, NATS)
             start = await app.wait_start(missed, 30)
             assert len(start.nodes) == 2 and app.stats.recoveries >= 1
             killed = await next_of(app, Killed, 10, lambda e: e.request == gone)
@@ -171,12 +168,12 @@ async def test_the_node_allocators_records_wait_for_a_restarting_valkey(own_serv
     settings = Settings(nats_url=own_servers.nats_url, redis_url=own_servers.redis_url, reschedule_interval=0.05,
                         kill_grace=0.3, agent_heartbeat=0.2, agent_timeout=20.0, leader_lease=1.0)
     async with LocalStack(settings, {"c0": 2}) as stack:
-        args = await asyncio.to_thread(stop_valkey, own_servers)
+        args = await asyncio.to_thread(stop_server, own_servers, VALKEY)
         js = stack.allocator.nc.jetstream()
         decision = NodesAssigned(stimulus_id="outage", app="a999", request="during-outage", cluster="c0",
                                  nodes=("c0n1",))
         await js.publish(subjects.DECISIONS, bus.encode(AllocatorDecisions(decisions=[decision])))
-        start_valkey(own_servers, args)
+        start_server(own_servers, VALKEY, args)
         await wait_until(lambda: (a := stack.agents["c0"].book.assignment("c0n1")) is not None
                          and a.request == "during-outage", 20, "the agent to hear of it")
         for _ in range(200):
