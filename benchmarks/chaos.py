@@ -233,7 +233,7 @@ async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: 
     up = Up(clusters, workdir, env=ENV, write_connection=False)
     settings = await asyncio.to_thread(up.start, 120)
     env = dict(os.environ, **ENV, COORM_NATS_URL=settings.nats_url, COORM_REDIS_URL=settings.redis_url,
-               COORM_CONNECTION_FILE=str(up.workdir / "none.json"))
+               COORM_CREDENTIALS_DIR=str(settings.credentials_dir), COORM_CONNECTION_FILE=str(up.workdir / "none.json"))
 
     async def supervise() -> None:
         while True:

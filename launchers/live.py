@@ -67,10 +67,12 @@ class RunResult:
 class LiveRunner:
     def __init__(self, session: Session, launcher: Launcher, *, command: list[str] | None = None,
                  command_ends_work: bool = False, on_output: Callable[[ProcessOutput], None] | None = None,
+                 env: dict[str, str] | None = None, cwd: str | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.s = session
         self.launcher = launcher
         self.command = command
+        self.env, self.cwd = env, cwd  # the command's, on every node (None: the user's home, a clean environment)
         self.command_ends_work = command_ends_work
         self.on_output = on_output
         self.clock = clock
@@ -160,7 +162,7 @@ class LiveRunner:
             if node in st.kept:
                 continue
             try:
-                pids = await self.s.launch(st.request, node, self.command)
+                pids = await self.s.launch(st.request, node, self.command, env=self.env, cwd=self.cwd)
             except (bus.WireError, NatsError) as e:  # refused, or no agent answers for the node
                 log.warning("launch refused", node=node, request=st.request, error=str(e))
                 code = e.code if isinstance(e, bus.WireError) else None

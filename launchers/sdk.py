@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from coorm.launchers.base import ClusterProps, Views
 from coorm.shared import bus, subjects
+from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import (
     Ack,
@@ -164,8 +165,12 @@ class Session:
     @classmethod
     async def open(cls, settings: Settings | None = None, *, clusters: list[str] | None = None, user: str = "",
                    name: str = "", kind: str = "", preemptive_views: bool = True, nc=None) -> Session:
-        """``subscribe``: open a session; the RMS answers with the application id and its subjects."""
+        """``subscribe``: open a session; the RMS answers with the application id and its subjects. The
+        session is the user's whom the connection is authenticated as: the identity of ``settings`` (or
+        ``user``, with a connection ``nc`` made for that user)."""
         settings = settings or Settings()
+        identity = settings.identity(Role.LAUNCHER)
+        user = user or (identity.name if identity is not None else _whoami())
         own = nc is None
         opened: list[Session] = []  # the session, once there is one, for the connection's closed callback
 
@@ -182,11 +187,10 @@ class Session:
                                           timeout=settings.connect_timeout,
                                           reconnect_window=settings.reconnect_window,
                                           source=settings.source_of("nats_url"), closed_cb=on_closed,
-                                          reconnected_cb=on_reconnected)
-        msg = SessionOpen(filter=Filter(clusters=clusters, preemptive_views=preemptive_views), user=user or _whoami(),
-                          name=name, kind=kind)
+                                          reconnected_cb=on_reconnected, identity=identity)
+        msg = SessionOpen(filter=Filter(clusters=clusters, preemptive_views=preemptive_views), name=name, kind=kind)
         # (sent again after a timeout: a session opened by the attempt that timed out is reaped, unheard of)
-        reply = await _call_retrying(nc, subjects.SESSION_OPEN, msg, SessionOpenReply, after_timeout=_reraise)
+        reply = await _call_retrying(nc, subjects.session_open(user), msg, SessionOpenReply, after_timeout=_reraise)
         self = cls(nc=nc, reply=reply, settings=settings, own_connection=own)
         opened.append(self)
         await self._subscribe()
@@ -273,6 +277,11 @@ class Session:
     @property
     def token(self) -> str:
         return self.reply.token
+
+    @property
+    def user(self) -> str:
+        """The user the session belongs to (the one NATS authenticated: the application id names it)."""
+        return subjects.owner(self.reply.app)
 
     def rid(self, name: str) -> str:
         """A request id of this application: ids are unique across the RMS, so prefix yours with the app id
@@ -379,7 +388,7 @@ class Session:
         # sent again after a timeout (its agent died, or held it until its registration was answered): the
         # launch id makes the agent answer a second attempt without starting it twice. Not sent again when
         # the agent answers unavailable (it is stopping)
-        pids = (await self._call(subjects.node_launch(node), msg, LaunchReply, retry_unavailable=False,
+        pids = (await self._call(subjects.node_launch(node, self.user), msg, LaunchReply, retry_unavailable=False,
                                  after_timeout=_reraise)).pids
         for pid in pids:
             if (node, pid) not in self._exited:  # (a quick one's exit may come before the launch's reply)
@@ -490,7 +499,8 @@ class Session:
             return
         for node in sorted({n for n, _ in self._unexited}):
             try:
-                gone = await bus.call(self.nc, subjects.node_exits(node), ExitsQuery(token=self.token, app=self.app),
+                gone = await bus.call(self.nc, subjects.node_exits(node, self.user),
+                                      ExitsQuery(token=self.token, app=self.app),
                                       ExitsReply, timeout=5.0)
             except Exception as e:  # noqa: BLE001 - its agent may be down: its exits come when it is back
                 _log().warning("could not ask an agent for missed exits", node=node, error=repr(e))

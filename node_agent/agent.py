@@ -5,8 +5,11 @@ The I/O shell around :class:`coorm.node_agent.state.NodeBook`:
 * registers its nodes on ``AGENT_REGISTER`` (request/reply, retried until the node allocator answers
   ``Ack``), again whenever anything arrives on ``AGENT_HELLO``; heartbeats on ``AGENT_HEARTBEAT``;
 * ``node_assign(node)``: the allocator says which request owns the node until when (and which token may
-  launch); ``Ack`` if a reply is asked for;
-* ``node_launch(node)``: starts ``argv`` for the owner, in its own session (process group), streams its
+  launch); ``Ack`` if a reply is asked for. Obeyed only when signed with the services' key (as is a kill):
+  NATS lets only the services publish them, and the agent checks that they did;
+* ``node_launch(node, user)``: starts ``argv`` for the owner -- an application of that user, as that user
+  (:mod:`coorm.node_agent.runas`: uid, groups, a clean environment, a directory the user may enter) -- in its
+  own session (process group), streams its
   output on ``app_output(app, request)`` and, once it ended and its output was sent, publishes
   :class:`ProcessExited` on ``app_exited(app)`` and ``AGENT_EXITED``;
 * ``node_kill(node)``: TERM to each of the request's process groups there, KILL after ``grace``; replies
@@ -33,7 +36,6 @@ import contextlib
 import errno
 import hmac
 import json
-import os
 import signal
 import subprocess
 import time
@@ -46,12 +48,14 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from coorm.node_agent import procs
+from coorm.node_agent import procs, runas
 from coorm.node_agent.containment import Cgroups
 from coorm.node_agent.nodes import default_agent_id, host_node_info, parse_nodes
 from coorm.node_agent.state import NodeBook, ProcessRecord, Refused, token_hash
 from coorm.shared import metrics, subjects
 from coorm.shared.bus import WireError, call, connect, decode, encode, shutdown
+from coorm.shared.credentials import signed_by
+from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import (
     Ack,
@@ -148,6 +152,7 @@ class Agent:
         self.subreaper = subreaper
         self.clock = clock
         self.nc: NATS | None = None
+        self.service_key: str = ""  # the services' public key: what assignments and kills must be signed with
         self.registered = asyncio.Event()  # set on each successful registration, cleared on AGENT_HELLO
         self.registrations = 0
         self._register_msg = AgentRegister(agent=agent_id, cluster=cluster, nodes=self.node_info)
@@ -182,7 +187,15 @@ class Agent:
             self._subreaper_held = procs.acquire_subreaper()
             if not self._subreaper_held:
                 self._log.warning("cannot become child subreaper: killed groups are reaped by init")
-        self.nc = await connect(self.settings.nats_url, f"coorm-agent-{self.agent_id}")
+        # an agent obeys assignments and kills that a service signed, and no others: without the services'
+        # key it could check none, so it does not start
+        service_key = self.settings.service_public_key()
+        if service_key is None:
+            raise RuntimeError("no services' public key (COORM_SERVICE_KEY, or service.pub in COORM_CREDENTIALS_DIR): "
+                               "the agent cannot tell the RMS's assignments from anyone's")
+        self.service_key = service_key
+        self.nc = await connect(self.settings.nats_url, f"coorm-agent-{self.agent_id}",
+                                self.settings.identity(Role.AGENT))
         self.cgroups = Cgroups.create(self.agent_id, str(self.state_file)) if self.settings.agent_cgroups else None
         if self.cgroups is not None:
             self._log.info("launches contained in cgroups", base=str(self.cgroups.base))
@@ -332,20 +345,34 @@ class Agent:
         assignment published just before a launch is in force for that launch). Assignments and launches
         are handled in turn; a kill updates the books in turn and waits for the deaths in the background.
         Every request gets a reply (an ``ErrorReply`` if it is refused or malformed)."""
-        actions = {
+        # the services' (signed): node.<node>.assign, node.<node>.kill; a user's (the subject names the user):
+        # node.<node>.launch.<user>, node.<node>.exits.<user>
+        services: dict[str, tuple[type, Callable]] = {
             subjects.node_assign(node): (NodeAssign, self._on_assign),
-            subjects.node_launch(node): (LaunchMsg, self._on_launch),
             subjects.node_kill(node): (KillMsg, self._on_kill),
-            subjects.node_exits(node): (ExitsQuery, self._on_exits),
         }
-        bases = {subject.rsplit(".", 1)[0] for subject in actions}
+        users: dict[str, tuple[type, Callable]] = {
+            subjects.node_launch(node, "").rstrip("."): (LaunchMsg, self._on_launch),
+            subjects.node_exits(node, "").rstrip("."): (ExitsQuery, self._on_exits),
+        }
 
         async def on_msg(raw: Msg) -> None:
-            model, handler = actions.get(raw.subject, (None, None))
-            if handler is None:
+            base, _, user = raw.subject.rpartition(".")
+            if raw.subject in services:
+                model, handler = services[raw.subject]
+            elif base in users:
+                model, handler = users[base]
+            else:
                 return
             try:
-                out = await handler(node, decode(raw.data, model))
+                if raw.subject in services:
+                    if not signed_by(self.service_key, raw.subject, raw.data, raw.headers):
+                        self._log.warning("refused: not signed by the services", subject=raw.subject)
+                        raise WireError(ErrorCode.FORBIDDEN, f"{raw.subject} is the services' to send: not signed by "
+                                                             "them")
+                    out = await handler(node, decode(raw.data, model))
+                else:
+                    out = await handler(node, decode(raw.data, model), user)
             except WireError as e:
                 out = e.reply()
             except Exception as e:  # noqa: BLE001 - a reply must go out whatever went wrong
@@ -356,11 +383,7 @@ class Agent:
             else:
                 await self._respond(raw, out)
 
-        if len(bases) == 1:
-            await self.nc.subscribe(f"{bases.pop()}.*", cb=on_msg)
-        else:  # pragma: no cover - the subjects no longer share a prefix: one subscription each
-            for subject in actions:
-                await self.nc.subscribe(subject, cb=on_msg)
+        await self.nc.subscribe(subjects.node_any(node), cb=on_msg)
 
     async def _respond(self, raw: Msg, out) -> None:
         if raw.reply and out is not None:
@@ -393,9 +416,11 @@ class Agent:
             self._background(self._terminate(doomed, self.settings.kill_grace))
         return Ack()
 
-    async def _on_launch(self, node: str, msg: LaunchMsg) -> LaunchReply:
+    async def _on_launch(self, node: str, msg: LaunchMsg, user: str) -> LaunchReply:
         if self._stopping:
             raise WireError(ErrorCode.UNAVAILABLE, "the agent is stopping")
+        if subjects.owner(msg.app) != user:  # (NATS lets only the user publish on their subject)
+            raise WireError(ErrorCode.NOT_OWNER, f"application {msg.app} is not {user}'s")
         if not self.registered.is_set():
             # a (re)starting agent learns its nodes' assignments from the registration's answer: a launch
             # that comes first waits for it rather than be refused for an assignment sent while no agent ran
@@ -409,14 +434,23 @@ class Agent:
         key = (node, msg.app, msg.launch_id)
         if msg.launch_id is not None and key in self._launches:
             return LaunchReply(pids=self._launches[key])  # a launcher's retry: started once already
-        env = {**os.environ, **msg.env, "COORM_NODE": node, "COORM_NODES": ",".join(assignment.nodes),
-               "COORM_REQUEST": msg.request, "COORM_APP": msg.app}
+        # as the application's user (never the agent's own environment: it holds the agent's credentials)
+        try:
+            run_as = runas.resolve(user)
+            env = runas.launch_env(run_as, msg.env, deny=self.settings.launch_env_deny, coorm={
+                "COORM_NODE": node, "COORM_NODES": ",".join(assignment.nodes), "COORM_REQUEST": msg.request,
+                "COORM_APP": msg.app})
+            cwd = runas.check_cwd(run_as, msg.cwd)
+        except runas.LaunchRefused as e:
+            self._log.info("launch refused", node=node, app=msg.app, request=msg.request, reason=e.message)
+            raise WireError(e.code, e.message) from None
         cg = self.cgroups.prepare() if self.cgroups is not None else None
         try:
             transport, pipes = await asyncio.get_running_loop().subprocess_exec(
                 _Pipes, *msg.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, cwd=msg.cwd, start_new_session=True,
-                preexec_fn=Cgroups.joiner(cg) if cg is not None else None,
+                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+                # into its cgroup (as root), then the user's identity
+                preexec_fn=runas.chain(Cgroups.joiner(cg) if cg is not None else None, run_as.dropper()),
             )
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             if cg is not None:
@@ -445,9 +479,11 @@ class Agent:
             raise WireError(ErrorCode.NOT_OWNER, f"node {node} changed hands during the launch")
         return LaunchReply(pids=[pid])
 
-    async def _on_exits(self, node: str, msg: ExitsQuery) -> ExitsReply:
+    async def _on_exits(self, node: str, msg: ExitsQuery, user: str) -> ExitsReply:
         """The application's recent exits on the node, for its launcher back from a cut connection. Only
         the holder of the token the processes were launched with may read them."""
+        if subjects.owner(msg.app) != user:
+            raise WireError(ErrorCode.NOT_OWNER, f"application {msg.app} is not {user}'s")
         digest = token_hash(msg.token)
         mine = [ev for ev, sha in self._recent_exits.get(node, ()) if ev.app == msg.app]
         if mine and not any(hmac.compare_digest(sha, digest)

@@ -10,7 +10,7 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import nats
 import structlog
@@ -22,6 +22,9 @@ from coorm.shared import subjects
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import DeadLetter, ErrorBody, ErrorReply
 from coorm.shared.requests import Identifier
+
+if TYPE_CHECKING:
+    from coorm.shared.credentials import Identity
 
 log = structlog.get_logger("coorm.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -69,6 +72,20 @@ class Unreachable(Exception):
         super().__init__(text)
 
 
+class Refused(Exception):
+    """CooRM's NATS answered but would not let this process in: no credentials, or not ones it knows."""
+
+    def __init__(self, url: str, identity: Identity | None) -> None:
+        self.url, self.identity = url, identity
+        if identity is None:
+            text = (f"CooRM at {redact(url)} wants credentials and this process has none: set "
+                    "COORM_NATS_CREDENTIALS to your identity file (an operator issues it: coorm user add NAME)")
+        else:
+            text = (f"CooRM at {redact(url)} refused the credentials of {identity.role.value} {identity.name!r} "
+                    "(revoked or rotated? ask the operator for new ones: coorm user add --rotate)")
+        super().__init__(text)
+
+
 def redact(url: str) -> str:
     """The URL without its password (it goes into messages and logs)."""
     from urllib.parse import urlsplit
@@ -80,14 +97,23 @@ def redact(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-async def connect(url: str, name: str) -> NATS:
+def _auth(identity: Identity | None) -> dict:
+    """nats-py's arguments for connecting as ``identity``: its nkey (nats-py signs the server's nonce with
+    it) and its own inbox prefix, the only one it may read replies on."""
+    if identity is None:
+        return {}
+    return {"nkeys_seed_str": identity.seed, "inbox_prefix": identity.inbox_prefix}
+
+
+async def connect(url: str, name: str, identity: Identity | None = None) -> NATS:
     """A server's connection (services, agents): supervised processes that must outlive a nats-server
     restart, so every attempt is retried for ever, with one log line per failure rather than a traceback."""
     return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=RECONNECT_WAIT,
-                              allow_reconnect=True, error_cb=_log_error(url))
+                              allow_reconnect=True, error_cb=_log_error(url), **_auth(identity))
 
 
 async def connect_client(url: str, name: str, *, timeout: float, reconnect_window: float, source: str = "",
+                         identity: Identity | None = None,
                          closed_cb: Callable[[], Awaitable[None]] | None = None,
                          reconnected_cb: Callable[[], Awaitable[None]] | None = None) -> NATS:
     """A client's connection (the command line, a launcher): gives up on the first connection after
@@ -96,9 +122,13 @@ async def connect_client(url: str, name: str, *, timeout: float, reconnect_windo
     nc = NATS()
     attempts = max(1, math.ceil(reconnect_window / RECONNECT_WAIT))
 
+    refusals: list[Exception] = []
+
     async def quiet(e: Exception) -> None:
         """Each failed attempt: nothing (nats-py would log a traceback); the outcome is reported once, by
-        the caller."""
+        the caller. A refusal of the credentials is remembered: it is the outcome, not an outage."""
+        if "authorization violation" in str(e).lower():
+            refusals.append(e)
 
     async def closed() -> None:
         if closed_cb is not None:
@@ -113,11 +143,14 @@ async def connect_client(url: str, name: str, *, timeout: float, reconnect_windo
                                           allow_reconnect=True, max_reconnect_attempts=attempts,
                                           # nats-py annotates an int; it sleeps on any number
                                           reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
-                                          error_cb=quiet, closed_cb=closed, reconnected_cb=reconnected),
+                                          error_cb=quiet, closed_cb=closed, reconnected_cb=reconnected,
+                                          **_auth(identity)),
                                timeout)
     except (TimeoutError, OSError, nats.errors.Error) as e:
         with contextlib.suppress(Exception):
             await nc.close()
+        if refusals or "authorization violation" in str(e).lower():
+            raise Refused(url, identity) from e
         raise Unreachable(url, source, timeout) from e
     return nc
 
@@ -290,9 +323,17 @@ async def _respond(nc: NATS, msg: Msg, out: BaseModel) -> None:
         log.warning("reply not sent", subject=msg.subject, error=str(e))
 
 
-async def call(nc: NATS, subject: str, message: BaseModel, reply: type[M], *, timeout: float = 5.0) -> M:
-    """Request/reply: the parsed reply, or :class:`WireError` if the other side refused."""
-    msg = await nc.request(subject, encode(message), timeout=timeout)
+async def call(nc: NATS, subject: str, message: BaseModel, reply: type[M], *, timeout: float = 5.0,
+               signer: Identity | None = None) -> M:
+    """Request/reply: the parsed reply, or :class:`WireError` if the other side refused. With ``signer``,
+    the message carries its signature (``credentials.signature_headers``)."""
+    data = encode(message)
+    headers = None
+    if signer is not None:
+        from coorm.shared.credentials import signature_headers
+
+        headers = signature_headers(signer, subject, data)
+    msg = await nc.request(subject, data, timeout=timeout, headers=headers)
     raw = json.loads(msg.data)
     if isinstance(raw, dict) and raw.get("ok") is False:
         err = ErrorReply.model_validate(raw).error

@@ -1,14 +1,15 @@
 """Every endpoint of the wire protocol, as data: one :class:`Endpoint` per NATS subject pattern of
 :mod:`coorm.shared.subjects` (DESIGN §3). ``docs/protocol.md`` is rendered from this table
 (:mod:`coorm.shared.protocol_doc`, ``coorm protocol doc``), and the tests hold the table to the code: every
-subject of ``subjects.py`` has an entry, every example validates against its model, and
-``deploy/nats/nats.conf`` grants each role what :func:`permissions` derives from the table and nothing else
-(besides the grants :data:`BROADER_THAN_NEEDED` records).
+subject of ``subjects.py`` has an entry, every example validates against its model, and the NATS users
+that :mod:`coorm.shared.credentials` generates grant each identity what :func:`permissions` derives from the
+table and nothing else (besides the grants :data:`BROADER_THAN_NEEDED` records).
 
 Rules of the table
 * Subjects are built by the functions and constants of ``subjects.py``, with placeholder tokens
-  (:data:`APP`, :data:`NODE`, :data:`REQUEST`) where an id goes: a subject is defined there, once.
-* ``publishers`` and ``subscribers`` are roles (the NATS users of ``deploy/nats/nats.conf``), and say what
+  (:data:`USER`, :data:`APP`, :data:`NODE`, :data:`REQUEST`) where an id goes: a subject is defined there,
+  once.
+* ``publishers`` and ``subscribers`` are roles (the identities of :mod:`coorm.shared.credentials`), and say what
   the code does, not what the configuration happens to allow. For a JetStream stream, ``subscribers`` are
   the roles that consume it (through the JetStream API, not by subscribing to the subject).
 * ``errors`` are the codes the subject's handler can answer with, read from the handlers
@@ -70,26 +71,29 @@ from coorm.shared.protocol import (
 )
 
 # placeholder tokens: where an id goes in a subject pattern
-APP = "<app>"
+USER = "<user>"
+APP = f"{USER}.<app>"  # an application id is two tokens: its user's name and the engine's a<N>
 NODE = "<node>"
 REQUEST = "<request>"
 STREAM = "<stream>"
-# how each placeholder reads as a NATS wildcard: application and node ids are one token each (the engine
-# names applications a<N>; a node id with a dot would not match the agents' permissions), a request id may
-# hold dots (``Identifier`` allows them) and comes last, so it takes the rest of the subject; a stream's name
-# is one token
-WILDCARDS: Mapping[str, str] = {APP: "*", NODE: "*", REQUEST: ">", STREAM: "*"}
+# how each placeholder reads as a NATS wildcard: a user name, the engine's a<N> and a node id are one token
+# each (a node id with a dot would not match the agents' permissions), a request id may hold dots
+# (``Identifier`` allows them) and comes last, so it takes the rest of the subject; a stream's name is one
+# token. In a user's own permissions the user placeholder is that user's name (:func:`permissions`).
+WILDCARDS: Mapping[str, str] = {USER: "*", "<app>": "*", NODE: "*", REQUEST: ">", STREAM: "*"}
 
-INBOX = "_INBOX.>"  # where nats-py's requests get their replies (and JetStream its deliveries)
+# where each connection gets its replies (and JetStream its deliveries): its own prefix (subjects.inbox_*)
+INBOXES: Mapping[str, str] = {"service": subjects.INBOX_SERVICE + ".>", "agent": subjects.INBOX_AGENT + ".>"}
 JETSTREAM = "$JS.>"  # the JetStream API, acknowledgements and flow control
 
 
 class Role(StrEnum):
-    """A NATS user of ``deploy/nats/nats.conf``."""
+    """Who a NATS connection is (:mod:`coorm.shared.credentials` issues an identity per role; a launcher's
+    is a user's own)."""
 
     SERVICE = "service"  # policy engine, view publisher, node allocator, accounting
     AGENT = "agent"  # node agents
-    LAUNCHER = "launcher"  # the SDK and the command line (coorm submit, launch, status, estimate)
+    LAUNCHER = "launcher"  # a user's programs: the SDK and the command line (coorm submit, launch, status...)
 
 
 class Kind(StrEnum):
@@ -151,8 +155,11 @@ class Endpoint:
         return nats_pattern(self.subscribe_as or self.subject)
 
 
-def nats_pattern(subject: str) -> str:
-    return ".".join(WILDCARDS.get(token, token) for token in subject.split("."))
+def nats_pattern(subject: str, user: str | None = None) -> str:
+    """The subject as a NATS pattern: each placeholder a wildcard, the user's own name for ``<user>`` when
+    ``user`` is given."""
+    own = {**WILDCARDS, USER: user} if user is not None else WILDCARDS
+    return ".".join(own.get(token, token) for token in subject.split("."))
 
 
 # the codes every request/reply subject served through bus.serve (or the node agent's loop) can answer
@@ -171,25 +178,27 @@ _LAUNCHERS = "launchers (the SDK, the command line)"  # an example wall-clock ti
 ENDPOINTS: tuple[Endpoint, ...] = (
     # -- launcher -> RMS ----------------------------------------------------------------------------------
     Endpoint(
-        subject=subjects.SESSION_OPEN, names=("SESSION_OPEN",), part=Part.LAUNCHER, kind=Kind.REQUEST,
+        subject=subjects.session_open(USER), names=("session_open", "SESSION_OPEN_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST,
         request=SessionOpen, reply=SessionOpenReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="subscribe",
         # DUPLICATE: the core refuses an application id it already has (only if the id counter in Redis were
         # lost while the engine's state was not)
         errors=(*_BUS, ErrorCode.DUPLICATE),
         description=(
-            "Open a session. The filter names the clusters the application may use and whether it wants "
-            "preemptive views; ``user``, ``name`` and ``kind`` are recorded for status and accounting. The "
-            "reply gives the application id, the session token that every later request of the session "
-            "carries, the session's own subjects, and how often the launcher must send a heartbeat. The "
-            "opening time is the application's priority."),
-        example={"filter": {"clusters": ["c0"], "preemptive_views": False}, "user": "alice", "name": "sim-42",
-                 "kind": "rigid"},
-        reply_example={"app": "a7", "token": _TOKEN, "heartbeat_interval": 5.0, "subjects": {
-            "request": subjects.app_request("a7"), "done": subjects.app_done("a7"),
-            "close": subjects.app_close("a7"), "heartbeat": subjects.app_heartbeat("a7"),
-            "change": subjects.notify_change("a7"), "start": subjects.notify_start("a7"),
-            "kill": subjects.notify_kill("a7")}},
+            "Open a session. The subject names the user (only that user may publish to it: the NATS "
+            "permissions of :mod:`coorm.shared.credentials`), which the policy engine records for status and "
+            "accounting; the filter names the clusters the application may use and whether it wants "
+            "preemptive views; ``name`` and ``kind`` are recorded too. The reply gives the application id "
+            "(``<user>.a<N>``), the session token that every later request of the session carries, the "
+            "session's own subjects, and how often the launcher must send a heartbeat. The opening time is "
+            "the application's priority."),
+        example={"filter": {"clusters": ["c0"], "preemptive_views": False}, "name": "sim-42", "kind": "rigid"},
+        reply_example={"app": "alice.a7", "token": _TOKEN, "heartbeat_interval": 5.0, "subjects": {
+            "request": subjects.app_request("alice.a7"), "done": subjects.app_done("alice.a7"),
+            "close": subjects.app_close("alice.a7"), "heartbeat": subjects.app_heartbeat("alice.a7"),
+            "change": subjects.notify_change("alice.a7"), "start": subjects.notify_start("alice.a7"),
+            "kill": subjects.notify_kill("alice.a7")}},
     ),
     Endpoint(
         subject=subjects.app_views(APP), names=("app_views", "APP_VIEWS_ANY"), part=Part.LAUNCHER,
@@ -199,9 +208,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "Every current view of the application, as one ``changeNotify`` (the same message the "
             "notification subject carries). A launcher asks once it has subscribed to its notifications, "
             "because the first ``changeNotify`` may have gone out before it listened. The view publisher "
-            "then sends only changes again. The body is ``{}``; the session token is not checked (issue 12)."),
+            "then sends only changes again. The body is ``{}``: only the application's user may ask (the "
+            "subject names the user)."),
         example={},
-        reply_example={"app": "a7", "epoch": 12, "now": _T0, "changes": [
+        reply_example={"app": "alice.a7", "epoch": 12, "now": _T0, "changes": [
             {"cluster": "c0", "type": "non_preemptive", "cap": [[_T0, 16], [_T0 + 600, 64]]}]},
     ),
     Endpoint(
@@ -216,9 +226,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "not hear of as if it had (the SDK does). Records stay an hour after the session's end."),
         example={"token": _TOKEN},
         reply_example={"ok": True, "allocations": [
-            {"request": "a7.run", "cluster": "c0", "nodes": ["c0n0", "c0n1"], "kept": [], "end": _T0 + 3600,
+            {"request": "alice.a7.run", "cluster": "c0", "nodes": ["c0n0", "c0n1"], "kept": [], "end": _T0 + 3600,
              "ended": None},
-            {"request": "a7.pre", "cluster": "c0", "nodes": ["c0n2"], "kept": [], "end": None, "ended": "walltime"}]},
+            {"request": "alice.a7.pre", "cluster": "c0", "nodes": ["c0n2"], "kept": [], "end": None,
+             "ended": "walltime"}]},
     ),
     Endpoint(
         subject=subjects.CLUSTERS_INFO, names=("CLUSTERS_INFO",), part=Part.LAUNCHER, kind=Kind.REQUEST,
@@ -254,10 +265,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "and take its nodes over). Request ids are the application's, unique for the life of the system "
             "(the SDK prefixes them with the application id). The ``Ack`` lists the ids accepted."),
         example={"token": _TOKEN, "requests": [
-            {"id": "a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16, "duration": 3600.0},
-            {"id": "a7.extra", "type": "preemptible", "cluster": "c0", "nodes": 8, "related_to": "a7.run",
+            {"id": "alice.a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16, "duration": 3600.0},
+            {"id": "alice.a7.extra", "type": "preemptible", "cluster": "c0", "nodes": 8, "related_to": "alice.a7.run",
              "related_how": "COALLOC"}]},
-        reply_example={"ok": True, "requests": ["a7.run", "a7.extra"]},
+        reply_example={"ok": True, "requests": ["alice.a7.run", "alice.a7.extra"]},
     ),
     Endpoint(
         subject=subjects.app_done(APP), names=("app_done", "APP_DONE_ANY"), part=Part.LAUNCHER, kind=Kind.REQUEST,
@@ -270,8 +281,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "application gives back when a ``NEXT`` successor keeps the others (an update to fewer nodes); "
             "they must be nodes the request holds. A request with a waiting ``NEXT`` successor keeps its "
             "nodes until the successor starts on them."),
-        example={"token": _TOKEN, "request": "a7.run", "released": ["c0n12", "c0n13"]},
-        reply_example={"ok": True, "requests": ["a7.run"]},
+        example={"token": _TOKEN, "request": "alice.a7.run", "released": ["c0n12", "c0n13"]},
+        reply_example={"ok": True, "requests": ["alice.a7.run"]},
     ),
     Endpoint(
         subject=subjects.app_heartbeat(APP), names=("app_heartbeat", "APP_HEARTBEAT_ANY"), part=Part.LAUNCHER,
@@ -310,9 +321,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         reply_example={"now": _T0, "epoch": 12, "leader": "policy-1f2e3d4c",
                        "clusters": [{"cluster": "c0", "up": 64, "non_preemptible": 16, "pre_allocated_unused": 0,
                                      "preemptible": 8, "held": 0, "idle": 40}],
-                       "apps": [{"app": "a7", "user": "alice", "name": "sim-42", "kind": "malleable",
+                       "apps": [{"app": "alice.a7", "user": "alice", "name": "sim-42", "kind": "malleable",
                                  "opened": _T0 - 60, "waiting": 0, "running": 2, "nodes": 24}],
-                       "requests": [{"app": "a7", "request": "a7.run", "type": "non-preemptible", "cluster": "c0",
+                       "requests": [{"app": "alice.a7", "request": "alice.a7.run", "type": "non-preemptible",
+                                     "cluster": "c0",
                                      "nodes": 16, "state": "started", "submitted": _T0 - 50, "start": _T0 - 49,
                                      "end": _T0 + 3551}],
                        "total_apps": 1, "total_requests": 1, "waiting": 0, "running": 1},
@@ -328,7 +340,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "step lasts for ever): how many nodes a new request of the application could get from time t on. "
             "Sent when, and only when, one of the application's views changed; the policy engine paces them. A "
             "launcher that asked for no preemptive views gets none."),
-        example={"app": "a7", "epoch": 13, "now": _T0, "changes": [
+        example={"app": "alice.a7", "epoch": 13, "now": _T0, "changes": [
             {"cluster": "c0", "type": "preemptive", "cap": [[_T0, 8], [_T0 + 30, 2]]}]},
     ),
     Endpoint(
@@ -340,7 +352,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "them it ``kept`` from its ``NEXT`` predecessor, and its planned end (``null``: none). The agents of "
             "the nodes heard of the assignment before this notification went out, so the launcher may launch "
             "on them at once."),
-        example={"app": "a7", "request": "a7.run", "cluster": "c0", "nodes": ["c0n0", "c0n1"], "kept": [],
+        example={"app": "alice.a7", "request": "alice.a7.run", "cluster": "c0", "nodes": ["c0n0", "c0n1"], "kept": [],
                  "end": _T0 + 3600},
     ),
     Endpoint(
@@ -352,7 +364,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "walltime, a node failure, a protocol violation (preemptible nodes kept past the grace), the "
             "session's end, or the end of the pre-allocation it ran in. ``nodes`` are the node IDs it held; "
             "their processes are being killed (the agents publish each exit)."),
-        example={"app": "a7", "request": "a7.extra", "reason": "violation", "nodes": ["c0n16", "c0n17"]},
+        example={"app": "alice.a7", "request": "alice.a7.extra", "reason": "violation", "nodes": ["c0n16", "c0n17"]},
     ),
     Endpoint(
         subject=subjects.SYSTEM_STOPPING, names=("SYSTEM_STOPPING",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
@@ -369,68 +381,80 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.node_assign(NODE), names=("node_assign",), part=Part.NODES, kind=Kind.PUBLISH,
         request=NodeAssign, reply=Ack, publishers=(Role.SERVICE,), subscribers=(Role.AGENT,),
-        subscribe_as=subjects.node_assign(NODE).rsplit(".", 1)[0] + ".*",
+        subscribe_as=subjects.node_any(NODE),
         sent_by="node allocator", served_by="the node's agent",
-        errors=(*_SERVED, ErrorCode.BAD_REQUEST),
+        errors=(*_SERVED, ErrorCode.BAD_REQUEST, ErrorCode.FORBIDDEN),
         description=(
             "The node now belongs to ``request`` of ``app`` until ``end`` (``null``: no end): only a launch "
             "carrying the session token whose SHA-256 is ``token_sha256`` may start processes on it. Processes "
             "of any other request there are killed, except those of ``previous`` (a ``NEXT`` predecessor of "
             "the same application), which go on under ``request``. The allocator publishes it without asking "
             "for a reply; the agent answers ``Ack`` (or an ``ErrorReply``) when a reply subject is given. An "
-            "agent subscribes once per node to ``node.<node>.*``, so that an assignment and the launch after it "
+            "agent subscribes once per node to ``node.<node>.>``, so that an assignment and the launch after it "
             "are handled in the order they were sent."),
-        example={"app": "a7", "request": "a7.run", "nodes": ["c0n0", "c0n1"], "token_sha256": _SHA,
+        example={"app": "alice.a7", "request": "alice.a7.run", "nodes": ["c0n0", "c0n1"], "token_sha256": _SHA,
                  "end": _T0 + 3600, "previous": None},
         reply_example={"ok": True, "requests": []},
     ),
     Endpoint(
-        subject=subjects.node_launch(NODE), names=("node_launch",), part=Part.NODES, kind=Kind.REQUEST,
+        subject=subjects.node_launch(NODE, USER), names=("node_launch", "node_any"), part=Part.NODES,
+        kind=Kind.REQUEST,
         request=LaunchMsg, reply=LaunchReply, publishers=(Role.LAUNCHER,), subscribers=(Role.AGENT,),
-        subscribe_as=subjects.node_launch(NODE).rsplit(".", 1)[0] + ".*",
+        subscribe_as=subjects.node_any(NODE),
         sent_by=_LAUNCHERS, served_by="the node's agent",
         errors=(*_SERVED, ErrorCode.NOT_OWNER, ErrorCode.BAD_TOKEN, ErrorCode.BAD_REQUEST,
-                ErrorCode.COMMAND_NOT_FOUND, ErrorCode.NOT_EXECUTABLE),
+                ErrorCode.COMMAND_NOT_FOUND, ErrorCode.NOT_EXECUTABLE, ErrorCode.UNKNOWN_USER, ErrorCode.FORBIDDEN,
+                ErrorCode.BAD_CWD),
         description=(
-            "Start ``argv`` on the node for a request that holds it now, in its own process group, with "
-            "``env`` added to the agent's environment and ``COORM_NODE``, ``COORM_NODES``, ``COORM_REQUEST``, "
-            "``COORM_APP`` set. ``not_owner``: the node is not the request's now; ``bad_token``: the token is "
-            "not the session's; ``command_not_found`` / ``not_executable``: ``argv[0]`` does not exist / cannot "
-            "be executed (a shell's 127 / 126: the launcher fails the job at once); ``bad_request``: the "
-            "working directory does not exist or the program could not be started otherwise; ``unavailable``: "
-            "the agent is stopping. A launch with a ``launch_id`` the agent saw for the node and application is "
+            "Start ``argv`` on the node for a request that holds it now, in its own process group, as the "
+            "application's user: an agent running as root drops to the user's uid, gid and groups; one that "
+            "does not starts processes only for its own user (``forbidden`` otherwise; ``unknown_user``: no "
+            "such user on the node). The subject names the user, and only that user may publish to it: a "
+            "launch for an application of another user is ``not_owner``. The process starts in ``cwd`` (the "
+            "user's home by default), which the user must be able to enter (``bad_cwd``), with a clean "
+            "environment -- never the agent's own: the user's ``HOME``, ``USER``, ``LOGNAME``, ``SHELL``, a "
+            "default ``PATH``, then ``env`` (what the user exported; a name the operator denies, "
+            "``LD_PRELOAD`` and ``LD_AUDIT`` by default, is ``forbidden``), then ``COORM_NODE``, "
+            "``COORM_NODES``, ``COORM_REQUEST``, ``COORM_APP``. ``not_owner``: the node is not the request's "
+            "now; ``bad_token``: the token is not the session's; ``command_not_found`` / ``not_executable``: "
+            "``argv[0]`` does not exist / cannot be executed (a shell's 127 / 126: the launcher fails the job "
+            "at once); ``bad_request``: the program could not be started otherwise; ``unavailable``: the "
+            "agent is stopping. A launch with a ``launch_id`` the agent saw for the node and application is "
             "answered with the pids it started then (a launcher's retry after a timeout starts nothing twice); "
             "one that comes while the agent is (re)registering waits for the allocator's answer. The "
-            "process's output and exit come on ``app.<app>.output.<request>`` and "
-            "``app.<app>.exited``."),
-        example={"token": _TOKEN, "app": "a7", "request": "a7.run", "argv": ["./sim", "--steps", "1000"],
+            "process's output and exit come on ``app.<user>.<app>.output.<request>`` and "
+            "``app.<user>.<app>.exited``."),
+        example={"token": _TOKEN, "app": "alice.a7", "request": "alice.a7.run", "argv": ["./sim", "--steps", "1000"],
                  "env": {"OMP_NUM_THREADS": "32"}, "cwd": "/home/alice/sim"},
         reply_example={"ok": True, "pids": [41873]},
     ),
     Endpoint(
         subject=subjects.node_kill(NODE), names=("node_kill",), part=Part.NODES, kind=Kind.REQUEST,
         request=KillMsg, reply=KillReply, publishers=(Role.SERVICE,), subscribers=(Role.AGENT,),
-        subscribe_as=subjects.node_kill(NODE).rsplit(".", 1)[0] + ".*",
-        sent_by="node allocator", served_by="the node's agent", errors=_SERVED,
+        subscribe_as=subjects.node_any(NODE),
+        sent_by="node allocator", served_by="the node's agent", errors=(*_SERVED, ErrorCode.FORBIDDEN),
         description=(
             "The node no longer belongs to ``request``: TERM to each of its process groups there, KILL after "
             "``grace`` seconds. The reply comes once they are all dead, with their pids. (A launcher cannot "
             "kill: it ends a request with ``done``.)"),
-        example={"request": "a7.run", "grace": 5.0, "reason": "done"},
+        example={"request": "alice.a7.run", "grace": 5.0, "reason": "done"},
         reply_example={"ok": True, "killed": [41873]},
     ),
     Endpoint(
-        subject=subjects.node_exits(NODE), names=("node_exits",), part=Part.NODES, kind=Kind.REQUEST,
+        subject=subjects.node_exits(NODE, USER), names=("node_exits", "node_any"), part=Part.NODES,
+        kind=Kind.REQUEST,
         request=ExitsQuery, reply=ExitsReply, publishers=(Role.LAUNCHER,), subscribers=(Role.AGENT,),
-        subscribe_as=subjects.node_exits(NODE).rsplit(".", 1)[0] + ".*",
-        sent_by=_LAUNCHERS, served_by="the node's agent", errors=(*_SERVED, ErrorCode.BAD_TOKEN),
+        subscribe_as=subjects.node_any(NODE),
+        sent_by=_LAUNCHERS, served_by="the node's agent",
+        errors=(*_SERVED, ErrorCode.BAD_TOKEN, ErrorCode.NOT_OWNER),
         description=(
             "The application's processes that ended on the node lately (the agent keeps the last 256 exits "
             "of each node), as their ``app.<app>.exited`` messages said. A launcher whose connection was cut "
             "(exits published meanwhile are lost) asks the nodes where it awaits exits, on reconnecting. "
             "``bad_token``: the token is not the one the processes were launched with."),
-        example={"token": _TOKEN, "app": "a7"},
-        reply_example={"ok": True, "exits": [{"node": "c0n0", "app": "a7", "request": "a7.run", "pid": 41873,
+        example={"token": _TOKEN, "app": "alice.a7"},
+        reply_example={"ok": True, "exits": [{"node": "c0n0", "app": "alice.a7", "request": "alice.a7.run",
+                       "pid": 41873,
                                               "code": 0, "killed": False, "reason": None}]},
     ),
     # -- node agents -> launcher -----------------------------------------------------------------------------
@@ -445,7 +469,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "the process runs under now (a ``NEXT`` hand-over changes it). A launcher subscribes to "
             "``app.<app>.output.>`` before it launches. No reply; nothing is kept for a launcher that is not "
             "listening."),
-        example={"node": "c0n0", "request": "a7.run", "pid": 41873, "stream": "stdout", "data": "step 10 of 1000\n"},
+        example={"node": "c0n0", "request": "alice.a7.run", "pid": 41873, "stream": "stdout",
+                 "data": "step 10 of 1000\n"},
     ),
     Endpoint(
         subject=subjects.app_exited(APP), names=("app_exited",), part=Part.PROCESSES, kind=Kind.PUBLISH,
@@ -455,7 +480,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "A launched process ended, after its output was sent: its exit status (minus the signal that "
             "ended it), and whether the agent killed it (told to, or the allocation's end passed). What it "
             "left running in its process group was killed. The same message goes to ``agent.exited``."),
-        example={"node": "c0n0", "app": "a7", "request": "a7.run", "pid": 41873, "code": 0, "killed": False},
+        example={"node": "c0n0", "app": "alice.a7", "request": "alice.a7.run", "pid": 41873, "code": 0,
+                 "killed": False},
     ),
     # -- node agents -> RMS ---------------------------------------------------------------------------------
     Endpoint(
@@ -472,7 +498,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         example={"agent": "agent-c0", "cluster": "c0", "nodes": [{"id": "c0n0", "cores": 32, "memory_mb": 131072},
                                                                  {"id": "c0n1", "cores": 32, "memory_mb": 131072}]},
         reply_example={"ok": True, "assignments": [
-            {"app": "a7", "request": "a7.run", "nodes": ["c0n0", "c0n1"], "token_sha256": _SHA, "end": _T0 + 3600,
+            {"app": "alice.a7", "request": "alice.a7.run", "nodes": ["c0n0", "c0n1"], "token_sha256": _SHA,
+             "end": _T0 + 3600,
              "previous": None}]},
     ),
     Endpoint(
@@ -493,7 +520,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         description=(
             "Every process exit of every agent, in one place (the same message as ``app.<app>.exited``). No "
             "CooRM service subscribes to it."),
-        example={"node": "c0n1", "app": "a7", "request": "a7.run", "pid": 41874, "code": -15, "killed": True},
+        example={"node": "c0n1", "app": "alice.a7", "request": "alice.a7.run", "pid": 41874, "code": -15,
+                 "killed": True},
     ),
     Endpoint(
         subject=subjects.AGENT_HELLO, names=("AGENT_HELLO",), part=Part.AGENTS, kind=Kind.PUBLISH,
@@ -515,7 +543,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "the clusters of each one's filter; every application when ``full``), and the sessions that "
             "ended. A round too big for one message is split. The view publisher compares them with what it "
             "last sent each application and sends the differences as ``changeNotify``."),
-        example={"epoch": 13, "now": _T0, "views": {"a7": {"c0": {"non_preemptive": [[_T0, 16]],
+        example={"epoch": 13, "now": _T0, "views": {"alice.a7": {"c0": {"non_preemptive": [[_T0, 16]],
                                                                   "preemptive": [[_T0, 8], [_T0 + 30, 2]]}}},
                  "closed": ["a3"], "full": False},
     ),
@@ -528,7 +556,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "a leader answers, a page of applications at a time (``offset``, ``limit``) while the reply says "
             "``more``."),
         example={"offset": 0, "limit": 500},
-        reply_example={"epoch": 13, "now": _T0, "views": {"a7": {"c0": {"non_preemptive": [[_T0, 16]],
+        reply_example={"epoch": 13, "now": _T0, "views": {"alice.a7": {"c0": {"non_preemptive": [[_T0, 16]],
                                                                         "preemptive": None}}},
                        "closed": [], "full": True, "more": False},
     ),
@@ -556,9 +584,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "republishes the decisions of the last events it replays and the stream drops the duplicates (a "
             "two-minute window). The allocator acknowledges a message once it acted on it."),
         example={"decisions": [
-            {"kind": "start", "stimulus_id": "e41", "app": "a7", "request": "a7.run", "type": "non-preemptible",
+            {"kind": "start", "stimulus_id": "e41", "app": "alice.a7", "request": "alice.a7.run",
+             "type": "non-preemptible",
              "cluster": "c0", "nodes": 2, "at": _T0, "end": _T0 + 3600},
-            {"kind": "assigned", "stimulus_id": "e41", "app": "a7", "request": "a7.run", "cluster": "c0",
+            {"kind": "assigned", "stimulus_id": "e41", "app": "alice.a7", "request": "alice.a7.run", "cluster": "c0",
              "nodes": ["c0n0", "c0n1"]}]},
     ),
     Endpoint(
@@ -571,15 +600,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "One step of an allocation's or a session's life, for accounting: a session opened or ended, a "
             "request started or ended (with its times, size and end reason), a preemption deadline. "
             "De-duplicated by ``Nats-Msg-Id`` like the decisions; kept seven days."),
-        example={"kind": "ended", "at": _T0 + 3600, "app": "a7", "user": "alice", "app_kind": "rigid",
-                 "request": "a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16,
+        example={"kind": "ended", "at": _T0 + 3600, "app": "alice.a7", "user": "alice", "app_kind": "rigid",
+                 "request": "alice.a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16,
                  "started_at": _T0, "reason": "done"},
     ),
     Endpoint(
         subject=subjects.deadletter(STREAM), names=("deadletter",), part=Part.STREAMS, kind=Kind.PUBLISH,
-        request=DeadLetter, reply=None, publishers=(Role.SERVICE,), subscribers=(),
+        request=DeadLetter, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.SERVICE,),
         sent_by="the streams' consumers: accounting, node allocator",
-        served_by="no CooRM program (for operators: ``nats sub 'coorm.v1.deadletter.>'``)", errors=(),
+        served_by="no CooRM program: operators, with the services' identity (``nats sub 'coorm.v1.deadletter.>'``)",
+        errors=(),
         description=(
             "A poison message set aside: a message of the stream that its consumer could not process -- not "
             "a valid message (at once), or failing every one of ``bus.MAX_DELIVERIES`` (5) deliveries, a "
@@ -607,33 +637,36 @@ class Permissions:
     responses: bool
 
 
-def permissions(role: Role) -> Permissions:
-    """The role's needs, derived from the table."""
+def permissions(role: Role, user: str | None = None) -> Permissions:
+    """The role's needs, derived from the table. A launcher's are a user's own: ``user`` names it, and every
+    ``<user>`` of a subject is that name, so that no user may publish or read another's subjects."""
+    if (role is Role.LAUNCHER) != (user is not None):
+        raise ValueError("a launcher's permissions are a user's: name the user (and only for a launcher)")
+    inbox = INBOXES[role] if user is None else subjects.inbox_user(user) + ".>"
     publish: set[str] = set()
     subscribe: set[str] = set()
     responses = False
     for e in ENDPOINTS:
         if role in e.publishers:
-            publish.add(e.pattern)
+            publish.add(nats_pattern(e.subject, user))
             if e.kind in (Kind.REQUEST, Kind.STREAM):
-                subscribe.add(INBOX)  # a reply, or JetStream's acknowledgement of the publish
+                subscribe.add(inbox)  # a reply, or JetStream's acknowledgement of the publish
             if e.kind is Kind.STREAM:
                 publish.add(JETSTREAM)  # the publisher creates the stream (services.runtime.ensure_streams)
         if role in e.subscribers:
             if e.kind is Kind.STREAM:
                 # a consumer works through the JetStream API; its messages arrive on an inbox
                 publish.add(JETSTREAM)
-                subscribe.add(INBOX)
+                subscribe.add(inbox)
             else:
-                subscribe.add(e.subscription)
+                subscribe.add(nats_pattern(e.subscribe_as or e.subject, user))
                 responses = responses or e.reply is not None
     return Permissions(frozenset(publish), frozenset(subscribe), responses)
 
 
 @dataclass(frozen=True)
 class BroadGrant:
-    """A grant of ``deploy/nats/nats.conf`` knowingly broader than what the role needs: NATS permissions
-    are per user, and every launcher (and every agent) shares its role's user."""
+    """A grant knowingly broader than what the role needs: every agent shares the agent identity."""
 
     role: Role
     action: Literal["publish", "subscribe"]
@@ -641,24 +674,15 @@ class BroadGrant:
     why: str
 
 
-# issue 12 (authentication): each of these needs a user (or an account, or a per-user inbox prefix) per
-# launcher or per agent to close
+# every agent shares one identity (agents run on the operator's hosts, as root: they are trusted with the
+# nodes' processes); an identity per agent host, scoped to its nodes, would close these
 BROADER_THAN_NEEDED: tuple[BroadGrant, ...] = (
-    BroadGrant(Role.LAUNCHER, "subscribe", INBOX,
-               "a launcher needs the replies to its own requests only, but may read every connection's, "
-               "other sessions' tokens in their ``session.open`` replies included (issue 12)"),
-    *(BroadGrant(Role.LAUNCHER, "subscribe", e.subscription,
-                 "a launcher needs its own application's, but may read every application's (issue 12)")
-      for e in ENDPOINTS if Role.LAUNCHER in e.subscribers and APP in e.subject),
-    BroadGrant(Role.LAUNCHER, "publish", nats_pattern(subjects.app_views(APP)),
-               "not token-checked: a launcher may ask for any application's views (issue 12)"),
     BroadGrant(Role.AGENT, "publish", nats_pattern(subjects.app_output(APP, REQUEST)),
-               "an agent publishes for the applications on its nodes, but may publish for any (issue 12)"),
+               "an agent publishes for the applications on its nodes, but may publish for any"),
     BroadGrant(Role.AGENT, "publish", nats_pattern(subjects.app_exited(APP)),
-               "an agent publishes for the applications on its nodes, but may publish for any (issue 12)"),
-    BroadGrant(Role.AGENT, "subscribe", nats_pattern(subjects.node_launch(NODE).rsplit(".", 1)[0] + ".*"),
-               "an agent needs its own nodes' subjects, but may read every node's, launch tokens included "
-               "(issue 12)"),
+               "an agent publishes for the applications on its nodes, but may publish for any"),
+    BroadGrant(Role.AGENT, "subscribe", nats_pattern(subjects.node_any(NODE)),
+               "an agent needs its own nodes' subjects, but may read every node's, launch tokens included"),
 )
 
 
@@ -689,4 +713,9 @@ ERROR_MEANINGS: Mapping[ErrorCode, str] = {
                                  "a shell",
     ErrorCode.NOT_EXECUTABLE: "a launch's program exists but cannot be executed (permissions, format): the job "
                               "fails with 126, as in a shell",
+    ErrorCode.UNKNOWN_USER: "a launch for a user the node does not know (user names are the same on every node)",
+    ErrorCode.FORBIDDEN: "not the sender's to do: an assignment or kill the services did not sign, a launch for "
+                         "another user by an agent that does not run as root, an environment variable the "
+                         "operator denies (``LD_PRELOAD``, ``LD_AUDIT`` by default)",
+    ErrorCode.BAD_CWD: "a launch's working directory does not exist, is not a directory, or the user cannot enter it",
 }

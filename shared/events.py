@@ -109,6 +109,9 @@ class ErrorCode(StrEnum):
     UNAVAILABLE = "unavailable"  # the service cannot take it now (no leader yet): retry
     COMMAND_NOT_FOUND = "command_not_found"  # a launch's argv[0] does not exist (a shell's 127)
     NOT_EXECUTABLE = "not_executable"  # a launch's argv[0] exists but cannot be executed (a shell's 126)
+    UNKNOWN_USER = "unknown_user"  # a launch for a user the node does not know
+    FORBIDDEN = "forbidden"  # not this user's to do (another user's processes, a variable the operator denies)
+    BAD_CWD = "bad_cwd"  # a launch's working directory is missing, or the user cannot enter it
 
 
 class EndReason(StrEnum):

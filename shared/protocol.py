@@ -46,7 +46,6 @@ class Filter(_Msg):
 
 class SessionOpen(_Msg):
     filter: Filter = Field(default_factory=Filter)
-    user: str = Field(default="", max_length=64)
     name: str = Field(default="", max_length=128)
     kind: str = Field(default="", max_length=32)
 

@@ -12,12 +12,13 @@ from collections.abc import Iterator, Mapping
 from pydantic import BaseModel
 
 from coorm.shared import subjects
+from coorm.shared.credentials import SIGNATURE_HEADER
 from coorm.shared.endpoints import (
+    APP,
     BROADER_THAN_NEEDED,
     ENDPOINTS,
     ERROR_MEANINGS,
-    INBOX,
-    JETSTREAM,
+    USER,
     Endpoint,
     Kind,
     Part,
@@ -58,7 +59,6 @@ FIELD_NOTES: Mapping[str, str] = {
     "Link.bandwidth_mbps": "bandwidth (Mbit/s)",
     "ClusterInfo.id": "the cluster id",
     "SessionOpen.filter": "FILTER: which clusters and views the application wants",
-    "SessionOpen.user": "who runs it (status and accounting)",
     "SessionOpen.name": "a name for people",
     "SessionOpen.kind": "what sort of application (rigid, moldable, malleable, evolving...)",
     "SessionOpenReply.app": "the application id: the ``<app>`` of its subjects",
@@ -100,8 +100,8 @@ FIELD_NOTES: Mapping[str, str] = {
     "KillNotify.nodes": "the node IDs it held",
     "LaunchMsg.token": "the session token (the agent compares its SHA-256 with the assignment's)",
     "LaunchMsg.argv": "the program and its arguments",
-    "LaunchMsg.env": "added to the agent's environment",
-    "LaunchMsg.cwd": "working directory (null: the agent's)",
+    "LaunchMsg.env": "what the user exported: over the user's HOME, USER, LOGNAME, SHELL, PATH",
+    "LaunchMsg.cwd": "working directory, absolute, one the user can enter (null: the user's home)",
     "LaunchReply.pids": "the process started (its process group's id)",
     "KillMsg.grace": "seconds between TERM and KILL",
     "KillMsg.reason": "why (logged)",
@@ -375,7 +375,7 @@ def _s(subject: str) -> str:
 
 
 def _header() -> list[str]:
-    app, node = "<app>", "<node>"
+    app, node = APP, "<node>"
     return [
         "# The CooRM wire protocol, version 1",
         "",
@@ -386,7 +386,8 @@ def _header() -> list[str]:
         "reply, the error codes it can answer with, and an example. It is written in the manner of Flux RFC "
         "27 and generated from the code: the endpoint table `coorm/shared/endpoints.py`, the subjects of "
         "`coorm/shared/subjects.py` and the pydantic models of `coorm/shared/protocol.py`. The tests validate "
-        "every example against its model and hold `deploy/nats/nats.conf` to the permissions of section 5.",
+        "every example against its model and hold the servers' generated configuration to the permissions of "
+        "section 5.",
         "",
         "## 1. Language",
         "",
@@ -407,8 +408,10 @@ def _header() -> list[str]:
         "the version of the protocol. A new major version gets new subjects; the old ones keep their meaning.",
         "- A message MUST carry the keys marked REQUIRED and MUST NOT carry keys its section does not list: an "
         "unknown key is refused like a missing one (`bad_message`).",
-        f"- In subjects, `{app}` stands for an application id (one token: the RMS names applications "
-        f"`a1`, `a2`...), `{node}` for a node id (one token), `<request>` for a request id (MAY hold dots). "
+        f"- In subjects, `{USER}` stands for a user's name (one token: a letter or `_`, then letters, digits, "
+        f"`_` or `-`), `{app}` for an application id (two tokens: the RMS names a user's applications "
+        f"`<user>.a1`, `<user>.a2`...), `{node}` for a node id (one token), `<request>` for a request id (MAY "
+        "hold dots). "
         f"An *identifier* is a string of 1 to 128 characters of `A-Za-z0-9_.:@-`.",
         "- Times are wall-clock seconds since the epoch (floats); durations are seconds. Unbounded times are "
         "`null`.",
@@ -450,56 +453,63 @@ def _errors(endpoints: tuple[Endpoint, ...]) -> list[str]:
 
 def _permissions() -> list[str]:
     rows = [
-        "## 5. Roles and permissions",
+        "## 5. Identities and permissions",
         "",
-        "Every client connects as the NATS user of its role (`deploy/nats/nats.conf`): `service` (policy "
-        "engine, view publisher, node allocator, accounting), `agent` (node agents), `launcher` (the SDK and "
-        "the command line). A role is granted what its publishers and subscribers in section 8 need, derived "
-        f"from the endpoint table, and nothing else. `{INBOX}` carries the replies to a client's own requests "
-        f"(and JetStream's deliveries); `{JETSTREAM}` is the JetStream API. *Replies* means the role answers "
-        "the requests it receives (`allow_responses`: one reply to each request's reply subject, nothing "
-        "else).",
+        "Every connection is authenticated: NATS admits only the nkeys of the operator's credential store "
+        "(`coorm.shared.credentials`; `coorm user add NAME` issues a user's), each with the permissions "
+        "below, generated from the endpoint table and nothing else. The identities: `service` (policy engine, "
+        "view publisher, node allocator, accounting), `agent` (node agents), and one per user, whose "
+        "programs (the SDK, the command line) act as `launcher` on that user's own subjects only: every "
+        "subject a user sends or reads names the user (`<user>` below is the user's name in the user's "
+        "grants), and an application's id is `<user>.a<N>`. Each identity reads replies (and JetStream's "
+        "deliveries) on its own inbox prefix only (a client MUST connect with it: nats-py's "
+        "`inbox_prefix`); `$JS.>` is the JetStream API. *Replies* means the identity answers the requests "
+        "it receives (`allow_responses`: one reply to each request's reply subject, nothing else).",
         "",
-        "| role | publishes | subscribes | replies |",
+        "| identity | publishes | subscribes | replies |",
         "| --- | --- | --- | --- |",
     ]
     for role in Role:
-        p = permissions(role)
+        p = permissions(role, USER if role is Role.LAUNCHER else None)
         pub = "<br>".join(f"`{s}`" for s in sorted(p.publish))
         sub = "<br>".join(f"`{s}`" for s in sorted(p.subscribe))
-        rows.append(f"| `{role.value}` | {pub} | {sub} | {'yes' if p.responses else 'no'} |")
-    rows += ["", "Grants broader than the role needs (NATS permissions are per user, and every launcher, "
-             "every agent, shares its role's user); they remain until authentication gives each launcher "
-             "and agent its own (issue 12):", ""]
+        name = f"`{role.value}` (user `{USER}`)" if role is Role.LAUNCHER else f"`{role.value}`"
+        rows.append(f"| {name} | {pub} | {sub} | {'yes' if p.responses else 'no'} |")
+    rows += ["", "Grants broader than an identity needs: every agent shares the agent identity (agents run on "
+             "the operator's hosts, as root, and are trusted with their nodes' processes):", ""]
     rows += [f"- `{b.role.value}` {b.action} `{b.pattern}`: {_md(b.why)}." for b in BROADER_THAN_NEEDED]
-    return [*rows, ""]
+    rows += ["", f"The node allocator signs every {_s(subjects.node_assign('<node>'))} and "
+             f"{_s(subjects.node_kill('<node>'))} with the services' nkey (header `{SIGNATURE_HEADER}`: the "
+             "base64 ed25519 signature of the subject, a newline, and the body); an agent obeys neither without "
+             "that signature (`forbidden`), whatever the server's permissions let through.", ""]
+    return rows
 
 
 def _token() -> list[str]:
     return [
         "## 6. The session token",
         "",
-        f"The reply to {_s(subjects.SESSION_OPEN)} carries a random session token. Every request of the "
-        f"session on its own subjects ({_s(subjects.app_request('<app>'))}, {_s(subjects.app_done('<app>'))}, "
-        f"{_s(subjects.app_heartbeat('<app>'))}, {_s(subjects.app_close('<app>'))}) MUST carry it in `token`; "
+        f"The reply to {_s(subjects.session_open('<user>'))} carries a random session token. Every request of "
+        f"the session on its own subjects ({_s(subjects.app_request(APP))}, {_s(subjects.app_done(APP))}, "
+        f"{_s(subjects.app_heartbeat(APP))}, {_s(subjects.app_close(APP))}) MUST carry it in `token`; "
         "the policy engine answers `unknown_app` when the subject's application has no open session and "
         "`bad_token` when the token is not the session's. A launch on a node "
-        f"({_s(subjects.node_launch('<node>'))}) carries it too: the allocator gave the node's agent the "
-        f"token's SHA-256 in {_s(subjects.node_assign('<node>'))}, and the agent refuses a launch whose "
+        f"({_s(subjects.node_launch('<node>', '<user>'))}) carries it too: the allocator gave the node's agent "
+        f"the token's SHA-256 in {_s(subjects.node_assign('<node>'))}, and the agent refuses a launch whose "
         "token does not hash to it (`bad_token`). No notification carries the token. A launcher MUST keep it "
-        "secret: it is the only proof that a message comes from the session.",
+        "secret: with the user's identity, it is the proof that a message comes from the session.",
         "",
     ]
 
 
 def _sequences() -> list[str]:
-    app, node = "<app>", "<node>"
+    app, node = APP, "<node>"
     return [
         "## 7. Sequences",
         "",
         "### 7.1 A launcher's session",
         "",
-        f"1. `subscribe`: request {_s(subjects.SESSION_OPEN)}; keep the application id, the token, the "
+        f"1. `subscribe`: request {_s(subjects.session_open('<user>'))}; keep the application id, the token, the "
         "subjects and the heartbeat interval of the reply.",
         f"2. Subscribe to the notifications {_s(subjects.notify_change(app))}, {_s(subjects.notify_start(app))}, "
         f"{_s(subjects.notify_kill(app))}, and to the processes' {_s(subjects.app_output(app, '<request>'))} "
@@ -510,7 +520,7 @@ def _sequences() -> list[str]:
         f"{_s(subjects.CLUSTERS_INFO)} and {_s(subjects.CLUSTERS_INTERINFO)}.",
         f"4. `request`: request {_s(subjects.app_request(app))} with a batch chosen from the views.",
         f"5. `startNotify` on {_s(subjects.notify_start(app))}: the request started on these node IDs.",
-        f"6. Launch on the nodes: request {_s(subjects.node_launch(node))} on each node, with the token.",
+        f"6. Launch on the nodes: request {_s(subjects.node_launch(node, '<user>'))} on each node, with the token.",
         f"7. Exits: the output comes on {_s(subjects.app_output(app, '<request>'))}, each process's end on "
         f"{_s(subjects.app_exited(app))}.",
         f"8. `done`: request {_s(subjects.app_done(app))}; the request's processes still running are killed and "

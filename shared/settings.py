@@ -4,14 +4,21 @@ first, then the connection file that ``coorm up`` writes (so that ``coorm up`` i
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from coorm.shared.credentials import Identity
+    from coorm.shared.endpoints import Role
+
+_FROM_FILE = ("nats_url", "redis_url", "nats_credentials", "credentials_dir")
 
 
 def connection_file() -> Path:
@@ -35,7 +42,7 @@ class _ConnectionFileSource(PydanticBaseSettingsSource):
             return {}
         if not isinstance(data, dict):
             return {}
-        return {k: v for k, v in data.items() if k in ("nats_url", "redis_url")}
+        return {k: v for k, v in data.items() if k in _FROM_FILE}
 
     def __call__(self) -> dict[str, Any]:
         return self._data()
@@ -45,7 +52,18 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COORM_", extra="ignore")
 
     nats_url: str = "nats://127.0.0.1:4222"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = "redis://127.0.0.1:6379/0"  # with the services' user and password: redis://coorm:PW@...
+    # who this process is to NATS: its identity file (coorm.shared.credentials; 0600), or an operator's
+    # credential store (what ``coorm up`` keeps) where each process finds its role's (a user's: their own)
+    nats_credentials: Path | None = Field(default=None, description="this process's identity file (0600)")
+    credentials_dir: Path | None = Field(default=None, description="an operator's credential store")
+    # or the identity's seed itself (a container's secret from the environment): the role's, or the login user's
+    nats_seed: str | None = Field(default=None, description="this process's nkey seed (S...), instead of a file")
+    # the services' public key: an agent obeys only assignments and kills the services signed (default: the
+    # credential store's service.pub)
+    service_key: str | None = Field(default=None, description="the services' public nkey (U...)")
+    # a launch may not set these variables (fnmatch patterns): code injected into the user's programs
+    launch_env_deny: list[str] = Field(default_factory=lambda: ["LD_PRELOAD", "LD_AUDIT"])
     # a client (the command line, a launcher) gives up reaching CooRM after connect_timeout; once connected
     # it rides over a restart of the servers for reconnect_window, then ends with an error
     connect_timeout: float = Field(default=3.0, gt=0, le=600, description="seconds a client tries to connect")
@@ -100,10 +118,45 @@ class Settings(BaseSettings):
         safe = "".join(c if c.isalnum() or c in "-_.@" else "_" for c in agent_id)
         return base / f"{safe}.json"
 
-    def write_connection_file(self) -> Path:
-        path = connection_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"nats_url": self.nats_url, "redis_url": self.redis_url}) + "\n")
-        tmp.replace(path)
-        return path
+    def identity(self, role: Role) -> Identity | None:
+        """Who this process connects as: the identity file if one is set, else its role's in the credential
+        store (a launcher's: its user's), else none (a server that wants credentials refuses it)."""
+        from coorm.shared.credentials import CredentialStore, Identity, read_identity
+        from coorm.shared.endpoints import Role
+
+        if self.nats_credentials is not None:
+            return read_identity(self.nats_credentials)
+        if self.nats_seed:
+            name = getpass.getuser() if role is Role.LAUNCHER else role.value
+            return Identity.from_json(json.dumps({"name": name, "role": role.value, "seed": self.nats_seed}),
+                                      "COORM_NATS_SEED")
+        if self.credentials_dir is None:
+            return None
+        store = CredentialStore(self.credentials_dir)
+        if role is Role.LAUNCHER:
+            path = store.user_path(getpass.getuser())
+            return read_identity(path) if path.exists() else None
+        return store.role(role)
+
+    def service_public_key(self) -> str | None:
+        from coorm.shared.credentials import CredentialStore
+
+        if self.service_key:
+            return self.service_key
+        if self.credentials_dir is not None:
+            path = CredentialStore(self.credentials_dir).service_key_path
+            if path.exists():
+                return path.read_text().strip()
+        return None
+
+    def write_connection_file(self, path: Path | None = None, *, uid: int | None = None,
+                              gid: int | None = None) -> Path:
+        """How to reach CooRM, for the other commands of this user (or, with ``uid``, of that user): the
+        URLs and credentials, so readable by its owner only."""
+        from coorm.shared.credentials import write_secret
+
+        data = {"nats_url": self.nats_url, "redis_url": self.redis_url,
+                "nats_credentials": str(self.nats_credentials) if self.nats_credentials else None,
+                "credentials_dir": str(self.credentials_dir) if self.credentials_dir else None}
+        return write_secret(path or connection_file(), json.dumps({k: v for k, v in data.items() if v}) + "\n",
+                            uid=uid, gid=gid)

@@ -1,11 +1,24 @@
-"""Every NATS subject of the protocol, defined once (DESIGN §3). Versioned: ``coorm.v1``."""
+"""Every NATS subject of the protocol, defined once (DESIGN §3). Versioned: ``coorm.v1``.
+
+Every subject a user's program publishes to, or reads, names the user: an application's id is
+``<user>.a<N>`` (two tokens: the user who opened the session, and the engine's counter), and a launch or an
+exits query names the user after the verb. NATS permissions then scope each user to their own subjects
+(:func:`coorm.shared.endpoints.permissions`): no user can address another's application, nor read another's
+notifications, output or replies (each connection's replies come on its own inbox prefix,
+:func:`inbox_prefix`)."""
 
 from __future__ import annotations
 
 PREFIX = "coorm.v1"
 
 # launcher -> RMS (request/reply)
-SESSION_OPEN = f"{PREFIX}.session.open"
+def session_open(user: str) -> str:
+    """The user's own: the policy engine records the user named here (which NATS authenticated), never one
+    the message claims."""
+    return f"{PREFIX}.session.open.{user}"
+
+
+SESSION_OPEN_ANY = f"{PREFIX}.session.open.*"
 CLUSTERS_INFO = f"{PREFIX}.clusters.info"
 CLUSTERS_INTERINFO = f"{PREFIX}.clusters.interinfo"
 
@@ -63,17 +76,23 @@ def app_exited(app: str) -> str:
 
 
 # launcher or allocator -> agent (request/reply)
-def node_launch(node: str) -> str:
-    return f"{PREFIX}.node.{node}.launch"
+def node_launch(node: str, user: str) -> str:
+    """The user's own: the agent starts processes only for an application of that user."""
+    return f"{PREFIX}.node.{node}.launch.{user}"
 
 
 def node_kill(node: str) -> str:
     return f"{PREFIX}.node.{node}.kill"
 
 
-def node_exits(node: str) -> str:
+def node_exits(node: str, user: str) -> str:
     """launcher -> agent, reply: ExitsReply (the application's recent exits there: after a reconnection)."""
-    return f"{PREFIX}.node.{node}.exits"
+    return f"{PREFIX}.node.{node}.exits.{user}"
+
+
+def node_any(node: str) -> str:
+    """What an agent subscribes to for one of its nodes: every verb, for every user."""
+    return f"{PREFIX}.node.{node}.>"
 
 
 def node_assign(node: str) -> str:
@@ -107,26 +126,62 @@ def deadletter(stream: str) -> str:
 # queries (request/reply)
 QUERY_STATUS = f"{PREFIX}.query.status"  # policy engine: StatusQuery -> StatusReply
 
-# wildcards the policy engine serves (one subscription for every application)
-APP_REQUEST_ANY = f"{PREFIX}.app.*.request"
-APP_DONE_ANY = f"{PREFIX}.app.*.done"
-APP_CLOSE_ANY = f"{PREFIX}.app.*.close"
-APP_HEARTBEAT_ANY = f"{PREFIX}.app.*.heartbeat"
-APP_VIEWS_ANY = f"{PREFIX}.app.*.views"
-APP_ALLOCATIONS_ANY = f"{PREFIX}.app.*.allocations"  # served by the node allocator
+# wildcards the policy engine serves (one subscription for every application: <user>.<app>)
+APP_REQUEST_ANY = f"{PREFIX}.app.*.*.request"
+APP_DONE_ANY = f"{PREFIX}.app.*.*.done"
+APP_CLOSE_ANY = f"{PREFIX}.app.*.*.close"
+APP_HEARTBEAT_ANY = f"{PREFIX}.app.*.*.heartbeat"
+APP_VIEWS_ANY = f"{PREFIX}.app.*.*.views"
+APP_ALLOCATIONS_ANY = f"{PREFIX}.app.*.*.allocations"  # served by the node allocator
+
+
+def app_id_prefix(user: str) -> str:
+    return f"{user}.a"
+
+
+def app_id(user: str, seq: int) -> str:
+    """An application's id: the user who opened its session, and the engine's counter."""
+    return f"{app_id_prefix(user)}{seq}"
+
+
+def owner(app: str) -> str:
+    """The user an application id belongs to (``alice.a7`` -> ``alice``)."""
+    return app.split(".", 1)[0]
 
 
 def app_of(subject: str) -> str:
-    """The application id in ``coorm.v1.app.<app>.<verb>``."""
-    return subject.split(".")[3]
+    """The application id in ``coorm.v1.app.<user>.<app>.<verb>`` (``alice.a7``)."""
+    tokens = subject.split(".")
+    return f"{tokens[3]}.{tokens[4]}"
+
+
+def user_of(subject: str) -> str:
+    """The user a user's subject names: ``session.open.<user>``, ``app.<user>.<app>.<verb>``,
+    ``node.<node>.launch.<user>``, ``node.<node>.exits.<user>``."""
+    tokens = subject.split(".")
+    return tokens[3] if tokens[2] == "app" else tokens[-1]
+
+
+# each connection's replies (and JetStream's deliveries) come on its own prefix: a user may read only theirs
+INBOX_SERVICE = "_INBOX.service"
+INBOX_AGENT = "_INBOX.agent"
+
+
+def inbox_user(user: str) -> str:
+    return f"_INBOX.u.{user}"
 
 
 def verb_of(subject: str) -> str:
-    """A subject without its application or node id (``coorm.v1.app.a7.request`` -> ``app.request``): a
-    label of bounded cardinality for metrics."""
+    """A subject without its user, application or node id (``coorm.v1.app.alice.a7.request`` ->
+    ``app.request``): a label of bounded cardinality for metrics."""
     parts = subject.removeprefix(PREFIX + ".").split(".")
-    if len(parts) >= 3 and parts[0] in ("app", "node"):
-        del parts[1]
+    if len(parts) >= 4 and parts[0] == "app":
+        del parts[1:3]
         if parts[1] == "output":
             del parts[2:]
+    elif len(parts) >= 3 and parts[0] == "node":
+        del parts[1]
+        del parts[2:]
+    elif parts[:2] == ["session", "open"]:
+        del parts[2:]
     return ".".join(parts)

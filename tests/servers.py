@@ -65,17 +65,31 @@ class ContainerServers:
 
     nats_url: str
     redis_url: str
+    credentials: Path
 
 
 @contextmanager
-def container_servers() -> Iterator[ContainerServers]:
-    """docker-compose's NATS (JetStream on, no config: the tests connect without credentials) and Valkey."""
+def container_servers(workdir: Path) -> Iterator[ContainerServers]:
+    """docker-compose's NATS (JetStream on) and Valkey, each wanting the credentials of a store made here:
+    the configuration files of :mod:`coorm.shared.servers`, mounted."""
+    import getpass
+
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-    nats = (DockerContainer(compose_image("nats")).with_command("-js").with_exposed_ports(4222)
+    from coorm.shared.credentials import CredentialStore
+    from coorm.shared.servers import nats_config, valkey_config
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    store = CredentialStore(workdir / "credentials").init(users=(getpass.getuser(),))
+    nats_conf, valkey_conf = nats_config(workdir, store), valkey_config(workdir, store)
+    for path in (store.root, store.nats_auth_path, valkey_conf):  # (the containers' users read them)
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    nats = (DockerContainer(compose_image("nats")).with_volume_mapping(str(workdir), "/etc/coorm", "ro")
+            .with_command(f"-js -c /etc/coorm/{nats_conf.name}").with_exposed_ports(4222)
             .waiting_for(LogMessageWaitStrategy("Server is ready")))
-    redis = (DockerContainer(compose_image("redis")).with_command("valkey-server --appendonly yes")
+    redis = (DockerContainer(compose_image("redis")).with_volume_mapping(str(workdir), "/etc/coorm", "ro")
+             .with_command(f"valkey-server /etc/coorm/{valkey_conf.name} --appendonly yes")
              .with_exposed_ports(6379).waiting_for(LogMessageWaitStrategy("Ready to accept connections")))
     started = []
     try:
@@ -84,7 +98,8 @@ def container_servers() -> Iterator[ContainerServers]:
             started.append(c)
         yield ContainerServers(
             nats_url=f"nats://{nats.get_container_host_ip()}:{nats.get_exposed_port(4222)}",
-            redis_url=f"redis://{redis.get_container_host_ip()}:{redis.get_exposed_port(6379)}/0")
+            redis_url=store.redis_url(redis.get_container_host_ip(), int(redis.get_exposed_port(6379))),
+            credentials=store.root)
     finally:
         for c in started:
             c.stop()
@@ -92,9 +107,10 @@ def container_servers() -> Iterator[ContainerServers]:
 
 @contextmanager
 def servers_for_tests(workdir: Path, setting: str | None = None) -> Iterator[object]:
-    """Whichever servers :func:`choose` picks, stopped on exit; both kinds have ``nats_url`` and ``redis_url``."""
+    """Whichever servers :func:`choose` picks, stopped on exit; both kinds have ``nats_url``, ``redis_url`` and
+    ``credentials`` (their credential store)."""
     if choose(setting) == "containers":
-        with container_servers() as s:
+        with container_servers(workdir) as s:
             yield s
     else:
         from coorm.shared.servers import start_servers

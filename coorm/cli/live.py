@@ -97,10 +97,14 @@ def _failure(e: BaseException, settings: Settings, say=_line) -> typer.Exit:
     from nats.errors import TimeoutError as NatsTimeout
 
     from coorm.shared import bus
+    from coorm.shared.credentials import CredentialsError
 
     url = f"{bus.redact(settings.nats_url)} (from {settings.source_of('nats_url')})"
     if isinstance(e, bus.Unreachable):
         say(str(e))
+    elif isinstance(e, bus.Refused | CredentialsError):
+        say(str(e))
+        return typer.Exit(2)
     elif isinstance(e, NoRespondersError):
         say(f"NATS at {url} answers but no CooRM service does: is the policy engine running? "
             "Start one with 'coorm up'")
@@ -129,10 +133,11 @@ def _redis_unreachable(e: BaseException) -> bool:
 
 async def _connect(settings: Settings, name: str = "coorm-cli"):
     from coorm.shared import bus
+    from coorm.shared.endpoints import Role
 
     return await bus.connect_client(settings.nats_url, name, timeout=settings.connect_timeout,
                                     reconnect_window=settings.reconnect_window,
-                                    source=settings.source_of("nats_url"))
+                                    source=settings.source_of("nats_url"), identity=settings.identity(Role.LAUNCHER))
 
 
 def _redis(settings: Settings):
@@ -194,6 +199,12 @@ def submit(cluster: str, nodes: int, walltime: str, command: list[str], no_wait:
     raise typer.Exit(code)
 
 
+def _where_and_how() -> dict:
+    """As ``srun`` does: the command runs in this directory, with this environment (the agent starts it as
+    this user, over the user's own HOME, USER, SHELL; a variable the operator denies refuses the launch)."""
+    return {"env": dict(os.environ), "cwd": os.getcwd()}
+
+
 async def _submit(settings: Settings, cluster: str, nodes: int, duration: float, command: list[str],
                   output: Path | None, label: bool, name: str, announce=None, say=_line) -> int:
     from coorm.launchers.live import LiveRunner
@@ -217,7 +228,8 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
         stream.flush()
 
     launcher = RigidLauncher(session.app, cluster, nodes, duration)
-    runner = LiveRunner(session, launcher, command=command, command_ends_work=True, on_output=show)
+    runner = LiveRunner(session, launcher, command=command, command_ends_work=True, on_output=show,
+                        **_where_and_how())
     try:
         result = await runner.run()
     except bus.WireError as e:
@@ -348,7 +360,7 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
     err.print(f"[bold]{session.app}[/bold]: {app_spec.kind} launcher running (Ctrl-C ends the session)")
     ends_work = app_spec.kind in ("rigid", "moldable", "cem") and bool(command)
     runner = LiveRunner(session, launcher, command=command or None, command_ends_work=ends_work,
-                        on_output=lambda o: sys.stdout.write(o.data))
+                        on_output=lambda o: sys.stdout.write(o.data), **_where_and_how())
     try:
         result = await runner.run()
     except bus.Unreachable as e:

@@ -19,6 +19,7 @@ from coorm.launchers.base import Launcher
 from coorm.launchers.live import LiveRunner, RunResult
 from coorm.launchers.sdk import Session
 from coorm.shared import bus, subjects
+from coorm.shared.endpoints import Role
 from coorm.shared.protocol import StatusQuery, StatusReply
 from coorm.shared.settings import Settings
 
@@ -129,7 +130,7 @@ async def _run_entry(e: Entry, settings: Settings) -> None:
 
 
 async def run_workload(settings: Settings, entries: list[Entry], console: Console, limit: float) -> list[Sample]:
-    nc = await bus.connect(settings.nats_url, "coorm-demo")
+    nc = await bus.connect(settings.nats_url, "coorm-demo", settings.identity(Role.LAUNCHER))
     samples: list[Sample] = []
     t0 = time.time()
     try:

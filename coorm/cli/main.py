@@ -10,6 +10,7 @@ from rich.console import Console
 
 from coorm.cli.dashboards import app as dashboards_app
 from coorm.cli.traces import app as traces_app
+from coorm.cli.users import app as users_app
 
 app = typer.Typer(help="CooRM: a resource manager where applications cooperate through their launchers.",
                   no_args_is_help=True)
@@ -17,6 +18,7 @@ protocol = typer.Typer(help="The wire protocol.", no_args_is_help=True)
 app.add_typer(protocol, name="protocol")
 app.add_typer(dashboards_app, name="dashboards")
 app.add_typer(traces_app, name="trace")
+app.add_typer(users_app, name="user")
 
 
 @app.command()

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.panel import Panel
 
 from coorm.cli.supervise import Backoff, Child, describe, spawn
+from coorm.shared.bus import redact
 from coorm.shared.servers import free_port, start_servers
 from coorm.shared.settings import Settings, connection_file
 
@@ -88,6 +89,9 @@ class Up:
         env.update(self.extra_env)
         env["COORM_NATS_URL"] = self.servers.nats_url
         env["COORM_REDIS_URL"] = self.servers.redis_url
+        # each child finds its role's identity there (the store's directory is the operator's: 0700)
+        env["COORM_CREDENTIALS_DIR"] = str(self.servers.credentials)
+        env.pop("COORM_NATS_CREDENTIALS", None)
         return env
 
     def _spawn(self, name: str, args: list[str], *, metrics: bool = True) -> None:
@@ -124,8 +128,10 @@ class Up:
         self.servers = start_servers(self.workdir / "servers", fsync_always=True)
         self._adopt_servers()
         own = {k.removeprefix("COORM_").lower(): v for k, v in self.extra_env.items() if k.startswith("COORM_")}
-        own = {k: v for k, v in own.items() if k in Settings.model_fields and k not in ("nats_url", "redis_url")}
-        self.settings = Settings(nats_url=self.servers.nats_url, redis_url=self.servers.redis_url, **own)
+        own = {k: v for k, v in own.items()
+               if k in Settings.model_fields and k not in ("nats_url", "redis_url", "credentials_dir")}
+        self.settings = Settings(nats_url=self.servers.nats_url, redis_url=self.servers.redis_url,
+                                 credentials_dir=self.servers.credentials, **own)
         for engine in ENGINES:  # the second stands by: it takes over within a lease of the leader's death
             self._spawn(engine, ["service", "policy-engine"])
         services = ["node-allocator", "view-publisher"]
@@ -259,7 +265,12 @@ class Up:
             import nats
 
             assert self.servers is not None
-            nc = await nats.connect(self.servers.nats_url, connect_timeout=1, allow_reconnect=False)
+            from coorm.shared.credentials import CredentialStore
+            from coorm.shared.endpoints import Role
+
+            service = CredentialStore(self.servers.credentials).role(Role.SERVICE)
+            nc = await nats.connect(self.servers.nats_url, connect_timeout=1, allow_reconnect=False,
+                                    nkeys_seed_str=service.seed, inbox_prefix=service.inbox_prefix)
             try:
                 await nc.publish(subjects.SYSTEM_STOPPING, bus.encode(SystemStopping(reason=reason)))
                 await nc.flush(timeout=1)
@@ -327,11 +338,12 @@ def run(clusters_text: str, workdir: Path | None) -> None:
     nodes = ", ".join(f"{c}: {n} nodes" for c, n in clusters.items())
     console.print(Panel.fit(
         f"[bold]CooRM is up[/bold] — {nodes}\n\n"
-        f"NATS   {s.nats_url}\nRedis  {s.redis_url}\nlogs   {up.log_dir}\n"
+        f"NATS   {s.nats_url}\nRedis  {redact(s.redis_url)}\nlogs   {up.log_dir}\n"
         f"metrics  http://127.0.0.1:{up.metrics_ports['policy-engine']}/metrics (policy engine); every process's "
         f"in {up.targets_file} (Prometheus file_sd)\n\n"
-        f"Other [bold]coorm[/bold] commands of this user find it through {connection_file()}; elsewhere:\n"
-        f"  export COORM_NATS_URL={s.nats_url} COORM_REDIS_URL={s.redis_url}\n\n"
+        f"Other [bold]coorm[/bold] commands of this user find it (and their credentials) through "
+        f"{connection_file()}; nothing answers without credentials. Let another user in: "
+        f"coorm user add NAME\n\n"
         "Try, in another terminal:\n"
         f"  coorm submit -c {next(iter(clusters))} -N 2 -t 5m -- hostname\n"
         "  coorm status; coorm nodes; coorm apps; coorm requests\n"

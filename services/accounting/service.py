@@ -38,6 +38,7 @@ from coorm.services.accounting.core import Malformed, PreemptionRecord, check, e
 from coorm.services.accounting.tasks import ROLLUP_PREEMPTION, ROLLUP_REQUEST, make_celery
 from coorm.services.runtime import clock, ensure_streams, redis_client
 from coorm.shared import bus, keys, metrics, subjects
+from coorm.shared.endpoints import Role
 from coorm.shared.protocol import Lifecycle, LifecycleKind
 from coorm.shared.settings import Settings
 
@@ -103,7 +104,7 @@ class AccountingService:
     async def start(self) -> None:
         self.redis = redis_client(self.settings.redis_url)
         self.celery = make_celery(self.settings.redis_url, set_as_current=False)
-        self.nc = await bus.connect(self.settings.nats_url, self.name)
+        self.nc = await bus.connect(self.settings.nats_url, self.name, self.settings.identity(Role.SERVICE))
         js = self.nc.jetstream()
         await ensure_streams(js)
         self.sub = await js.pull_subscribe(subjects.LIFECYCLE, durable=DURABLE, stream=subjects.LIFECYCLE_STREAM,

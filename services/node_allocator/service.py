@@ -29,6 +29,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from coorm.services.runtime import clock, ensure_streams, redis_client
 from coorm.shared import bus, keys, metrics, subjects
+from coorm.shared.credentials import Identity, signature_headers
+from coorm.shared.endpoints import Role
 from coorm.shared.events import (
     EndRequest,
     ErrorCode,
@@ -82,6 +84,7 @@ class NodeAllocatorService:
     def __init__(self, settings: Settings, name: str = "node-allocator") -> None:
         self.settings = settings
         self.name = name
+        self.identity: Identity | None = None  # the services' (it signs assignments and kills)
         self.ends: dict[str, float | None] = {}  # started request -> its end (wall clock)
         self.carry: dict[str, str] = {}  # started request -> its NEXT predecessor
         self.held: dict[str, list[str]] = {}  # started request -> its node IDs (for its end notification)
@@ -95,7 +98,11 @@ class NodeAllocatorService:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.redis = redis_client(self.settings.redis_url, ride_over=REDIS_RIDE_OVER)
-        self.nc = await bus.connect(self.settings.nats_url, self.name)
+        self.identity = self.settings.identity(Role.SERVICE)
+        if self.identity is None:
+            log.error("no service identity (COORM_NATS_CREDENTIALS or COORM_CREDENTIALS_DIR): agents will refuse "
+                      "every assignment and kill, which only a service's signature makes them obey")
+        self.nc = await bus.connect(self.settings.nats_url, self.name, self.identity)
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
         await self._load_agents()
@@ -213,6 +220,9 @@ class NodeAllocatorService:
         return AllocationsReply(allocations=[AllocationRecord.model_validate_json(v)
                                              for _, v in sorted(raw_records.items())])
 
+    def _signature(self, subject: str, data: bytes) -> dict[str, str] | None:
+        return None if self.identity is None else signature_headers(self.identity, subject, data)
+
     async def _notify(self, kind: str, subject: str, message) -> None:
         data = bus.encode(message)
         await self.nc.publish(subject, data)
@@ -235,8 +245,10 @@ class NodeAllocatorService:
         previous = self.carry.get(d.request) if d.kept else None
         assign = NodeAssign(app=d.app, request=d.request, nodes=list(d.nodes), token_sha256=digest, end=end,
                             previous=previous)
+        data = bus.encode(assign)
         for node in d.nodes:
-            await self.nc.publish(subjects.node_assign(node), bus.encode(assign))
+            subject = subjects.node_assign(node)
+            await self.nc.publish(subject, data, headers=self._signature(subject, data))
         # the agents hear of the assignment before the application can ask them to launch: the server
         # forwards one connection's messages in order, so the assignments are in the agents' queues before
         # the startNotify reaches the application (a flush here would cost a round trip per start)
@@ -261,7 +273,7 @@ class NodeAllocatorService:
         grace = self.settings.kill_grace
         try:
             await bus.call(self.nc, subjects.node_kill(node), KillMsg(request=request, grace=grace, reason=reason),
-                           KillReply, timeout=grace + 5.0)
+                           KillReply, timeout=grace + 5.0, signer=self.identity)
         except (NoRespondersError, NatsTimeout, bus.WireError) as e:
             # its agent is gone: the node goes down when the agent's silence is noticed
             log.warning("could not reach the agent to kill", node=node, request=request, error=str(e))

@@ -46,6 +46,7 @@ from coorm.services.policy_engine.status import status_of
 from coorm.services.policy_engine.view_pacing import ViewPacer
 from coorm.services.runtime import clock, ensure_streams, redis_client
 from coorm.shared import bus, keys, metrics, subjects
+from coorm.shared.endpoints import Role
 from coorm.shared.events import (
     Accepted,
     CapacityChanged,
@@ -112,9 +113,9 @@ return 0
 """
 
 
-# a new application id and its session's record, in one round trip
+# a new application id (subjects.app_id: ARGV[2] is its prefix) and its session's record, in one round trip
 _NEW_SESSION = """
-local app = 'a' .. redis.call('incr', KEYS[1])
+local app = ARGV[2] .. redis.call('incr', KEYS[1])
 redis.call('hset', KEYS[2], app, ARGV[1])
 return app
 """
@@ -179,7 +180,7 @@ class PolicyEngine:
     async def run(self, stop: asyncio.Event) -> None:
         observe.init()
         self.redis = redis_client(self.settings.redis_url)
-        self.nc = await bus.connect(self.settings.nats_url, self.instance)
+        self.nc = await bus.connect(self.settings.nats_url, self.instance, self.settings.identity(Role.SERVICE))
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
         try:
@@ -218,7 +219,7 @@ class PolicyEngine:
         await self._restore()
         log.info("leading", instance=self.instance, events=self._replayed, apps=len(self.sessions))
         self._subs = [
-            await bus.serve(self.nc, subjects.SESSION_OPEN, SessionOpen, self._on_open, concurrent=True),
+            await bus.serve(self.nc, subjects.SESSION_OPEN_ANY, SessionOpen, self._on_open, concurrent=True),
             await bus.serve(self.nc, subjects.APP_REQUEST_ANY, RequestMsg, self._on_request, concurrent=True),
             await bus.serve(self.nc, subjects.APP_DONE_ANY, DoneMsg, self._on_done, concurrent=True),
             await bus.serve(self.nc, subjects.APP_CLOSE_ANY, CloseMsg, self._on_close, concurrent=True),
@@ -518,14 +519,17 @@ class PolicyEngine:
         return Ack(requests=list(first.requests))
 
     async def _on_open(self, msg: SessionOpen, raw: Msg) -> SessionOpenReply:
+        # the user NATS authenticated (only they may publish to their session.open subject), never a claim
+        user = subjects.user_of(raw.subject)
         token = secrets.token_urlsafe(24)
-        record = {"token": token, "user": msg.user, "name": msg.name, "kind": msg.kind,
+        record = {"token": token, "user": user, "name": msg.name, "kind": msg.kind,
                   "filter": msg.filter.model_dump(), "opened": clock()}
         # the session's record goes first: a leader that replays the open finds the token
-        app = await self.redis.eval(_NEW_SESSION, 2, keys.APP_SEQ, keys.SESSIONS, json.dumps(record))
+        app = await self.redis.eval(_NEW_SESSION, 2, keys.APP_SEQ, keys.SESSIONS, json.dumps(record),
+                                    subjects.app_id_prefix(user))
         self.sessions[app] = record
         self.last_seen[app] = clock()
-        out = await self.apply(lambda at, sid: OpenSession(at=at, stimulus_id=sid, app=app, user=msg.user,
+        out = await self.apply(lambda at, sid: OpenSession(at=at, stimulus_id=sid, app=app, user=user,
                                                            name=msg.name, app_kind=msg.kind))
         self._answer(out)
         return SessionOpenReply(app=app, token=token, subjects=session_subjects(app),

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coorm.services.runtime import redis_client
 from coorm.shared import bus, keys, metrics, subjects
+from coorm.shared.endpoints import Role
 from coorm.shared.protocol import (
     Change,
     ChangeNotify,
@@ -79,7 +80,7 @@ class ViewPublisher:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.redis = redis_client(self.settings.redis_url)
-        self.nc = await bus.connect(self.settings.nats_url, self.name)
+        self.nc = await bus.connect(self.settings.nats_url, self.name, self.settings.identity(Role.SERVICE))
         subs = [
             await bus.serve(self.nc, subjects.SCHEDULE_EPOCH, ViewsEpoch, self._on_epoch),
             await bus.serve(self.nc, subjects.CLUSTERS_INFO, InfoQuery, self._on_info),

@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from typer.testing import CliRunner
 
+from coorm.node_agent import runas
 from coorm.node_agent.agent import Agent
 from coorm.node_agent.state import NodeBook
 from coorm.services.coupled import CoupledCores
@@ -23,16 +24,19 @@ from coorm.services.node_allocator.service import NodeAllocatorService
 from coorm.services.policy_engine.core import PolicyCore
 from coorm.services.policy_engine.service import PolicyEngine, session_subjects
 from coorm.shared import endpoints, protocol, requests, subjects
-from coorm.shared.endpoints import APP, ENDPOINTS, ERROR_MEANINGS, NODE, REQUEST, STREAM, Endpoint, Kind
+from coorm.shared.endpoints import APP, ENDPOINTS, ERROR_MEANINGS, NODE, REQUEST, STREAM, USER, Endpoint, Kind
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import AllocatorDecisions, ErrorReply, RequestMsg
 from coorm.shared.protocol_doc import COMMAND, ERROR_EXAMPLE, FIELD_NOTES, render
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "protocol.md"
-NOT_SUBJECTS = {"PREFIX", "app_of", "verb_of"}  # what subjects.py defines besides subjects: parsers
+# what subjects.py defines besides subjects: parsers, application ids, and the inbox prefixes (the
+# permissions' business: endpoints.permissions)
+NOT_SUBJECTS = {"PREFIX", "app_of", "verb_of", "user_of", "owner", "app_id", "app_id_prefix", "INBOX_SERVICE",
+                "INBOX_AGENT", "inbox_user"}
 # a subject function's parameter -> token
-PLACEHOLDER_FOR = {"app": APP, "node": NODE, "request": REQUEST, "stream": STREAM}
+PLACEHOLDER_FOR = {"app": APP, "node": NODE, "request": REQUEST, "stream": STREAM, "user": USER}
 BY_SUBJECT = {e.subject: e for e in ENDPOINTS}
 
 
@@ -51,7 +55,7 @@ def test_the_document_in_the_repository_is_what_the_table_renders():
 
 def test_the_rendering_follows_the_table():
     """The comparison above can fail: an entry changed in the table changes the document."""
-    session = BY_SUBJECT[subjects.SESSION_OPEN]
+    session = BY_SUBJECT[subjects.session_open(USER)]
     changed = dataclasses.replace(session, description="Open a session, differently.")
     table = tuple(changed if e is session else e for e in ENDPOINTS)
     text = render(table)
@@ -189,7 +193,7 @@ def test_every_example_is_a_valid_message(what, model, example):
 @pytest.mark.parametrize("breakage", ["missing key", "unknown key", "wrong type"])
 def test_a_broken_example_is_refused(breakage):
     """The check above can fail."""
-    good = dict(_by_short("app.<app>.request").example)
+    good = dict(_by_short("app.<user>.<app>.request").example)
     _valid(RequestMsg, good)
     bad = dict(good)
     if breakage == "missing key":
@@ -203,7 +207,7 @@ def test_a_broken_example_is_refused(breakage):
 
 
 def test_the_session_reply_example_names_the_session_s_subjects():
-    reply = BY_SUBJECT[subjects.SESSION_OPEN].reply_example
+    reply = BY_SUBJECT[subjects.session_open(USER)].reply_example
     assert reply is not None
     assert reply["subjects"] == session_subjects(str(reply["app"])).model_dump()
 
@@ -220,7 +224,7 @@ def _codes(*functions: Callable[..., object]) -> set[ErrorCode]:
 
 
 HANDLERS: list[tuple[str, list[Callable[..., object]]]] = [
-    (subjects.SESSION_OPEN, [PolicyEngine._on_open, PolicyEngine._answer, PolicyCore._open]),
+    (subjects.session_open(USER), [PolicyEngine._on_open, PolicyEngine._answer, PolicyCore._open]),
     (subjects.app_request(APP), [PolicyEngine._on_request, PolicyEngine._check, PolicyEngine._answer,
                                  PolicyCore._app, PolicyCore._submit, PolicyCore._check_relation]),
     (subjects.app_done(APP), [PolicyEngine._on_done, PolicyEngine._check, PolicyEngine._answer, PolicyCore._app,
@@ -229,9 +233,12 @@ HANDLERS: list[tuple[str, list[Callable[..., object]]]] = [
                                PolicyCore._app, PolicyCore._close]),
     (subjects.app_heartbeat(APP), [PolicyEngine._on_heartbeat, PolicyEngine._check]),
     (subjects.AGENT_REGISTER, [NodeAllocatorService._on_register]),
-    (subjects.node_launch(NODE), [Agent._on_launch, NodeBook.check_launch]),
-    (subjects.node_assign(NODE), [Agent._on_assign, NodeBook.assign]),
-    (subjects.node_kill(NODE), [Agent._on_kill, NodeBook.kill]),
+    (subjects.node_launch(NODE, USER), [Agent._on_launch, NodeBook.check_launch, runas.resolve, runas.launch_env,
+                                        runas.check_cwd]),
+    (subjects.node_exits(NODE, USER), [Agent._on_exits]),
+    # (Agent._serve_node refuses what the services did not sign)
+    (subjects.node_assign(NODE), [Agent._on_assign, NodeBook.assign, Agent._serve_node]),
+    (subjects.node_kill(NODE), [Agent._on_kill, NodeBook.kill, Agent._serve_node]),
 ]
 
 

@@ -35,6 +35,11 @@ def variables(text: str) -> set[str]:
     return {m["braced"] or m["plain"] for m in _VAR.finditer(text) if m.group(0) != "$$"}
 
 
+def required(text: str) -> set[str]:
+    """``${VAR:?error}`` / ``${VAR?error}``: the variables without which compose refuses to run."""
+    return {m["braced"] for m in _VAR.finditer(text) if m["op"] in (":?", "?")}
+
+
 def defaults(text: str) -> dict[str, str]:
     """``${VAR:-default}``: the default the compose file gives each variable."""
     return {m["braced"]: m["arg"] for m in _VAR.finditer(text) if m["op"] in (":-", "-")}
@@ -103,13 +108,15 @@ def env_example() -> EnvFile:
     return out
 
 
-TEST_SECRETS = {"COORM_NATS_SERVICE_PASSWORD": "s3rvice", "COORM_NATS_AGENT_PASSWORD": "ag3nt",
-                "COORM_NATS_LAUNCHER_PASSWORD": "launch3r", "GRAFANA_ADMIN_PASSWORD": "gr4fana"}
+# stand-ins for what `coorm user env` prints (the tests that need real ones make a store) and the Grafana password
+TEST_SECRETS = {"COORM_SERVICE_SEED": "SUSERVICESEED", "COORM_AGENT_SEED": "SUAGENTSEED",
+                "COORM_SERVICE_KEY": "USERVICEKEY", "COORM_REDIS_PASSWORD": "r3dis",
+                "GRAFANA_ADMIN_PASSWORD": "gr4fana"}
 
 
 def compose(env: dict[str, str] | None = None) -> dict:
-    """The compose file as ``docker compose`` would run it with ``.env.example`` as ``.env`` and its empty
-    secrets filled in."""
+    """The compose file as ``docker compose`` would run it with ``.env.example`` as ``.env`` and its secrets
+    filled in."""
     if env is None:
         env = {**env_example().values}
         env.update({k: v for k, v in TEST_SECRETS.items() if not env.get(k)})

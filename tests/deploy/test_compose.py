@@ -2,7 +2,11 @@
 engine: the compose file validates against the compose specification, every CooRM container runs a real
 ``coorm`` command with settings CooRM knows, every variable is documented in ``.env.example``, every
 service has a health check and a restart policy, what is mounted exists, and the Dockerfile builds an
-image whose entry point is ``coorm``."""
+image whose entry point is ``coorm``. And the credentials: with the lines ``coorm user env`` prints from a
+store ``coorm user init`` made, each container is the identity of its role (services and agents) and the
+agents check the services' key; only the nats container sees the store (its users file), Valkey has the
+ACL of the credential module (run here, with the local valkey-server), and only the services and Celery
+get its password."""
 
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
+import redis
 import typer
 from pydantic import TypeAdapter
 from typer.testing import CliRunner
@@ -25,7 +31,11 @@ from typer.testing import CliRunner
 from coorm.cli.live import SERVICES
 from coorm.cli.main import app
 from coorm.node_agent.nodes import parse_nodes
+from coorm.shared.credentials import CredentialStore, valkey_acl
+from coorm.shared.endpoints import Role
+from coorm.shared.servers import _wait_port, free_port, valkey_binary
 from coorm.shared.settings import Settings
+from tests.deploy.natsserver import CONF, include_of
 from tests.deploy.stackfiles import (
     COMPOSE,
     COMPOSE_SCHEMA,
@@ -33,6 +43,7 @@ from tests.deploy.stackfiles import (
     ROOT,
     TEST_SECRETS,
     InterpolationError,
+    Mount,
     command,
     compose,
     defaults,
@@ -43,6 +54,7 @@ from tests.deploy.stackfiles import (
     is_coorm,
     mounts,
     raw_compose,
+    required,
     variables,
 )
 
@@ -112,12 +124,14 @@ def test_the_specification_check_catches_mistakes(stack, breakage):
 
 
 def test_the_secrets_must_be_set():
-    """``.env.example`` leaves the passwords empty, and compose refuses to run without them."""
-    env = env_example().values
+    """``.env.example`` gives no secret a value (the credentials are commented out: ``coorm user env``
+    appends them), and compose refuses to run without any one of them."""
+    assert required(COMPOSE.read_text()) == set(TEST_SECRETS)
+    example = env_example()
     for secret in TEST_SECRETS:
-        assert secret in env and env[secret] == "", secret
+        assert secret in example.documented and not example.values.get(secret), secret
         with pytest.raises(InterpolationError, match=secret):
-            interpolate(raw_compose(), {**env, **{k: "x" for k in TEST_SECRETS if k != secret}})
+            interpolate(raw_compose(), {**example.values, **{k: "x" for k in TEST_SECRETS if k != secret}})
 
 
 # ================================================================================================
@@ -201,44 +215,202 @@ def test_the_celery_commands_compose_runs(monkeypatch):
 # ================================================================================================
 # configuration
 # ================================================================================================
+def _settings_of(env: dict[str, str], monkeypatch) -> Settings:
+    """The settings a CooRM process in a container with this environment reads (the test's own environment
+    and connection file left out)."""
+    for k in list(FIELDS) + list(EXTRAS):
+        if k != "COORM_CONNECTION_FILE":
+            monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return Settings()  # every value valid for its field
+
+
 def test_coorm_containers_set_only_settings_coorm_knows(services, monkeypatch, tmp_path):
     monkeypatch.setenv("COORM_CONNECTION_FILE", str(tmp_path / "none.json"))
     for name, s in _coorm_services(services).items():
         env = environment(s)
         unknown = {k for k in env if k not in FIELDS and k not in EXTRAS}
         assert not unknown, f"{name} sets variables CooRM does not read: {unknown}"
-        for k in list(FIELDS) + list(EXTRAS):
-            if k != "COORM_CONNECTION_FILE":
-                monkeypatch.delenv(k, raising=False)
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        settings = Settings()  # every value valid for its field
-        assert settings.redis_url.startswith("redis://redis:"), name
+        _settings_of(env, monkeypatch)
 
 
-def test_each_container_connects_as_its_role(services):
-    """Services as the NATS user ``service``, agents as ``agent``; the Celery processes need no NATS."""
-    users = set(re.findall(r"\{user:\s*(\w+),", (ROOT / "deploy/nats/nats.conf").read_text()))
-    assert users == {"service", "agent", "launcher"}
+# ================================================================================================
+# credentials: a store made by `coorm user init`, the lines `coorm user env` prints in .env
+# ================================================================================================
+def _coorm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coorm.cli.main", *args], capture_output=True, text=True,
+                          timeout=60, check=True)
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory) -> tuple[CredentialStore, dict[str, str], dict[str, dict]]:
+    """The store, the .env lines, and the services as compose would run them with those in .env."""
+    store_dir = tmp_path_factory.mktemp("deploy") / "credentials"
+    _coorm("user", "init", "--store", str(store_dir), "--user", "alice")
+    printed = _coorm("user", "env", "--store", str(store_dir)).stdout
+    lines = dict(line.split("=", 1) for line in printed.splitlines())
+    env = {**env_example().values, **lines, "GRAFANA_ADMIN_PASSWORD": "gr4fana"}
+    return CredentialStore(store_dir), lines, compose(env)["services"]
+
+
+def test_coorm_user_env_prints_the_credentials_compose_requires(deployed):
+    _, lines, _ = deployed
+    assert set(lines) == required(COMPOSE.read_text()) - {"GRAFANA_ADMIN_PASSWORD"}
+    assert all(lines.values()), lines
+
+
+def test_each_container_is_its_role_s_identity(deployed, monkeypatch, tmp_path):
+    """Services as the services' identity, agents as the agents' (and checking the services' key); the
+    Celery processes need no NATS. No password in a URL: NATS checks the nkey's signature."""
+    store, _, services = deployed
+    monkeypatch.setenv("COORM_CONNECTION_FILE", str(tmp_path / "none.json"))
+    roles = {"service": Role.SERVICE, "agent": Role.AGENT}
+    seen = set()
     for name, s in _coorm_services(services).items():
         verb = command(s)[0]
-        url = environment(s).get("COORM_NATS_URL")
+        env = environment(s)
+        assert not {"COORM_NATS_CREDENTIALS", "COORM_CREDENTIALS_DIR"} & set(env), f"{name}: no store in containers"
         if verb == "celery":
-            assert url is None, name
+            assert not {k for k in env if k.startswith("COORM_NATS_")} and "COORM_SERVICE_KEY" not in env, name
             continue
-        m = re.fullmatch(r"nats://(\w+):([^@]+)@nats:4222", url or "")
-        assert m, f"{name}: COORM_NATS_URL {url!r}"
-        assert m[1] == {"service": "service", "agent": "agent"}[verb], name
-        assert m[2] == TEST_SECRETS[f"COORM_NATS_{m[1].upper()}_PASSWORD"], name
-    nats_env = environment(services["nats"])
-    assert {f"COORM_NATS_{u.upper()}_PASSWORD" for u in users} <= set(nats_env)
+        assert env["COORM_NATS_URL"] == "nats://nats:4222", name
+        settings = _settings_of(env, monkeypatch)
+        ident = settings.identity(roles[verb])
+        assert ident is not None and ident.role is roles[verb], name
+        assert ident.public_key == store.role(roles[verb]).public_key, name
+        if verb == "agent":
+            assert settings.service_public_key() == store.service_key() == store.role(Role.SERVICE).public_key
+        else:
+            assert "COORM_SERVICE_KEY" not in env, name
+        seen.add(verb)
+    assert seen == {"service", "agent"}
+
+
+def test_only_the_services_and_celery_get_the_valkey_password(deployed, monkeypatch, tmp_path):
+    store, _, services = deployed
+    monkeypatch.setenv("COORM_CONNECTION_FILE", str(tmp_path / "none.json"))
+    for name, s in _coorm_services(services).items():
+        env = environment(s)
+        if command(s)[0] == "agent":
+            assert "COORM_REDIS_URL" not in env, f"{name}: agents need no Redis, so they get no password"
+            continue
+        url = urlsplit(_settings_of(env, monkeypatch).redis_url)
+        assert (url.hostname, url.port, url.username, url.password) == (
+            "redis", 6379, "coorm", store.valkey_password()), name
+
+
+# ================================================================================================
+# the nats container reads the store's users
+# ================================================================================================
+def _store_mount(services) -> Mount:
+    (mount,) = [m for m in mounts(services["nats"]) if m.source.rstrip("/").endswith("deploy/credentials")]
+    return mount
+
+
+def test_nats_reads_the_users_of_the_store(services):
+    """nats.conf (mounted where the command reads it) includes the users file at the place the store's folder
+    is mounted; compose does not create the folder (an empty one would be a server with no users)."""
+    nats = services["nats"]
+    cmd = command(nats)
+    conf_target = cmd[cmd.index("--config") + 1]
+    assert [m for m in mounts(nats) if m.target == conf_target and m.bind][0].source == "./deploy/nats/nats.conf"
+    store = _store_mount(services)
+    assert store.bind
+    included = Path(conf_target).parent / include_of(CONF.read_text())
+    assert included == Path(store.target) / CredentialStore(Path(store.source)).nats_auth_path.name
+    (raw,) = [v for v in raw_compose()["services"]["nats"]["volumes"]
+              if isinstance(v, dict) and v["target"] == store.target]
+    assert raw.get("read_only") is True and raw.get("bind", {}).get("create_host_path") is False, raw
+
+
+def test_the_store_is_kept_out_of_git_and_of_other_containers(services):
+    source = _store_mount(services).source
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{source}/service.json"], cwd=ROOT, timeout=30)
+    assert ignored.returncode == 0, f"{source} must be git-ignored: it holds every identity's seed"
+    for name, s in services.items():
+        if name != "nats":
+            assert not [m for m in mounts(s) if m.source == source], f"{name} mounts the credential store"
+
+
+# ================================================================================================
+# Valkey: the ACL of the credential module, on the command line
+# ================================================================================================
+def _valkey(args: list[str], workdir: Path):
+    port = free_port()
+    proc = subprocess.Popen([valkey_binary(), *args, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    _wait_port(port, proc, "valkey-server")
+    return proc, port
+
+
+def _acl_list(port: int, password: str) -> list[str]:
+    r = redis.Redis(port=port, username="coorm", password=password, decode_responses=True)
+    try:
+        return sorted(r.execute_command("ACL", "LIST"))
+    finally:
+        r.close()
+
+
+def test_valkey_runs_with_the_credential_module_s_acl(tmp_path):
+    """The compose command's arguments, given to the local valkey-server (its data folder replaced): the
+    default user is off, the services' user gets in with the password, and the ACL is the one a valkey
+    configured with :func:`coorm.shared.credentials.valkey_acl` has."""
+    password = "pw-" + "x" * 20
+    cmd = command(compose({**env_example().values, **TEST_SECRETS, "COORM_REDIS_PASSWORD": password})
+                  ["services"]["redis"])
+    assert cmd[0] == "valkey-server"
+    args = cmd[1:]
+    i = args.index("--dir")
+    del args[i:i + 2]
+    (tmp_path / "compose").mkdir()
+    (tmp_path / "module").mkdir()
+    (tmp_path / "module" / "acl.conf").write_text("\n".join(valkey_acl(password)) + "\n")
+    procs = []
+    try:
+        proc, port = _valkey(args, tmp_path / "compose")
+        procs.append(proc)
+        anonymous = redis.Redis(port=port)
+        try:
+            with pytest.raises(redis.exceptions.AuthenticationError):
+                anonymous.ping()
+        finally:
+            anonymous.close()
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            _acl_list(port, "not-" + password)
+        proc2, port2 = _valkey([str(tmp_path / "module" / "acl.conf")], tmp_path / "module")
+        procs.append(proc2)
+        assert _acl_list(port, password) == _acl_list(port2, password)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
+
+
+def test_valkey_s_health_check_authenticates(deployed):
+    """valkey-cli is not here to run it: the check names the services' user, takes the password from the
+    container's environment (which has the one valkey runs with), and wants the PONG itself (an error reply
+    such as NOAUTH is not a healthy server)."""
+    store, _, services = deployed
+    redis_svc = services["redis"]
+    test = redis_svc["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL"
+    words = shlex.split(test[1])
+    assert words[0] == "valkey-cli" and words[words.index("--user") + 1] == "coorm"
+    assert words[words.index("--pass") + 1] == "$COORM_REDIS_PASSWORD"  # (compose's $$: the container's variable)
+    assert environment(redis_svc)["COORM_REDIS_PASSWORD"] == store.valkey_password()
+    assert f">{store.valkey_password()}" in command(redis_svc)
+    assert test[1].rstrip().endswith("| grep -qx PONG")
 
 
 def test_every_variable_of_the_compose_file_is_in_env_example():
+    """With a value, or (the credentials `coorm user env` appends) commented out."""
     used = variables(COMPOSE.read_text())
-    documented = env_example().values
+    example = env_example()
     assert used, "the compose file uses no variable at all?"
-    assert used <= set(documented), f"not in .env.example: {sorted(used - set(documented))}"
+    assert used <= example.documented, f"not in .env.example: {sorted(used - example.documented)}"
+    assert used - set(example.values) <= set(TEST_SECRETS), sorted(used - set(example.values))
 
 
 def _default(name: str):
@@ -323,10 +495,11 @@ def test_the_metrics_health_check_tells_up_from_down(services):
 # files the stack reads
 # ================================================================================================
 def test_what_is_mounted_or_built_exists(stack, services):
+    store = _store_mount(services).source  # (made by coorm user init: test_nats_reads_the_users_of_the_store)
     for name, s in services.items():
         for m in mounts(s):
             if m.bind:
-                assert (ROOT / m.source).exists(), f"{name} mounts {m.source}, which does not exist"
+                assert m.source == store or (ROOT / m.source).exists(), f"{name} mounts {m.source}: no such file"
             else:
                 assert m.source in (stack.get("volumes") or {}), f"{name}: undeclared volume {m.source}"
         if "build" in s:

@@ -1,259 +1,228 @@
-"""The compose stack's NATS configuration (``deploy/nats/nats.conf``) on the real nats-server: it passes the
-server's own configuration test; each role's user is refused what its role must not do (a permission
-violation, reported by nats-py through the error callback); and the whole system works with each part
-connected as its role's user -- the services in this process as ``service``, a node agent as ``agent``, a
-launcher (the SDK, as ``coorm submit`` uses it) as ``launcher``: a rigid request starts, its processes run,
-print and exit, and ``done`` has the allocator kill what still runs. That last test is what shows the
-permissions are sufficient."""
+"""The compose stack's NATS configuration (``deploy/nats/nats.conf``, its users the generated
+``nats-auth.conf`` of a credential store) on the real nats-server: it passes the server's own configuration
+test; no one gets in without an identity of the store; a user is refused every subject of another user's
+(their sessions, requests, notifications, output, launches and replies); users added and removed take
+effect on a SIGHUP, without a restart; and the whole system works with each part connected as its own
+identity -- the services in this process as the services', a node agent as the agents', a launcher (the
+SDK, as ``coorm submit`` uses it) as a user's: a rigid request starts, its processes run, print and exit,
+and ``done`` has the allocator kill what still runs. That last test is what shows the permissions are
+sufficient. (Every subject of the endpoint table, for every identity: test_endpoints_permissions.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import re
-import secrets
+import getpass
 import subprocess
 import sys
-from pathlib import Path
 
-import nats
 import pytest
 import redis
 
-from coorm.cli.live import _status, _submit
-from coorm.launchers.sdk import Session
-from coorm.node_agent.agent import Agent
-from coorm.node_agent.nodes import host_node_info
-from coorm.services.accounting.service import AccountingService
-from coorm.services.stack import LocalStack, wait_until
 from coorm.shared import keys, subjects
-from coorm.shared.requests import RequestSpec
-from coorm.shared.servers import _wait_port, free_port, nats_binary, valkey_binary
-from coorm.shared.settings import Settings
+from coorm.shared.credentials import new_identity
+from coorm.shared.endpoints import Role
+from coorm.shared.servers import _wait_port, free_port, valkey_binary, valkey_config
+from tests.deploy.natsserver import TIMEOUT, NatsWithStore, client, connect, refused
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "deploy" / "nats" / "nats.conf"
-ROLES = ("service", "agent", "launcher")
-TIMEOUT = 10.0  # seconds any single step below may take
-
-
-def _password_env(passwords: dict[str, str]) -> dict[str, str]:
-    return {f"COORM_NATS_{role.upper()}_PASSWORD": pw for role, pw in passwords.items()}
-
-
-def _local_copy(text: str, port: int, monitor: int, store: Path) -> str:
-    """The compose file's configuration with its ports and store directory replaced, on 127.0.0.1 only.
-    Each replaced setting must be there exactly once (else the copy would not be the file under test)."""
-    for pattern, repl in ((r"(?m)^port:\s*\d+\s*$", f"host: 127.0.0.1\nport: {port}"),
-                          (r"(?m)^http_port:\s*\d+\s*$", f'http: "127.0.0.1:{monitor}"'),
-                          (r"(?m)^(\s*)store_dir:.*$", rf'\g<1>store_dir: "{store}"')):
-        text, n = re.subn(pattern, repl, text)
-        assert n == 1, f"{pattern} should match once in {CONF}"
-    return text
-
-
-class NatsWithUsers:
-    def __init__(self, workdir: Path) -> None:
-        self.port, self.monitor = free_port(), free_port()
-        self.passwords = {role: secrets.token_hex(12) for role in ROLES}
-        self.conf = workdir / "nats.conf"
-        self.conf.write_text(_local_copy(CONF.read_text(), self.port, self.monitor, workdir / "jetstream"))
-        self.env = {"PATH": "/usr/bin:/bin", **_password_env(self.passwords)}
-        self.proc: subprocess.Popen | None = None
-
-    def url(self, role: str, password: str | None = None) -> str:
-        return f"nats://{role}:{password or self.passwords[role]}@127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([nats_binary(), "-c", str(self.conf)], env=self.env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-        _wait_port(self.port, self.proc, "nats-server")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+LOGIN = getpass.getuser()  # the system test's launcher: the agent runs its processes as this Unix user
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = NatsWithUsers(tmp_path_factory.mktemp("nats"))
+    s = NatsWithStore(tmp_path_factory.mktemp("nats"), users=("alice", "bob", LOGIN))
     s.start()
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def valkey(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("valkey")
-    port = free_port()
-    proc = subprocess.Popen([valkey_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
-                             "--save", "", "--appendonly", "no", "--protected-mode", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        _wait_port(port, proc, "valkey-server")
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 # ================================================================================================
 # the configuration itself
 # ================================================================================================
 def test_the_server_accepts_the_configuration(tmp_path):
-    s = NatsWithUsers(tmp_path)
-    ok = subprocess.run([nats_binary(), "-c", str(s.conf), "-t"], env=s.env, capture_output=True, text=True,
-                        timeout=30)
+    s = NatsWithStore(tmp_path)
+    ok = s.check()
     assert ok.returncode == 0, ok.stderr + ok.stdout
-    # the passwords come from the environment: without them the server refuses to start
-    missing = subprocess.run([nats_binary(), "-c", str(s.conf), "-t"], env={"PATH": "/usr/bin:/bin"},
-                             capture_output=True, text=True, timeout=30)
+    # the users come from the store: without its nats-auth.conf the server refuses to start (it would
+    # otherwise run with no users at all, open to anyone)
+    s.store.nats_auth_path.unlink()
+    missing = s.check()
     assert missing.returncode != 0
-    assert "COORM_NATS_" in missing.stderr + missing.stdout
+    assert "nats-auth.conf" in missing.stderr + missing.stdout
 
 
 def test_the_configuration_check_is_not_blind(tmp_path):
-    """The same check refuses a broken permission block (so the test above can fail)."""
-    s = NatsWithUsers(tmp_path)
-    s.conf.write_text(s.conf.read_text().replace("allow_responses = true", "allow_responses = [oops"))
-    bad = subprocess.run([nats_binary(), "-c", str(s.conf), "-t"], env=s.env, capture_output=True, text=True,
-                         timeout=30)
-    assert bad.returncode != 0
+    """The same check refuses a broken users file (so the test above can fail)."""
+    s = NatsWithStore(tmp_path)
+    s.store.nats_auth_path.write_text(s.store.nats_auth_path.read_text().replace('"allow_responses": true',
+                                                                                 '"allow_responses": [oops', 1))
+    assert s.check().returncode != 0
 
 
 # ================================================================================================
-# what each role is refused
+# who gets in
 # ================================================================================================
-class Client:
-    """A connection as one role's user that records the errors the server reports. nats-py hands a
-    permission violation (``-ERR 'Permissions Violation ...'``) to the error callback and keeps the
-    connection. The server answers a client's operations in order, so after an action the client publishes
-    to a sentinel subject no role may publish to: once the sentinel's violation came back, whatever the
-    action caused came before it. (``flush()`` alone is no such barrier: nats-py 2.16 writes its PING
-    straight to the socket, ahead of publishes still in its buffer.)"""
-
-    SENTINEL = "coorm-test.sentinel"
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.changed = asyncio.Condition()
-        self.nc = None
-        self._n = 0
-
-    async def on_error(self, e: Exception) -> None:
-        async with self.changed:
-            self.errors.append(str(e))
-            self.changed.notify_all()
-
-    async def connect(self, url: str) -> Client:
-        self.nc = await nats.connect(url, error_cb=self.on_error, allow_reconnect=False, connect_timeout=TIMEOUT)
-        return self
-
-    async def refused(self, action) -> list[str]:
-        """The errors the server reported for ``action`` (a coroutine function of the connection)."""
-        before = len(self.errors)
-        await action(self.nc)
-        self._n += 1
-        sentinel = f"{self.SENTINEL}.{self._n}"
-        await self.nc.publish(sentinel, b"")
-        await self.nc.flush(timeout=TIMEOUT)
-
-        def index() -> int | None:
-            return next((i for i, e in enumerate(self.errors) if f'"{sentinel}"' in e.lower()), None)
-
-        async with self.changed:
-            await asyncio.wait_for(self.changed.wait_for(lambda: index() is not None), TIMEOUT)
-        return self.errors[before:index()]
-
-    async def close(self) -> None:
-        if self.nc is not None:
-            await self.nc.close()
+async def test_every_identity_of_the_store_gets_in(server):
+    for who in ("service", "agent", "alice", "bob"):
+        assert await refused(server.url, server.identity(who)) is None, who
 
 
-@contextlib.asynccontextmanager
-async def client(url: str):
-    c = await Client().connect(url)
+async def test_an_anonymous_connection_is_refused(server):
+    why = await refused(server.url, None)
+    assert why is not None and "authorization violation" in why.lower(), why
+
+
+async def test_an_unknown_nkey_is_refused(server):
+    """A key pair the store does not have, even under a known user's name: the name is not the identity."""
+    for who in ("alice", "carol"):
+        why = await refused(server.url, new_identity(who, Role.LAUNCHER))
+        assert why is not None and "authorization violation" in why.lower(), (who, why)
+
+
+# ================================================================================================
+# a user is confined to their own subjects
+# ================================================================================================
+# (action alice may take on her own, subject of user {u}): bob's form of each must be refused to her, both ways
+OWN = [
+    ("publish", subjects.session_open("{u}")),
+    ("publish", subjects.app_request("{u}.a1")),
+    ("publish", subjects.app_done("{u}.a1")),
+    ("publish", subjects.app_close("{u}.a1")),
+    ("publish", subjects.app_heartbeat("{u}.a1")),
+    ("publish", subjects.app_views("{u}.a1")),
+    ("publish", subjects.app_allocations("{u}.a1")),
+    ("publish", subjects.node_launch("c0n0", "{u}")),
+    ("publish", subjects.node_exits("c0n0", "{u}")),
+    ("subscribe", subjects.notify_change("{u}.a1")),
+    ("subscribe", subjects.notify_start("{u}.a1")),
+    ("subscribe", subjects.notify_kill("{u}.a1")),
+    ("subscribe", subjects.app_output("{u}.a1", "{u}.a1.r.1")),
+    ("subscribe", subjects.app_output_any("{u}.a1")),
+    ("subscribe", subjects.app_exited("{u}.a1")),
+    ("subscribe", subjects.inbox_user("{u}") + ".>"),
+    ("subscribe", subjects.inbox_user("{u}") + ".x1"),
+]
+# what no user may read at all: other connections' replies, and wildcards that span users
+NOBODY_S = [subjects.INBOX_SERVICE + ".>", subjects.INBOX_AGENT + ".>", "_INBOX.>", "_INBOX.u.>", "_INBOX.u.*.>",
+            "coorm.v1.app.*.*.notify.change", "coorm.v1.app.*.a1.notify.*", "coorm.v1.app.>",
+            subjects.SESSION_OPEN_ANY, "coorm.v1.node.c0n0.>", "coorm.v1.>", ">"]
+
+
+async def test_a_user_may_use_their_own_subjects(server):
+    """The positive control of the refusals below: the same client, the same checks, no error."""
+    async with client(server.url, server.identity("alice")) as c:
+        for action, subject in OWN:
+            assert await c.may(action, subject.format(u="alice")), (action, subject)
+
+
+@pytest.mark.parametrize("subject", sorted({s for _, s in OWN}))
+async def test_a_user_may_not_touch_another_user_s_subjects(server, subject):
+    theirs = subject.format(u="bob")
+    async with client(server.url, server.identity("alice")) as c:
+        assert not await c.may("publish", theirs), theirs
+        assert not await c.may("subscribe", theirs), theirs
+
+
+@pytest.mark.parametrize("subject", NOBODY_S)
+async def test_a_user_may_not_subscribe_to(server, subject):
+    async with client(server.url, server.identity("alice")) as c:
+        assert not await c.may("subscribe", subject)
+
+
+async def test_a_user_may_not_answer_in_another_s_place(server):
+    """Replies to a user go to the user's own inbox: another user may not publish there (nor to the
+    services' or agents' inboxes), so no reply can be forged."""
+    async with client(server.url, server.identity("alice")) as c:
+        for subject in (subjects.inbox_user("bob") + ".x1", subjects.INBOX_SERVICE + ".x1",
+                        subjects.INBOX_AGENT + ".x1", subjects.inbox_user("alice") + ".x1"):
+            assert not await c.may("publish", subject), subject
+
+
+async def test_a_user_s_requests_are_answered_on_the_user_s_inbox(server):
+    """The other way round: a service's reply reaches alice, on the inbox prefix her identity names, with
+    the services' reply permission (allow_responses), though she may publish to no inbox."""
+    service = await connect(server.url, server.identity("service"))
+    alice = await connect(server.url, server.identity("alice"))
     try:
-        yield c
+        seen: list[str] = []
+
+        async def answer(msg) -> None:
+            seen.append(msg.reply)
+            await msg.respond(b"pong")
+
+        await service.subscribe(subjects.SESSION_OPEN_ANY, cb=answer)
+        await service.flush(timeout=int(TIMEOUT))
+        reply = await alice.request(subjects.session_open("alice"), b"{}", timeout=TIMEOUT)
+        assert reply.data == b"pong"
+        assert seen and seen[0].startswith(subjects.inbox_user("alice") + "."), seen
     finally:
-        await c.close()
-
-
-def _publish(subject: str):
-    return lambda nc: nc.publish(subject, b"{}")
-
-
-def _subscribe(subject: str):
-    return lambda nc: nc.subscribe(subject)
-
-
-def _violation(errors: list[str], what: str, subject: str) -> bool:
-    """nats-py lowercases the server's message (``Permissions Violation for Publish to "SUBJECT"``)."""
-    return any(f'permissions violation for {what} to "{subject.lower()}"' in e.lower() for e in errors)
-
-
-@pytest.mark.parametrize("subject", ["coorm.v1.internal.decisions", "coorm.v1.node.c0n0.assign",
-                                     "coorm.v1.node.c0n0.kill", "coorm.v1.agent.register", "coorm.v1.lifecycle",
-                                     "$JS.API.STREAM.LIST"])
-async def test_a_launcher_may_not_publish_to(server, subject):
-    async with client(server.url("launcher")) as c:
-        errors = await c.refused(_publish(subject))
-        assert _violation(errors, "publish", subject), errors
-
-
-@pytest.mark.parametrize("subject", ["coorm.v1.agent.register", "coorm.v1.internal.decisions",
-                                     "coorm.v1.node.c0n0.launch", "coorm.v1.>"])
-async def test_a_launcher_may_not_subscribe_to(server, subject):
-    async with client(server.url("launcher")) as c:
-        errors = await c.refused(_subscribe(subject))
-        assert _violation(errors, "subscription", subject), errors
-
-
-async def test_a_launcher_may_do_what_the_sdk_does(server):
-    """The positive control of the refusals above: the same client, the same check, no error."""
-    async with client(server.url("launcher")) as c:
-        for subject in (subjects.SESSION_OPEN, subjects.app_request("a1"), subjects.app_done("a1"),
-                        subjects.node_launch("c0n0"), subjects.QUERY_STATUS):
-            assert await c.refused(_publish(subject)) == [], subject
-        for subject in (subjects.notify_change("a1"), subjects.app_output_any("a1"), subjects.app_exited("a1")):
-            assert await c.refused(_subscribe(subject)) == [], subject
-
-
-@pytest.mark.parametrize("subject", ["coorm.v1.app.x.request", "coorm.v1.session.open", "coorm.v1.app.x.done",
-                                     "coorm.v1.internal.nodes", "coorm.v1.node.c0n1.launch"])
-async def test_an_agent_may_not_publish_to(server, subject):
-    async with client(server.url("agent")) as c:
-        errors = await c.refused(_publish(subject))
-        assert _violation(errors, "publish", subject), errors
-
-
-async def test_an_agent_may_do_what_the_agent_does(server):
-    async with client(server.url("agent")) as c:
-        for subject in (subjects.AGENT_HEARTBEAT, subjects.AGENT_EXITED, subjects.app_exited("a1"),
-                        subjects.app_output("a1", "a1.r")):
-            assert await c.refused(_publish(subject)) == [], subject
-        for subject in ("coorm.v1.node.c0n0.*", subjects.AGENT_HELLO):
-            assert await c.refused(_subscribe(subject)) == [], subject
-        # but not the launchers' notifications
-        errors = await c.refused(_subscribe(subjects.notify_start("a1")))
-        assert _violation(errors, "subscription", subjects.notify_start("a1")), errors
-
-
-async def test_a_wrong_password_is_refused(server):
-    with pytest.raises(nats.errors.Error):
-        await nats.connect(server.url("service", password="not-" + server.passwords["service"]),
-                           allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=TIMEOUT)
+        await alice.close()
+        await service.close()
 
 
 # ================================================================================================
-# the system, each part as its role's user
+# users come and go without a restart
 # ================================================================================================
-async def _views_show(session: Session, cluster: str, nodes: int) -> None:
+async def test_a_user_added_is_let_in_and_a_user_removed_is_shut_out(tmp_path):
+    s = NatsWithStore(tmp_path, users=("alice",))
+    s.start()
+    try:
+        carol = s.store.add_user("carol")
+        assert await refused(s.url, carol) is not None  # the server has not read the new file yet
+        s.reload()
+        assert await refused(s.url, carol) is None
+
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        open_conn = await connect(s.url, carol, closed_cb=on_closed)
+        assert s.store.remove_user("carol")
+        s.reload()
+        why = await refused(s.url, carol)
+        assert why is not None and "authorization violation" in why.lower(), why
+        # and the connection she had is closed: a removed user keeps nothing
+        await asyncio.wait_for(closed.wait(), TIMEOUT)
+        assert open_conn.is_closed
+        assert await refused(s.url, s.store.user("alice")) is None  # the others stay
+    finally:
+        s.stop()
+
+
+async def test_a_rotated_identity_replaces_the_old_one(tmp_path):
+    s = NatsWithStore(tmp_path, users=("alice",))
+    s.start()
+    try:
+        old = s.store.user("alice")
+        new = s.store.add_user("alice", rotate=True)
+        s.reload()
+        assert await refused(s.url, new) is None
+        assert await refused(s.url, old) is not None
+    finally:
+        s.stop()
+
+
+# ================================================================================================
+# the system, each part as its own identity
+# ================================================================================================
+@pytest.fixture(scope="module")
+def valkey(tmp_path_factory, server):
+    """valkey-server wanting the store's credentials, as coorm up runs it: its URL as the services'."""
+    workdir = tmp_path_factory.mktemp("valkey")
+    port = free_port()
+    proc = subprocess.Popen([valkey_binary(), str(valkey_config(workdir, server.store)), "--port", str(port),
+                             "--bind", "127.0.0.1", "--dir", str(workdir), "--save", "", "--appendonly", "no",
+                             "--protected-mode", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_port(port, proc, "valkey-server")
+        yield server.store.redis_url("127.0.0.1", port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def _views_show(session, cluster: str, nodes: int) -> None:
     """Until the session's non-preemptive view of ``cluster`` shows ``nodes`` free now."""
     def free() -> int:
         view = session.np.get(cluster)
@@ -263,15 +232,29 @@ async def _views_show(session: Session, cluster: str, nodes: int) -> None:
         await session.next_event(TIMEOUT)  # a views change, or another event: look again
 
 
-async def test_the_system_runs_with_each_role_as_its_own_user(server, valkey, capsys):
+async def test_the_system_runs_with_each_part_as_its_own_identity(server, valkey, capsys):
+    # (imported here: the permission tests above need none of the services' code)
+    from coorm.cli.live import _status, _submit
+    from coorm.launchers.sdk import Session
+    from coorm.node_agent.agent import Agent
+    from coorm.node_agent.nodes import host_node_info
+    from coorm.services.accounting.service import AccountingService
+    from coorm.services.stack import LocalStack, wait_until
+    from coorm.shared.requests import RequestSpec
+    from coorm.shared.settings import Settings
+
     r = redis.Redis.from_url(valkey)
     r.flushall()
     r.close()
-    fast = dict(redis_url=valkey, reschedule_interval=0.05, fair_start=0.2, preempt_grace=1.0, kill_grace=0.3,
-                launcher_heartbeat=0.5, session_timeout=10.0, agent_heartbeat=0.5, agent_timeout=5.0)
-    as_service = Settings(nats_url=server.url("service"), **fast)
-    as_agent = Settings(nats_url=server.url("agent"), **fast)
-    as_launcher = Settings(nats_url=server.url("launcher"), **fast)
+    fast = dict(nats_url=server.url, redis_url=valkey, reschedule_interval=0.05, fair_start=0.2, preempt_grace=1.0,
+                kill_grace=0.3, launcher_heartbeat=0.5, session_timeout=10.0, agent_heartbeat=0.5,
+                agent_timeout=5.0, nats_seed=None, service_key=None)
+    store = server.store
+    # services and agents take their role's identity from the store (coorm up's way), the agent the services'
+    # key from its service.pub; the user's programs have only the user's identity file
+    as_service = Settings(credentials_dir=store.root, nats_credentials=None, **fast)
+    as_agent = Settings(credentials_dir=store.root, nats_credentials=None, **fast)
+    as_launcher = Settings(nats_credentials=store.user_path(LOGIN), credentials_dir=None, **fast)
     nodes = [f"c0n{i}" for i in range(4)]
 
     async with LocalStack(as_service, {}):  # policy engine, node allocator, view publisher
@@ -283,8 +266,9 @@ async def test_the_system_runs_with_each_role_as_its_own_user(server, valkey, ca
             await asyncio.wait_for(accounting.ready.wait(), TIMEOUT)
             await asyncio.wait_for(agent.start(), TIMEOUT)  # registered: the allocator answered it
             async with await Session.open(as_launcher, kind="rigid", name="perm") as s:
+                assert s.app.startswith(f"{LOGIN}.")
                 await asyncio.wait_for(_views_show(s, "c0", 4), TIMEOUT)
-                # coorm status, as a launcher user
+                # coorm status, as a user
                 st = await _status(as_launcher)
                 assert {c.cluster: c.up for c in st.clusters} == {"c0": 4}
                 assert {c.id: c.nodes for c in (await s.clusters_info()).clusters} == {"c0": 4}
@@ -301,12 +285,12 @@ async def test_the_system_runs_with_each_role_as_its_own_user(server, valkey, ca
                 assert "hello from a node" in line.data and line.node == first
                 (ex,) = await s.wait_exits(rid, 1, TIMEOUT)  # agent -> launcher: the exit
                 assert (ex.pid, ex.code, ex.killed) == (pid1, 0, False)
-                # done: the allocator has the agent kill what still runs (service -> agent request/reply)
+                # done: the allocator has the agent kill what still runs (service -> agent, signed)
                 await s.done(rid)
                 exits = await s.wait_exits(rid, 2, TIMEOUT)
                 assert exits[1].pid == pid2 and exits[1].killed
 
-            # coorm submit, as a launcher user: its own session, the job's output and exit code
+            # coorm submit, as a user: its own session, the job's output and exit code
             probe = [sys.executable, "-c", "import os; print('on', os.environ['COORM_NODE'])"]
             code = await asyncio.wait_for(_submit(as_launcher, "c0", 2, 60.0, probe, None, False, "submit"),
                                           TIMEOUT)
@@ -314,7 +298,7 @@ async def test_the_system_runs_with_each_role_as_its_own_user(server, valkey, ca
             ran_on = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("on ")]
             assert len(ran_on) == 2 and len(set(ran_on)) == 2 and set(ran_on) <= set(nodes), ran_on
 
-            # accounting read the lifecycle stream (the pull consumer, as the service user)
+            # accounting read the lifecycle stream (the pull consumer, as the services)
             check = redis.Redis.from_url(valkey, decode_responses=True)
             try:
                 await wait_until(lambda: "ended_at" in check.hgetall(keys.acct_request(rid)), TIMEOUT,
@@ -326,3 +310,18 @@ async def test_the_system_runs_with_each_role_as_its_own_user(server, valkey, ca
             await agent.stop()
             stop_accounting.set()
             await asyncio.wait_for(acct_task, TIMEOUT)
+
+
+async def test_valkey_refuses_anyone_without_the_services_password(valkey):
+    """The system test's Valkey is the one coorm up runs: no default user."""
+    anonymous = redis.Redis.from_url(valkey.replace(valkey.split("@")[0] + "@", "redis://"))
+    try:
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            anonymous.ping()
+    finally:
+        anonymous.close()
+    services = redis.Redis.from_url(valkey)
+    try:
+        assert services.ping()
+    finally:
+        services.close()

@@ -52,13 +52,17 @@ def test_the_container_servers_answer(tmp_path):
     import nats
     import redis
 
+    from coorm.shared.credentials import CredentialStore
+    from coorm.shared.endpoints import Role
+
     with servers_for_tests(tmp_path, "containers") as s:
         r = redis.Redis.from_url(s.redis_url)
         assert r.ping()
         r.close()
 
         async def jetstream() -> None:
-            nc = await nats.connect(s.nats_url)
+            me = CredentialStore(s.credentials).role(Role.SERVICE)
+            nc = await nats.connect(s.nats_url, nkeys_seed_str=me.seed, inbox_prefix=me.inbox_prefix)
             try:
                 await nc.jetstream().account_info()  # JetStream is on, as the services need
             finally:

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from collections import deque
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -65,6 +66,16 @@ def _job(env, *command: str, timeout: float = 60) -> subprocess.CompletedProcess
 
 def _urls(env) -> dict[str, str]:
     return json.loads(open(env["COORM_CONNECTION_FILE"]).read())
+
+
+def _as_user(env) -> dict:
+    """nats-py's arguments to connect as this user (coorm up's credential store has their identity)."""
+    import getpass
+
+    from coorm.shared.credentials import CredentialStore
+
+    me = CredentialStore(Path(_urls(env)["credentials_dir"])).user(getpass.getuser())
+    return {"nkeys_seed_str": me.seed, "inbox_prefix": me.inbox_prefix}
 
 
 def _listens(url: str) -> bool:
@@ -140,7 +151,7 @@ def test_every_connected_application_is_told_why_coorm_up_stops(up):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     async def listen_then_stop() -> SystemStopping:
-        nc = await nats.connect(_urls(env)["nats_url"], allow_reconnect=False)
+        nc = await nats.connect(_urls(env)["nats_url"], allow_reconnect=False, **_as_user(env))
         try:
             sub = await nc.subscribe(subjects.SYSTEM_STOPPING)
             await nc.flush()  # subscribed before coorm up is asked to stop
@@ -183,7 +194,7 @@ def test_coorm_up_exits_non_zero_when_a_child_cannot_be_repaired(up):
         f.write("not a manifest line\n")
 
     async def kill_and_listen() -> SystemStopping:
-        nc = await nats.connect(_urls(env)["nats_url"])
+        nc = await nats.connect(_urls(env)["nats_url"], **_as_user(env))
         try:
             sub = await nc.subscribe(subjects.SYSTEM_STOPPING)
             await nc.flush()

@@ -11,7 +11,10 @@ from tests.servers import servers_for_tests
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    with servers_for_tests(tmp_path_factory.mktemp("servers")) as s:
+    """The servers, and their credential store where every Settings of the module finds its identity
+    (``COORM_CREDENTIALS_DIR``): the services', the agents', and this user's."""
+    with servers_for_tests(tmp_path_factory.mktemp("servers")) as s, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COORM_CREDENTIALS_DIR", str(s.credentials))
         yield s
 
 

@@ -43,6 +43,7 @@ from coorm.services.accounting.tasks import (
 )
 from coorm.services.runtime import ensure_streams
 from coorm.shared import bus, keys, subjects
+from coorm.shared.endpoints import Role
 from coorm.shared.protocol import DeadLetter, Lifecycle, LifecycleKind
 from coorm.shared.settings import Settings
 
@@ -184,7 +185,7 @@ def test_print_usage(capsys):
 @pytest.fixture
 async def js(nats_url, redis_url):
     """A JetStream context on a clean lifecycle stream with no accounting consumer yet."""
-    nc = await bus.connect(nats_url, "test-accounting")
+    nc = await bus.connect(nats_url, "test-accounting", Settings().identity(Role.SERVICE))
     jsc = nc.jetstream()
     await ensure_streams(jsc)
     await jsc.purge_stream(subjects.LIFECYCLE_STREAM)
@@ -492,7 +493,7 @@ async def test_since_filters_by_end_time_and_user(js, settings, redis_url):
 @contextlib.asynccontextmanager
 async def dead_letters(settings):
     """The dead letters of the lifecycle stream, as they are published."""
-    nc = await bus.connect(settings.nats_url, "test-dead-letters")
+    nc = await bus.connect(settings.nats_url, "test-dead-letters", settings.identity(Role.SERVICE))
     letters: asyncio.Queue = asyncio.Queue()
     await nc.subscribe(subjects.deadletter(subjects.LIFECYCLE_STREAM), cb=letters.put)
     await nc.flush()

@@ -12,6 +12,7 @@ from coorm.shared import bus, subjects
 from coorm.shared.protocol import StatusQuery, StatusReply
 from coorm.shared.requests import RequestSpec
 from coorm.shared.settings import Settings
+from tests.live.prober import Prober
 
 
 @pytest.fixture
@@ -24,15 +25,15 @@ async def system(servers, redis_url):
         await a.request(RequestSpec(id="ra", cluster="c0", nodes=2, duration=600))
         await a.wait_start("ra", 10)
         await b.request(RequestSpec(id="rb", cluster="c0", nodes=4, duration=600))  # waits behind ra
-        nc = await bus.connect(settings.nats_url, "prober")
+        nc = await Prober(settings).connect()
         yield stack, a, b, nc
-        await bus.shutdown(nc)
+        await nc.close()
         await a.close()
         await b.close()
 
 
-async def _state(nc) -> str:
-    st = await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply)
+async def _state(nc: Prober) -> str:
+    st = await bus.call(nc.user, subjects.QUERY_STATUS, StatusQuery(), StatusReply)
     return json.dumps({"apps": sorted(x.app for x in st.apps),
                        "requests": sorted((r.request, r.state, r.nodes, tuple(r.node_ids)) for r in st.requests),
                        "clusters": [c.model_dump() for c in st.clusters]})
@@ -47,12 +48,16 @@ async def _raw(nc, subject: str, payload) -> dict:
 def _cases(a: Session, b: Session, node_a: str) -> list[tuple[str, str, object, str]]:
     """(what, subject, payload, expected error code)."""
     ta, tb = a.token, b.token
+    me = a.user
+    session_open = subjects.session_open(me)
     req = subjects.app_request(a.app)
     done = subjects.app_done(a.app)
     return [
-        ("session.open: not JSON", subjects.SESSION_OPEN, b"{oops", "bad_message"),
-        ("session.open: wrong type", subjects.SESSION_OPEN, {"user": 5}, "bad_message"),
-        ("session.open: unknown field", subjects.SESSION_OPEN, {"colour": "red"}, "bad_message"),
+        ("session.open: not JSON", session_open, b"{oops", "bad_message"),
+        ("session.open: wrong type", session_open, {"name": 5}, "bad_message"),
+        ("session.open: unknown field", session_open, {"colour": "red"}, "bad_message"),
+        # the user is the one NATS authenticated: a message cannot claim another
+        ("session.open: claiming a user", session_open, {"user": "alice"}, "bad_message"),
         ("clusters.info: not JSON", subjects.CLUSTERS_INFO, b"\xff\xfe", "bad_message"),
         ("clusters.interinfo: argument", subjects.CLUSTERS_INTERINFO, {"x": 1}, "bad_message"),
         ("request: not JSON", req, b"[1, 2", "bad_message"),
@@ -76,7 +81,7 @@ def _cases(a: Session, b: Session, node_a: str) -> list[tuple[str, str, object, 
                                      "related_how": "NEXT"},
                                     {"id": "y", "cluster": "c0", "nodes": 1, "duration": 5, "related_to": "x",
                                      "related_how": "NEXT"}]}, "bad_request"),
-        ("request: unknown app", subjects.app_request("nobody"),
+        ("request: unknown app", subjects.app_request(f"{me}.nobody"),
          {"token": ta, "requests": [{"id": "x", "cluster": "c0", "nodes": 1, "duration": 5}]}, "unknown_app"),
         ("done: unknown request", done, {"token": ta, "request": "nope"}, "unknown_request"),
         ("done: another app's request", done, {"token": ta, "request": "rb"}, "not_yours"),
@@ -85,12 +90,12 @@ def _cases(a: Session, b: Session, node_a: str) -> list[tuple[str, str, object, 
         ("done: wrong token", done, {"token": "forged", "request": "ra"}, "bad_token"),
         ("done: released as text", done, {"token": ta, "request": "ra", "released": "c0n0"}, "bad_message"),
         ("close: wrong token", subjects.app_close(a.app), {"token": tb}, "bad_token"),
-        ("heartbeat: unknown app", subjects.app_heartbeat("ghost"), {"token": ta}, "unknown_app"),
-        ("launch: not the owner", subjects.node_launch(node_a),
+        ("heartbeat: unknown app", subjects.app_heartbeat(f"{me}.ghost"), {"token": ta}, "unknown_app"),
+        ("launch: not the owner", subjects.node_launch(node_a, me),
          {"token": tb, "app": b.app, "request": "rb", "argv": ["true"]}, "not_owner"),
-        ("launch: forged token", subjects.node_launch(node_a),
+        ("launch: forged token", subjects.node_launch(node_a, me),
          {"token": "forged", "app": a.app, "request": "ra", "argv": ["true"]}, "bad_token"),
-        ("launch: empty argv", subjects.node_launch(node_a),
+        ("launch: empty argv", subjects.node_launch(node_a, me),
          {"token": ta, "app": a.app, "request": "ra", "argv": []}, "bad_message"),
         ("kill: not JSON", subjects.node_kill(node_a), b"kill!", "bad_message"),
         ("agent.register: no nodes", subjects.AGENT_REGISTER, {"agent": "x", "cluster": "c0", "nodes": []},
@@ -102,7 +107,7 @@ def _cases(a: Session, b: Session, node_a: str) -> list[tuple[str, str, object, 
         ("query.status: argument", subjects.QUERY_STATUS, {"all": True}, "bad_message"),
         # hostile input that was answered with an internal error (or not at all) before: refused at the root
         ("deep JSON: a list", req, b"[" * 100_000 + b"]" * 100_000, "bad_message"),  # was a RecursionError
-        ("deep JSON: an object", subjects.SESSION_OPEN, b'{"a":' * 5_000 + b"1" + b"}" * 5_000, "bad_message"),
+        ("deep JSON: an object", session_open, b'{"a":' * 5_000 + b"1" + b"}" * 5_000, "bad_message"),
         ("deep JSON inside a field", done, b'{"token": "' + ta.encode() + b'", "request": ' + b"[" * 3_000
          + b"]" * 3_000 + b"}", "bad_message"),
         ("kill: NaN grace", subjects.node_kill(node_a), b'{"request": "zz", "grace": NaN}', "bad_message"),
@@ -114,11 +119,11 @@ def _cases(a: Session, b: Session, node_a: str) -> list[tuple[str, str, object, 
          "bad_message"),  # was a TypeError (compare_digest takes ASCII only)
         ("heartbeat: a token of emoji", subjects.app_heartbeat(a.app), {"token": "\U0001f642"}, "bad_message"),
         ("heartbeat: a token as a number", subjects.app_heartbeat(a.app), {"token": 12345}, "bad_message"),
-        ("views: '>' for an app", subjects.app_views(">"), {}, "bad_request"),  # was a ValidationError
-        ("views: '*' for an app", subjects.app_views("*"), {}, "bad_request"),
-        ("views: a non-ASCII app", subjects.app_views("\u00e9"), {}, "bad_request"),
-        ("views: an app id too long", subjects.app_views("x" * 129), {}, "bad_request"),
-        ("heartbeat: '>' for an app", subjects.app_heartbeat(">"), {"token": ta}, "bad_request"),
+        ("views: '>' for an app", subjects.app_views(f"{me}.>"), {}, "bad_request"),  # was a ValidationError
+        ("views: '*' for an app", subjects.app_views(f"{me}.*"), {}, "bad_request"),
+        ("views: a non-ASCII app", subjects.app_views(f"{me}.\u00e9"), {}, "bad_request"),
+        ("views: an app id too long", subjects.app_views(f"{me}." + "x" * 129), {}, "bad_request"),
+        ("heartbeat: '>' for an app", subjects.app_heartbeat(f"{me}.>"), {"token": ta}, "bad_request"),
     ]
 
 
@@ -142,7 +147,7 @@ async def test_a_field_name_as_big_as_a_message_is_refused_in_a_reply_that_fits(
     """The refusal names the field; it once quoted all of it, and a reply bigger than the server takes never
     went out (the caller waited for nothing)."""
     stack, a, b, nc = system
-    for subject in (subjects.SESSION_OPEN, subjects.app_request(a.app), subjects.QUERY_STATUS):
+    for subject in (subjects.session_open(a.user), subjects.app_request(a.app), subjects.QUERY_STATUS):
         payload = json.dumps({"k" * (nc.max_payload - 16): 1}).encode()
         assert len(payload) <= nc.max_payload
         reply = await _raw(nc, subject, payload)

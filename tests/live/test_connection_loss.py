@@ -16,7 +16,7 @@ from coorm.launchers.sdk import Closed, Session
 from coorm.services.stack import LocalStack, wait_until
 from coorm.shared import bus
 from coorm.shared.requests import RequestSpec
-from coorm.shared.servers import free_port, nats_binary, start_servers
+from coorm.shared.servers import free_port, start_servers
 from coorm.shared.settings import Settings
 
 
@@ -29,9 +29,10 @@ def _settings(nats_url: str, redis_url: str, **kw) -> Settings:
 
 
 @pytest.fixture
-def own_servers(tmp_path):
+def own_servers(tmp_path, monkeypatch):
     """Servers of this test alone: it kills and restarts its nats-server."""
     s = start_servers(tmp_path / "servers")
+    monkeypatch.setenv("COORM_CREDENTIALS_DIR", str(s.credentials))  # each Settings finds its identity there
     yield s
     s.stop()
 
@@ -43,9 +44,9 @@ def _kill_nats(servers) -> None:
 
 
 def _restart_nats(servers) -> None:
-    proc = subprocess.Popen([nats_binary(), "-a", "127.0.0.1", "-p", str(servers.nats_port), "-js", "-sd",
-                             str(servers.workdir / "jetstream")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    """The same command again: same port, store and users."""
+    proc = subprocess.Popen(list(servers.procs[0].args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     servers.procs[0] = proc
 
 

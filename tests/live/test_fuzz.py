@@ -34,11 +34,12 @@ from pydantic import ValidationError
 from coorm.launchers.sdk import Session
 from coorm.services.stack import LocalStack
 from coorm.shared import bus, keys, subjects
-from coorm.shared.endpoints import APP, ENDPOINTS, NODE, Endpoint, Kind
+from coorm.shared.endpoints import APP, ENDPOINTS, NODE, USER, Endpoint, Kind
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import StatusQuery, StatusReply
 from coorm.shared.requests import RequestSpec
 from coorm.shared.settings import Settings
+from tests.live.prober import Prober
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +57,7 @@ READ_ONLY = {subjects.app_views(APP), subjects.CLUSTERS_INFO, subjects.CLUSTERS_
              subjects.VIEWS_QUERY}
 # subjects whose valid messages carry a session token: with a token that is not the session's, refused
 TOKEN_CHECKED = {subjects.app_request(APP), subjects.app_done(APP), subjects.app_close(APP),
-                 subjects.app_heartbeat(APP), subjects.node_launch(NODE)}
+                 subjects.app_heartbeat(APP), subjects.node_launch(NODE, USER)}
 
 
 @dataclass(frozen=True)
@@ -120,15 +121,21 @@ SUBJECT_IDS = st.one_of(st.sampled_from([">", "*", "é", "日本語", "x" * 129,
 @st.composite
 def subject_of(draw, e: Endpoint, ctx: Ctx) -> tuple[str, bool, str | None]:
     """A concrete subject for the endpoint: (subject, whether a service serves it, the app id in it or, for a
-    node's subject, one the message may name)."""
+    node's subject, one the message may name). The user in a subject is always the fuzzer's own: NATS drops
+    what it sends to another's before any CooRM program sees it (tests/live/test_security.py)."""
     app = node = None
     served = True
+    me = subjects.owner(ctx.apps[0])
     if NODE in e.subject:
         app = draw(st.sampled_from(ctx.apps))
     parts = []
     for token in e.subject.split("."):
-        if token == APP:
-            token = app = draw(st.one_of(st.sampled_from(ctx.apps), st.just("a999"), SUBJECT_IDS))
+        if token == USER:
+            token = me
+        elif token == APP.split(".")[1]:
+            token = draw(st.one_of(st.sampled_from([a.split(".")[1] for a in ctx.apps]), st.just("a999"),
+                                   SUBJECT_IDS))
+            app = f"{me}.{token}"
             served = served and "." not in token
         elif token == NODE:
             token = node = draw(st.one_of(st.sampled_from(ctx.nodes), SUBJECT_IDS))
@@ -256,8 +263,8 @@ def harmful(m: Message) -> bool:
 NOT_STATE = {keys.POLICY_LEASE, keys.SCHEDULE_EPOCH, keys.EVENT_LOG, keys.SNAPSHOT, keys.EVENT_SEQ}
 
 
-async def state(nc, r) -> dict[str, object]:
-    status = await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply)
+async def state(nc: Prober, r) -> dict[str, object]:
+    status = await bus.call(nc.user, subjects.QUERY_STATUS, StatusQuery(), StatusReply)
     out: dict[str, object] = {
         "apps": sorted((x.app, x.waiting, x.running, x.nodes) for x in status.apps),
         "requests": sorted((x.request, x.state, x.nodes, tuple(x.node_ids)) for x in status.requests),
@@ -306,7 +313,7 @@ def fuzz(ctx: Ctx, nats_url: str, redis_url: str) -> None:
     """Hypothesis draws the batches, sends each (``IN_FLIGHT`` requests at a time) and checks the answers and
     the state after it; one line on stdout per batch: ``batch <subject> <count>...``."""
     loop = asyncio.new_event_loop()
-    nc = loop.run_until_complete(bus.connect(nats_url, "fuzzer"))
+    nc = loop.run_until_complete(Prober(Settings(nats_url=nats_url)).connect())
     r = aioredis.Redis.from_url(redis_url, decode_responses=True)
     gate = asyncio.Semaphore(IN_FLIGHT)
     before = loop.run_until_complete(state(nc, r))
@@ -330,7 +337,7 @@ def fuzz(ctx: Ctx, nats_url: str, redis_url: str) -> None:
         one_batch()
     finally:
         loop.run_until_complete(r.aclose())
-        loop.run_until_complete(bus.shutdown(nc))
+        loop.run_until_complete(nc.close())
         loop.close()
 
 

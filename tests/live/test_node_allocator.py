@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 from coorm.services.node_allocator.service import NodeAllocatorService
 from coorm.services.runtime import ensure_streams
 from coorm.shared import bus, subjects
+from coorm.shared.endpoints import Role
 from coorm.shared.events import EndReason, EndRequest
 from coorm.shared.protocol import AllocatorDecisions, DeadLetter, KillNotify
 from coorm.shared.requests import RequestType
@@ -27,7 +28,7 @@ DURABLE = "node-allocator"  # the allocator's consumer: its name
 @pytest.fixture
 async def allocator(servers, redis_url):
     """A node allocator alone, on a purged decision stream, and a connection to watch what it publishes."""
-    nc = await bus.connect(servers.nats_url, "test-allocator")
+    nc = await bus.connect(servers.nats_url, "test-allocator", Settings().identity(Role.SERVICE))
     js = nc.jetstream()
     await ensure_streams(js)
     await js.purge_stream(subjects.DECISIONS_STREAM)
@@ -60,7 +61,12 @@ async def test_a_message_that_is_no_decision_is_set_aside_and_the_next_is_acted_
     letters: asyncio.Queue = asyncio.Queue()
     kills: asyncio.Queue = asyncio.Queue()
     await nc.subscribe(subjects.deadletter(subjects.DECISIONS_STREAM), cb=letters.put)
-    await nc.subscribe(subjects.notify_kill("a1"), cb=kills.put)
+    me = Settings().identity(Role.LAUNCHER)  # the application's user: the one who may hear of its end
+    assert me is not None
+    app = subjects.app_id(me.name, 1)
+    user_nc = await bus.connect(nc.connected_url.geturl(), "test-user", me)
+    await user_nc.subscribe(subjects.notify_kill(app), cb=kills.put)
+    await user_nc.flush()
     await nc.flush()
     before = dead_lettered()
     poison = [b"[" * 50_000 + b"]" * 50_000, b'{"decisions": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
@@ -69,11 +75,12 @@ async def test_a_message_that_is_no_decision_is_set_aside_and_the_next_is_acted_
     letters_got = [DeadLetter.model_validate_json((await asyncio.wait_for(letters.get(), DEADLINE)).data)
                    for _ in poison]
     # and the next decision is acted on: the application hears of its request's end
-    end = EndRequest(stimulus_id="e1", app="a1", request="r1", type=RequestType.NON_PREEMPTIBLE, cluster="c0",
+    end = EndRequest(stimulus_id="e1", app=app, request="r1", type=RequestType.NON_PREEMPTIBLE, cluster="c0",
                      nodes=2, started=True, reason=EndReason.DONE, at=1_700_000_000.0)
     last = (await js.publish(subjects.DECISIONS, bus.encode(AllocatorDecisions(decisions=[end])))).seq
     kill = KillNotify.model_validate_json((await asyncio.wait_for(kills.get(), DEADLINE)).data)
     assert (kill.request, kill.reason) == ("r1", EndReason.DONE)
+    await bus.shutdown(user_nc)
 
     assert sorted(x.sequence for x in letters_got) == seqs
     assert {(x.stream, x.consumer, x.subject, x.deliveries) for x in letters_got} == {

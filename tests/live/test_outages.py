@@ -21,8 +21,9 @@ from tests.live.test_system import next_of
 
 
 @pytest.fixture
-def own_servers(tmp_path):
+def own_servers(tmp_path, monkeypatch):
     s = start_servers(tmp_path / "servers")
+    monkeypatch.setenv("COORM_CREDENTIALS_DIR", str(s.credentials))  # each Settings finds its identity there
     yield s
     s.stop()
 
