@@ -358,14 +358,13 @@ class Agent:
 
         async def on_msg(raw: Msg) -> None:
             base, _, user = raw.subject.rpartition(".")
-            if raw.subject in services:
-                model, handler = services[raw.subject]
-            elif base in users:
-                model, handler = users[base]
-            else:
+            signed = raw.subject in services
+            entry = services[raw.subject] if signed else users.get(base)
+            if entry is None:
                 return
+            model, handler = entry
             try:
-                if raw.subject in services:
+                if signed:
                     if not signed_by(self.service_key, raw.subject, raw.data, raw.headers):
                         self._log.warning("refused: not signed by the services", subject=raw.subject)
                         raise WireError(ErrorCode.FORBIDDEN, f"{raw.subject} is the services' to send: not signed by "

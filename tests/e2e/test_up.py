@@ -101,6 +101,48 @@ def test_status_nodes_estimate_and_no_wait(up):
     assert any(row["node_hours"]["non-preemptible"] > 0 for row in usage)
 
 
+def test_nothing_answers_without_credentials_and_an_added_user_gets_in(up):
+    """The embedded default on a multi-user login node: a local user without an identity reaches the ports
+    but neither server lets them in; one the operator adds (``coorm user add``) submits as themselves."""
+    import stat
+    from urllib.parse import urlparse
+
+    import redis
+
+    proc, env, tmp, conn = up
+    data = json.loads(conn.read_text())
+    assert stat.S_IMODE(conn.stat().st_mode) == 0o600 and "credentials_dir" in data
+    stranger = dict(env, COORM_CONNECTION_FILE=str(tmp / "nothing.json"), COORM_NATS_URL=data["nats_url"])
+    r = _run(stranger, "status")
+    assert r.returncode == 2 and "wants credentials" in r.stderr, (r.returncode, r.stderr)
+    valkey = urlparse(data["redis_url"])
+    with pytest.raises((redis.AuthenticationError, redis.ResponseError)):
+        redis.Redis(host=valkey.hostname, port=valkey.port, socket_timeout=5).get("coorm:policy:leader")
+    # the operator lets nobody in; nobody's programs run as nobody
+    identity = tmp / "nobody.json"
+    added = _run(env, "user", "add", "nobody", "--out", str(identity), "--no-install")
+    assert added.returncode == 0, added.stderr
+    as_nobody = dict(stranger, COORM_NATS_CREDENTIALS=str(identity))
+
+    def submitted():
+        job = _run(as_nobody, "submit", "-c", "c1", "-N", "1", "-t", "30s", "--", "id", "-un", cwd="/")
+        return job if job.returncode != 2 else None  # 2: refused, until nats-server read its users again
+
+    job = wait_for(submitted, 30, "nats-server to admit the new user")
+    if os.geteuid() == 0:  # the agents run as root here: they drop to the user
+        assert (job.returncode, job.stdout.strip()) == (0, "nobody"), job.stderr
+    else:  # an agent that is not root runs its own user only
+        assert job.returncode != 0 and "not root" in job.stderr, job.stderr
+
+
+def test_a_job_runs_where_it_was_submitted_with_the_submitter_s_environment(up):
+    proc, env, tmp, conn = up
+    r = _run(dict(env, MY_SETTING="forty-two"), "submit", "-c", "c1", "-N", "1", "-t", "30s", "--", "sh", "-c",
+             'pwd; echo "$MY_SETTING"', cwd=tmp)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(tmp), "forty-two"]
+
+
 def test_ctrl_c_stops_everything_and_removes_the_connection_file(up):
     proc, env, tmp, conn = up
     os.killpg(proc.pid, signal.SIGINT)

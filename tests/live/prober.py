@@ -31,10 +31,13 @@ class Prober:
 
     async def request(self, subject: str, data: bytes, timeout: float = 5.0):
         role = self.role_of(subject)
+        nc = self.ncs[role]
         headers = None
-        if role is Role.SERVICE and subject.split(".")[2] == "node":
+        # signed, but for a message the signature would take past the server's max payload (the server would
+        # close the connection): that one goes unsigned, and is refused for that
+        if role is Role.SERVICE and subject.split(".")[2] == "node" and len(data) + 256 <= nc.max_payload:
             headers = signature_headers(self.settings.identity(Role.SERVICE), subject, data)
-        return await self.ncs[role].request(subject, data, timeout=timeout, headers=headers)
+        return await nc.request(subject, data, timeout=timeout, headers=headers)
 
     @property
     def user(self):

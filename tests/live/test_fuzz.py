@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from coorm.launchers.sdk import Session
 from coorm.services.stack import LocalStack
 from coorm.shared import bus, keys, subjects
-from coorm.shared.endpoints import APP, ENDPOINTS, NODE, USER, Endpoint, Kind
+from coorm.shared.endpoints import APP, ENDPOINTS, NODE, USER, Endpoint, Kind, Role, permissions
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import StatusQuery, StatusReply
 from coorm.shared.requests import RequestSpec
@@ -242,6 +242,25 @@ def message(draw, ctx: Ctx) -> Message:
     return Message(e, subject, served, payload, real_token, what)
 
 
+def _matches(subject: str, pattern: str) -> bool:
+    """NATS subject matching: ``*`` one token, ``>`` the rest."""
+    tokens, wild = subject.split("."), pattern.split(".")
+    for i, w in enumerate(wild):
+        if w == ">":
+            return len(tokens) > i
+        if i >= len(tokens) or (w != "*" and w != tokens[i]):
+            return False
+    return len(tokens) == len(wild)
+
+
+def permitted(m: Message, me: str) -> bool:
+    """Whether the identity the fuzzer sends it as may publish there: NATS drops anything else before any
+    CooRM program sees it (no reply: tests/live/test_security.py checks that part)."""
+    role = Prober.role_of(m.subject)
+    grants = permissions(role, me if role is Role.LAUNCHER else None).publish
+    return any(_matches(m.subject, g) for g in grants)
+
+
 def harmful(m: Message) -> bool:
     """A valid message that a service would act on: never sent (the state must not change)."""
     if m.endpoint.subject in READ_ONLY or (m.endpoint.subject in TOKEN_CHECKED and not m.real_token):
@@ -325,7 +344,8 @@ def fuzz(ctx: Ctx, nats_url: str, redis_url: str) -> None:
                                      HealthCheck.large_base_example])
     @given(data=st.data())
     def one_batch(data) -> None:
-        batch = [data.draw(message(ctx).filter(lambda m: not harmful(m))) for _ in range(BATCH)]
+        me = subjects.owner(ctx.apps[0])
+        batch = [data.draw(message(ctx).filter(lambda m: permitted(m, me) and not harmful(m))) for _ in range(BATCH)]
         problems = loop.run_until_complete(ask_all(nc, batch, gate))
         wrong = [f"{m}: {p}" for m, p in zip(batch, problems, strict=True) if p]
         assert not wrong, f"{len(wrong)} of {len(batch)} answered wrongly:\n" + "\n".join(wrong[:10])
