@@ -146,6 +146,7 @@ def start_servers(workdir: Path | None = None, *, nats_port: int | None = None, 
     file: a SIGKILL lost accepted sessions in a chaos run)."""
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="coorm-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    workdir.chmod(0o700)  # the servers' data: valkey's file holds the session tokens
     nats_port = nats_port or free_port()
     redis_port = redis_port or free_port()
     out = subprocess.DEVNULL if quiet else None

@@ -112,7 +112,9 @@ def _table(entries: list[Entry], t0: float, final: bool = False) -> Table:
             state = f"running on {held}" if held else "waiting"
         else:
             state = "done" if r and r.exit_code == 0 and not r.end_reason else f"ended ({r.end_reason or 'exit'})"
-        t.add_row(e.app or "-", e.name, e.kind, rel(e.submitted), rel(r.started if r else None),
+        # (every application is this user's: the id without its user fits the column)
+        t.add_row(e.app.split(".", 1)[-1] if e.app else "-", e.name, e.kind, rel(e.submitted),
+                  rel(r.started if r else None),
                   rel(r.ended if r and e.task and e.task.done() else None),
                   "-" if not (r and e.task and e.task.done()) else str(r.exit_code), state,
                   "-" if not e.runner else f"{e.runner.s.stats.notifications}")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,6 +113,9 @@ def test_nothing_answers_without_credentials_and_an_added_user_gets_in(up):
     proc, env, tmp, conn = up
     data = json.loads(conn.read_text())
     assert stat.S_IMODE(conn.stat().st_mode) == 0o600 and "credentials_dir" in data
+    # the servers' files (valkey's holds every session's token) and the credential store: the operator's only
+    for private in (tmp / "work" / "servers", Path(data["credentials_dir"])):
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700, private
     stranger = dict(env, COORM_CONNECTION_FILE=str(tmp / "nothing.json"), COORM_NATS_URL=data["nats_url"])
     r = _run(stranger, "status")
     assert r.returncode == 2 and "wants credentials" in r.stderr, (r.returncode, r.stderr)
