@@ -26,7 +26,8 @@ from coorm.node_agent.nodes import default_agent_id, host_memory_mb, host_node_i
 from coorm.node_agent.state import NodeBook, Refused
 from coorm.shared import subjects
 from coorm.shared.bus import WireError, call, connect, decode, encode, serve
-from coorm.shared.events import ErrorCode
+from coorm.shared.endpoints import Role
+from coorm.shared.events import EndReason, ErrorCode
 from coorm.shared.protocol import (
     Ack,
     AgentHeartbeat,
@@ -34,6 +35,7 @@ from coorm.shared.protocol import (
     AgentRegistered,
     ErrorReply,
     KillMsg,
+    KillNotify,
     KillReply,
     LaunchMsg,
     LaunchReply,
@@ -41,9 +43,14 @@ from coorm.shared.protocol import (
     NodeInfo,
     ProcessExited,
     ProcessOutput,
+    StartNotify,
 )
 from coorm.shared.settings import Settings
+from tests.live.roles import ME, Roles
 
+# the live part's applications are this test user's (an agent launches for the subject's user only)
+A1, A2, A3 = (subjects.app_id(ME, i) for i in (1, 2, 3))
+EXITS = subjects.app_exited(f"{ME}.*")  # every exit of the user's applications (no one reads agent.exited)
 TOKEN = "secret-token"
 TOKEN_SHA = hashlib.sha256(TOKEN.encode()).hexdigest()
 WAIT = 10.0
@@ -203,9 +210,18 @@ class FakeAllocator:
 
 @pytest.fixture
 async def nc(nats_url):
-    c = await connect(nats_url, "test-agent")
+    """The allocator, the launcher and the observer at once (each part as the identity that may play it)."""
+    c = await Roles(Settings(nats_url=nats_url)).connect()
     yield c
     await c.drain()
+
+
+async def app_events(nc, app: str) -> Inbox:
+    """The application's processes' output and exits, in the order the agent sent them."""
+    events = Inbox(BaseModel)
+    await events.subscribe(nc, subjects.app_output_any(app))
+    await events.subscribe(nc, subjects.app_exited(app))
+    return events
 
 
 @pytest.fixture
@@ -248,15 +264,15 @@ def node(agent: Agent, i: int = 0) -> str:
     return agent.book.nodes[i]
 
 
-async def assign(nc, node_id: str, *, app="a1", request="r1", nodes=None, end=None, previous=None) -> None:
+async def assign(nc, node_id: str, *, app=A1, request="r1", nodes=None, end=None, previous=None) -> None:
     msg = NodeAssign(app=app, request=request, nodes=nodes or [node_id], token_sha256=TOKEN_SHA, end=end,
                      previous=previous)
     assert isinstance(await call(nc, subjects.node_assign(node_id), msg, Ack, timeout=WAIT), Ack)
 
 
-async def launch(nc, node_id: str, argv: list[str], *, app="a1", request="r1", token=TOKEN, **kw) -> int:
+async def launch(nc, node_id: str, argv: list[str], *, app=A1, request="r1", token=TOKEN, **kw) -> int:
     msg = LaunchMsg(token=token, app=app, request=request, argv=argv, **kw)
-    reply = await call(nc, subjects.node_launch(node_id), msg, LaunchReply, timeout=WAIT)
+    reply = await call(nc, subjects.node_launch(node_id, ME), msg, LaunchReply, timeout=WAIT)
     [pid] = reply.pids
     return pid
 
@@ -289,7 +305,7 @@ async def test_registers_and_registers_again_on_hello(nc, allocator, make_agent)
 
 
 async def test_registration_retries_until_an_allocator_answers(nats_url, prefix):
-    other = await connect(nats_url, "late-allocator")
+    other = await connect(nats_url, "late-allocator", Settings().identity(Role.SERVICE))
     s = Settings(nats_url=nats_url, agent_heartbeat=0.2, kill_grace=0.3)
     agent = Agent(s, f"agent-{prefix}", "c0", host_node_info([f"{prefix}n0"], cores=1, memory_mb=1))
     starting = asyncio.create_task(agent.start())
@@ -328,38 +344,38 @@ async def test_heartbeats_carry_nodes_and_process_count(nc, agent):
 
 async def test_launch_runs_the_owners_command_with_output_and_exit_code(nc, agent):
     n0, n1 = node(agent, 0), node(agent, 1)
-    events = await Inbox(BaseModel).subscribe(nc, "coorm.v1.app.a1.>")
-    agent_exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    events = await app_events(nc, A1)
+    agent_exited = await Inbox(ProcessExited).subscribe(nc, EXITS)
     await assign(nc, n0, nodes=[n0, n1, "elsewhere7"])
     script = 'echo "$COORM_NODE $COORM_NODES $COORM_REQUEST $COORM_APP $EXTRA"; echo oops >&2; exit 3'
     pid = await launch(nc, n0, ["sh", "-c", script], env={"EXTRA": "x1"})
     out: dict[str, str] = {"stdout": "", "stderr": ""}
     while True:
         subject, data = await events.get()
-        if subject == subjects.app_exited("a1"):
+        if subject == subjects.app_exited(A1):
             exited = decode(data, ProcessExited)
             break
-        assert subject == subjects.app_output("a1", "r1")
+        assert subject == subjects.app_output(A1, "r1")
         o = decode(data, ProcessOutput)
         assert (o.node, o.request, o.pid) == (n0, "r1", pid)
         out[o.stream] += o.data
     # the output came before the exit, all of it
-    assert out == {"stdout": f"{n0} {n0},{n1},elsewhere7 r1 a1 x1\n", "stderr": "oops\n"}
-    assert exited == ProcessExited(node=n0, app="a1", request="r1", pid=pid, code=3, killed=False)
+    assert out == {"stdout": f"{n0} {n0},{n1},elsewhere7 r1 {A1} x1\n", "stderr": "oops\n"}
+    assert exited == ProcessExited(node=n0, app=A1, request="r1", pid=pid, code=3, killed=False)
     assert await agent_exited.until(lambda m: m.pid == pid) == exited
     assert agent.process_count == 0
 
 
 async def test_launch_in_cwd_and_long_output(nc, agent, tmp_path):
     n = node(agent)
-    events = await Inbox(BaseModel).subscribe(nc, "coorm.v1.app.a1.>")
+    events = await app_events(nc, A1)
     await assign(nc, n)
     pid = await launch(nc, n, ["sh", "-c", "pwd; head -c 200000 /dev/zero | tr '\\0' x; printf tail"],
                        cwd=str(tmp_path))
     text = ""
     while True:
         subject, data = await events.get()
-        if subject == subjects.app_exited("a1"):
+        if subject == subjects.app_exited(A1):
             assert decode(data, ProcessExited).code == 0
             break
         text += decode(data, ProcessOutput).data
@@ -368,7 +384,7 @@ async def test_launch_in_cwd_and_long_output(nc, agent, tmp_path):
 
 
 async def _refused(nc, node_id: str, data: bytes) -> ErrorReply:
-    msg = await nc.request(subjects.node_launch(node_id), data, timeout=WAIT)
+    msg = await nc.request(subjects.node_launch(node_id, ME), data, timeout=WAIT)
     return ErrorReply.model_validate_json(msg.data)
 
 
@@ -381,21 +397,21 @@ async def test_launch_refusals_start_nothing(nc, agent, tmp_path):
     not_executable.write_text("not a program\n")
 
     def launch_msg(**kw) -> bytes:
-        return encode(LaunchMsg(**{"token": TOKEN, "app": "a1", "request": "r1", "argv": argv, **kw}))
+        return encode(LaunchMsg(**{"token": TOKEN, "app": A1, "request": "r1", "argv": argv, **kw}))
 
     cases = [
-        (n0, launch_msg(app="a2"), ErrorCode.NOT_OWNER, "not allocated to request r1 of a2"),
+        (n0, launch_msg(app=A2), ErrorCode.NOT_OWNER, f"not allocated to request r1 of {A2}"),
         (n0, launch_msg(request="r2"), ErrorCode.NOT_OWNER, "not allocated to request r2"),
         (n0, launch_msg(token="not-the-token"), ErrorCode.BAD_TOKEN, "token"),
         (n1, launch_msg(), ErrorCode.NOT_OWNER, "not allocated to any request"),
         (n0, b"{not json", ErrorCode.BAD_MESSAGE, "not JSON"),
-        (n0, json.dumps({"token": TOKEN, "app": "a1", "request": "r1", "argv": []}).encode(),
+        (n0, json.dumps({"token": TOKEN, "app": A1, "request": "r1", "argv": []}).encode(),
          ErrorCode.BAD_MESSAGE, "argv"),
         # a shell's 127 and 126: the launcher fails the job at once
         (n0, launch_msg(argv=["/nonexistent/prog-xyz"]), ErrorCode.COMMAND_NOT_FOUND, "prog-xyz: command not found"),
         (n0, launch_msg(argv=["nonexistent_cmd_xyz"]), ErrorCode.COMMAND_NOT_FOUND, "nonexistent_cmd_xyz"),
         (n0, launch_msg(argv=[str(not_executable)]), ErrorCode.NOT_EXECUTABLE, "cannot execute"),
-        (n0, launch_msg(cwd=str(tmp_path / "missing-dir")), ErrorCode.BAD_REQUEST, "missing-dir"),
+        (n0, launch_msg(cwd=str(tmp_path / "missing-dir")), ErrorCode.BAD_CWD, "missing-dir"),
     ]
     for node_id, data, code, words in cases:
         reply = await _refused(nc, node_id, data)
@@ -403,7 +419,7 @@ async def test_launch_refusals_start_nothing(nc, agent, tmp_path):
         assert words in reply.error.message, reply.error.message
     assert agent.process_count == 0 and not marker.exists()
     with pytest.raises(WireError) as e:  # the helper the launchers use says the same
-        await launch(nc, n0, argv, app="a2")
+        await launch(nc, n0, argv, app=A2)
     assert e.value.code is ErrorCode.NOT_OWNER
 
 
@@ -411,24 +427,33 @@ async def test_launch_after_the_end_is_refused(nc, make_agent):
     agent = await make_agent(kill_grace=30)
     n = node(agent)
     await assign(nc, n, end=time.time() - 0.01)  # already over (the kill_grace has not run out yet)
-    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app="a1", request="r1", argv=["true"])))
+    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app=A1, request="r1", argv=["true"])))
     assert reply.error.code is ErrorCode.NOT_OWNER and "ended" in reply.error.message
 
 
 async def test_a_published_assignment_is_in_force_for_the_next_launch(nc, agent):
-    # no reply asked for: the agent handles a node's messages in the order they were sent
+    """No reply asked for: the agent handles a node's messages in the order the server got them. The
+    allocator publishes the assignment, then tells the application (startNotify); the application launches
+    once told: the launch reaches the agent after the assignment, though it comes on another connection."""
     n = node(agent)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a3"))
-    msg = NodeAssign(app="a3", request="r1", nodes=[n], token_sha256=TOKEN_SHA)
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited(A3))
+    starts = await Inbox(StartNotify).subscribe(nc, subjects.notify_start(A3))
+    kills = await Inbox(KillNotify).subscribe(nc, subjects.notify_kill(A3))
+    await nc.flush()
+    msg = NodeAssign(app=A3, request="r1", nodes=[n], token_sha256=TOKEN_SHA)
     await nc.publish(subjects.node_assign(n), encode(msg))
-    pid = await launch(nc, n, ["true"], app="a3")
+    await nc.publish(subjects.notify_start(A3), encode(StartNotify(app=A3, request="r1", cluster="c0", nodes=[n])))
+    await starts.get()
+    pid = await launch(nc, n, ["true"], app=A3)
     assert (await exited.until(lambda m: m.pid == pid)).code == 0
     # and a kill takes effect at once for what follows, while it waits for the deaths
-    pid = await launch(nc, n, ["sh", "-c", 'trap "" TERM; sleep 1000'], app="a3")
+    pid = await launch(nc, n, ["sh", "-c", 'trap "" TERM; sleep 1000'], app=A3)
     inbox = nc.new_inbox()
     kill_replies = await Inbox(KillReply).subscribe(nc, inbox)
     await nc.publish(subjects.node_kill(n), encode(KillMsg(request="r1", grace=1.0)), reply=inbox)
-    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app="a3", request="r1", argv=["true"])))
+    await nc.publish(subjects.notify_kill(A3), encode(KillNotify(app=A3, request="r1", reason=EndReason.DONE)))
+    await kills.get()
+    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app=A3, request="r1", argv=["true"])))
     assert reply.error.code is ErrorCode.NOT_OWNER
     assert kill_replies.queue.empty()  # the process ignores TERM: the kill still waits for the grace
     _, data = await kill_replies.get()
@@ -436,7 +461,7 @@ async def test_a_published_assignment_is_in_force_for_the_next_launch(nc, agent)
 
 
 async def test_assign_to_a_node_not_in_the_message_is_refused(nc, agent):
-    msg = NodeAssign(app="a1", request="r1", nodes=["other"], token_sha256=TOKEN_SHA)
+    msg = NodeAssign(app=A1, request="r1", nodes=["other"], token_sha256=TOKEN_SHA)
     with pytest.raises(WireError) as e:
         await call(nc, subjects.node_assign(node(agent)), msg, Ack, timeout=WAIT)
     assert e.value.code is ErrorCode.BAD_REQUEST
@@ -445,7 +470,7 @@ async def test_assign_to_a_node_not_in_the_message_is_refused(nc, agent):
 
 async def test_kill_stops_a_process_and_forgets_the_assignment(nc, agent):
     n = node(agent)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited(A1))
     await assign(nc, n)
     pid = await launch(nc, n, ["sleep", "1000"])
     assert not group_gone(pid)
@@ -454,15 +479,15 @@ async def test_kill_stops_a_process_and_forgets_the_assignment(nc, agent):
     ev = await exited.until(lambda m: m.pid == pid)
     assert ev.killed and ev.code == -15 and ev.request == "r1"
     assert agent.process_count == 0 and agent.book.assignment(n) is None
-    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app="a1", request="r1", argv=["true"])))
+    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app=A1, request="r1", argv=["true"])))
     assert reply.error.code is ErrorCode.NOT_OWNER
     assert await kill(nc, n) == []  # nothing left there
 
 
 async def test_kill_uses_kill_after_grace_when_term_is_ignored(nc, agent):
     n = node(agent)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
-    output = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output("a1", "r1"))
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited(A1))
+    output = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output(A1, "r1"))
     await assign(nc, n)
     pid = await launch(nc, n, ["sh", "-c", 'trap "" TERM; echo ready; sleep 1000; echo never'])
     await output.until(lambda m: m.data == "ready\n")  # the trap is set
@@ -476,8 +501,8 @@ async def test_kill_uses_kill_after_grace_when_term_is_ignored(nc, agent):
 
 async def test_kill_waits_for_children_that_outlive_a_leader_dying_on_term(nc, agent):
     n = node(agent)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
-    output = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output("a1", "r1"))
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited(A1))
+    output = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output(A1, "r1"))
     await assign(nc, n)
     # the leader dies on TERM, its background child ignores TERM: KILLed at the end of the grace
     script = '(trap "" TERM; echo child; sleep 1000) & wait'
@@ -492,8 +517,8 @@ async def test_kill_waits_for_children_that_outlive_a_leader_dying_on_term(nc, a
 async def test_without_subreaper_a_kill_does_not_wait_for_init_to_reap_zombies(nc, make_agent):
     agent = await make_agent(subreaper=False)
     n = node(agent)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
-    output = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output("a1", "r1"))
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited(A1))
+    output = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output(A1, "r1"))
     await assign(nc, n)
     pid = await launch(nc, n, ["sh", "-c", '(trap "" TERM; echo child; sleep 1000) & wait'])
     await output.until(lambda m: m.data == "child\n")
@@ -505,7 +530,7 @@ async def test_without_subreaper_a_kill_does_not_wait_for_init_to_reap_zombies(n
 
 async def test_what_a_leader_leaves_behind_in_its_group_is_killed(nc, agent):
     n = node(agent)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited(A1))
     await assign(nc, n)
     pid = await launch(nc, n, ["sh", "-c", "sleep 1000 & echo started"])
     ev = await exited.until(lambda m: m.pid == pid)
@@ -515,8 +540,8 @@ async def test_what_a_leader_leaves_behind_in_its_group_is_killed(nc, agent):
 
 async def test_next_handover_keeps_processes_running_under_the_new_request(nc, agent):
     n = node(agent)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
-    out_r2 = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output("a1", "r2"))
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited(A1))
+    out_r2 = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output(A1, "r2"))
     await assign(nc, n, end=time.time() + 60)
     pid = await launch(nc, n, ["sh", "-c", "while :; do echo tick; sleep 0.05; done"])
     await assign(nc, n, request="r2", previous="r1", end=time.time() + 60)
@@ -526,7 +551,7 @@ async def test_next_handover_keeps_processes_running_under_the_new_request(nc, a
     got = await out_r2.until(lambda m: m.pid == pid)  # its output now goes to r2
     assert got.request == "r2"
     # and only r2's owner may launch there now
-    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app="a1", request="r1", argv=["true"])))
+    reply = await _refused(nc, n, encode(LaunchMsg(token=TOKEN, app=A1, request="r1", argv=["true"])))
     assert reply.error.code is ErrorCode.NOT_OWNER
     assert await kill(nc, n, request="r2", grace=5.0) == [pid]
     ev = await exited.until(lambda m: m.pid == pid)
@@ -535,20 +560,20 @@ async def test_next_handover_keeps_processes_running_under_the_new_request(nc, a
 
 async def test_a_new_owner_ends_the_old_owners_processes(nc, agent):
     n = node(agent)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    exited = await Inbox(ProcessExited).subscribe(nc, EXITS)
     await assign(nc, n)
     pid = await launch(nc, n, ["sleep", "1000"])
-    await assign(nc, n, app="a2", request="q1")
+    await assign(nc, n, app=A2, request="q1")
     ev = await exited.until(lambda m: m.pid == pid)
-    assert (ev.app, ev.request, ev.killed) == ("a1", "r1", True)
+    assert (ev.app, ev.request, ev.killed) == (A1, "r1", True)
     assert group_gone(pid)
-    assert await launch(nc, n, ["true"], app="a2", request="q1") > 0
+    assert await launch(nc, n, ["true"], app=A2, request="q1") > 0
 
 
 async def test_self_kill_when_the_end_passed_without_word(nc, make_agent):
     agent = await make_agent(kill_grace=0.2)
     n0, n1 = node(agent, 0), node(agent, 1)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited("a1"))
+    exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited(A1))
     t_end = time.time() + 0.5
     await assign(nc, n0, end=t_end)
     await assign(nc, n1, request="r9")  # no end: left alone
@@ -565,11 +590,11 @@ async def test_self_kill_when_the_end_passed_without_word(nc, make_agent):
 async def test_stop_kills_everything_and_reports_it(nc, make_agent):
     agent = await make_agent()
     n0, n1 = node(agent, 0), node(agent, 1)
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    exited = await Inbox(ProcessExited).subscribe(nc, EXITS)
     await assign(nc, n0)
-    await assign(nc, n1, app="a2", request="q1")
+    await assign(nc, n1, app=A2, request="q1")
     pids = {await launch(nc, n0, ["sleep", "1000"]),
-            await launch(nc, n1, ["sh", "-c", 'trap "" TERM; sleep 1000'], app="a2", request="q1")}
+            await launch(nc, n1, ["sh", "-c", 'trap "" TERM; sleep 1000'], app=A2, request="q1")}
     assert procs.is_child_subreaper()
     await asyncio.wait_for(agent.stop(), WAIT)
     assert not procs.is_child_subreaper()  # the process is as it was before the agent
@@ -577,7 +602,7 @@ async def test_stop_kills_everything_and_reports_it(nc, make_agent):
     seen = {(await exited.until(lambda m: m.pid in pids)).pid for _ in range(2)}
     assert seen == pids
     with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):  # nobody serves n0 now
-        await nc.request(subjects.node_launch(n0), b"{}", timeout=2)
+        await nc.request(subjects.node_launch(n0, ME), b"{}", timeout=2)
 
 
 async def test_the_agent_command_serves_until_sigterm(nats_url, nc, allocator, prefix, tmp_path):
@@ -585,7 +610,7 @@ async def test_the_agent_command_serves_until_sigterm(nats_url, nc, allocator, p
            "COORM_CONNECTION_FILE": str(tmp_path / "none.json")}
     code = (f"from coorm.node_agent.agent import main; main('c7', '{prefix}n0..{prefix}n2', agent_id=None, cores=3, "
             "memory_mb=None)")
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    exited = await Inbox(ProcessExited).subscribe(nc, EXITS)
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, env=env,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
@@ -666,7 +691,7 @@ async def test_many_short_processes_each_report_their_own_exit_code(nc, make_age
     """Exit statuses are collected once, by the child watcher: no status is made up, however many processes
     end at once (with a 1 ms check, the former fallback reported 243 of 640 clean exits as SIGKILL)."""
     agent = await make_agent(nodes=tuple(f"n{i}" for i in range(16)))
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    exited = await Inbox(ProcessExited).subscribe(nc, EXITS)
     want: dict[int, int] = {}
     for r in range(4):
         for i, n in enumerate(agent.book.nodes):
@@ -689,7 +714,7 @@ async def test_a_process_that_leaves_its_session_dies_with_its_allocation_in_a_c
         pytest.skip(f"this host gives the agent no cgroups: {Cgroups.why_not}")
     n0 = node(agent)
     await assign(nc, n0)
-    out = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output_any("a1"))
+    out = await Inbox(ProcessOutput).subscribe(nc, subjects.app_output_any(A1))
     escape = "import os, time; os.setsid(); print(os.getpid(), flush=True); time.sleep(1000)"
     await launch(nc, n0, ["sh", "-c", f"{sys.executable} -c '{escape}' & sleep 1000"])
     escapee = int((await out.until(lambda m: m.data.strip().isdigit())).data)
@@ -716,7 +741,7 @@ async def test_every_kill_says_why(nc, make_agent):
     (``allocation_ended``, ``reassigned``, ``agent_stopping``)."""
     agent = await make_agent(nodes=("n0", "n1", "n2", "n3"))
     n0, n1, n2, n3 = agent.book.nodes
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    exited = await Inbox(ProcessExited).subscribe(nc, EXITS)
     for n in (n0, n1, n3):
         await assign(nc, n)
     await assign(nc, n2, end=time.time() + 0.5)
@@ -726,7 +751,7 @@ async def test_every_kill_says_why(nc, make_agent):
     stopped = await launch(nc, n3, ["sleep", "1000"])
     await call(nc, subjects.node_kill(n0), KillMsg(request="r1", grace=0.3, reason="walltime"), KillReply,
                timeout=WAIT)
-    await assign(nc, n1, app="a2", request="q1")
+    await assign(nc, n1, app=A2, request="q1")
     reasons = {}
     for pid in (by_rms, replaced, expired):
         ev = await exited.until(lambda m, pid=pid: m.pid == pid)
@@ -744,9 +769,9 @@ async def test_registration_gives_the_agent_its_nodes_assignments_and_ends_stale
     owner launch without a new assignment message; an agent that was cut off (asked to register again) kills
     the processes of allocations that ended meanwhile."""
     n0 = f"{prefix}n0"
-    allocator.assignments = [NodeAssign(app="a1", request="r1", nodes=[n0], token_sha256=TOKEN_SHA, end=None)]
+    allocator.assignments = [NodeAssign(app=A1, request="r1", nodes=[n0], token_sha256=TOKEN_SHA, end=None)]
     agent = await make_agent()
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    exited = await Inbox(ProcessExited).subscribe(nc, EXITS)
     pid = await launch(nc, n0, ["sleep", "1000"])  # no NodeAssign was sent: the reply said so
     allocator.assignments = []
     agent.registered.clear()
@@ -765,10 +790,10 @@ async def test_a_restarted_agent_kills_and_reports_what_its_killed_predecessor_l
     env = {**os.environ, "COORM_NATS_URL": nats_url, "COORM_KILL_GRACE": "0.3", "COORM_AGENT_HEARTBEAT": "0.2",
            "COORM_CONNECTION_FILE": str(tmp_path / "none.json"), "COORM_AGENT_STATE_DIR": str(tmp_path / "state")}
     n0 = f"{prefix}n0"
-    allocator.assignments = [NodeAssign(app="a1", request="r1", nodes=[n0], token_sha256=TOKEN_SHA, end=None)]
+    allocator.assignments = [NodeAssign(app=A1, request="r1", nodes=[n0], token_sha256=TOKEN_SHA, end=None)]
     code = (f"from coorm.node_agent.agent import main; main('c7', '{prefix}n0..{prefix}n1', agent_id='ag-{prefix}', "
             "cores=1, memory_mb=64)")
-    exited = await Inbox(ProcessExited).subscribe(nc, subjects.AGENT_EXITED)
+    exited = await Inbox(ProcessExited).subscribe(nc, EXITS)
 
     async def start_agent():
         proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, env=env,
@@ -799,7 +824,7 @@ async def test_a_restarted_agent_kills_and_reports_what_its_killed_predecessor_l
         second = await start_agent()
         ev = await exited.until(lambda m: m.pid == pid)
         assert (ev.killed, ev.reason, ev.code, ev.app, ev.request) == (True, "agent_restarted", -signal.SIGKILL,
-                                                                       "a1", "r1")
+                                                                       A1, "r1")
         assert procs.start_time(pid) is None or _state(pid) == "Z"
         again = await launch_once_registered(["sh", "-c", "exit 4"])
         assert (await exited.until(lambda m: m.pid == again)).code == 4
@@ -814,19 +839,19 @@ async def test_a_launch_before_the_registration_is_answered_waits_for_it(nats_ur
     """A restarted agent serves its nodes' subjects before the allocator's answer tells it whom they belong
     to: a launch arriving in between waits for that answer instead of being refused (in a 300-application
     chaos run, three jobs failed that way when their agent was restarted)."""
-    other = await connect(nats_url, "slow-allocator")
+    other = await connect(nats_url, "slow-allocator", Settings().identity(Role.SERVICE))
     gate = asyncio.Event()
     n0 = f"{prefix}n0"
 
     async def answer(msg: AgentRegister, raw) -> AgentRegistered:
         await gate.wait()  # the allocator is busy: its answer comes late
-        return AgentRegistered(assignments=[NodeAssign(app="a1", request="r1", nodes=[n0], token_sha256=TOKEN_SHA)])
+        return AgentRegistered(assignments=[NodeAssign(app=A1, request="r1", nodes=[n0], token_sha256=TOKEN_SHA)])
 
     await serve(other, subjects.AGENT_REGISTER, AgentRegister, answer)
     s = Settings(nats_url=nats_url, agent_heartbeat=0.2, kill_grace=0.3, agent_state_dir=tmp_path / "state")
     agent = Agent(s, f"agent-{prefix}", "c0", host_node_info([n0], cores=1, memory_mb=1))
     starting = asyncio.create_task(agent.start())
-    nc = await connect(nats_url, "early-launcher")
+    nc = await Roles(Settings(nats_url=nats_url)).connect()
     try:
         hb = await Inbox(AgentHeartbeat).subscribe(nc, subjects.AGENT_HEARTBEAT)
         await hb.until(lambda m: m.agent == agent.agent_id)  # it serves its nodes; not registered yet
