@@ -13,7 +13,6 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -97,11 +96,6 @@ class LocalServers:
     def redis_url(self) -> str:
         """With the services' user and password."""
         return CredentialStore(self.credentials).redis_url("127.0.0.1", self.redis_port)
-
-    def reload_nats(self) -> None:
-        """nats-server reads its configuration again (the users, after ``coorm user add``)."""
-        if self.procs and self.procs[0].poll() is None:
-            os.kill(self.procs[0].pid, signal.SIGHUP)
 
     def stop(self) -> None:
         for p in self.procs:
