@@ -56,7 +56,7 @@ async def _until_admitted(url: str, ident: Identity) -> None:
         try:
             nc = await nats.connect(url, nkeys_seed_str=ident.seed, inbox_prefix=ident.inbox_prefix,
                                     allow_reconnect=False, connect_timeout=1)
-        except nats.errors.Error:
+        except (nats.errors.Error, OSError):  # refused (the server may cut the connection before saying so)
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.05)  # polling the server's reload: it says nothing when it is done
