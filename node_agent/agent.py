@@ -183,10 +183,6 @@ class Agent:
         then register (retrying until the allocator answers)."""
         if self.nc is not None:
             raise RuntimeError("agent already started")
-        if self.subreaper:
-            self._subreaper_held = procs.acquire_subreaper()
-            if not self._subreaper_held:
-                self._log.warning("cannot become child subreaper: killed groups are reaped by init")
         # an agent obeys assignments and kills that a service signed, and no others: without the services'
         # key it could check none, so it does not start
         service_key = self.settings.service_public_key()
@@ -194,6 +190,10 @@ class Agent:
             raise RuntimeError("no services' public key (COORM_SERVICE_KEY, or service.pub in COORM_CREDENTIALS_DIR): "
                                "the agent cannot tell the RMS's assignments from anyone's")
         self.service_key = service_key
+        if self.subreaper:
+            self._subreaper_held = procs.acquire_subreaper()
+            if not self._subreaper_held:
+                self._log.warning("cannot become child subreaper: killed groups are reaped by init")
         self.nc = await connect(self.settings.nats_url, f"coorm-agent-{self.agent_id}",
                                 self.settings.identity(Role.AGENT))
         self.cgroups = Cgroups.create(self.agent_id, str(self.state_file)) if self.settings.agent_cgroups else None
@@ -327,10 +327,11 @@ class Agent:
             self._rearm.clear()
             due = self.book.next_expiry()
             timeout = None if due is None else max(0.0, due - self.clock()) + 0.001
-            try:
-                await asyncio.wait_for(self._rearm.wait(), timeout)
-            except TimeoutError:
-                pass
+            # (asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that comes as the
+            # event is set -- a kill just before stop() -- and the stopping agent then hung until the next end)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._rearm.wait()
             expired = self.book.expire(self.clock())
             if expired:
                 self._save()

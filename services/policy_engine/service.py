@@ -456,7 +456,8 @@ class PolicyEngine:
             due = self.pacer.due_at()
             delay = None if due is None else max(0.0, due - clock())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._views_wake.wait(), delay)
+                async with asyncio.timeout(delay):  # (not wait_for: it may lose a cancellation, see the agent)
+                    await self._views_wake.wait()
             await self._views_round()
 
     async def _publish_views(self, apps=(), closed=(), full: bool = False) -> None:
@@ -585,7 +586,8 @@ class PolicyEngine:
             w = self.cores.next_wakeup()
             delay = None if w is None else max(0.0, w - clock())
             try:
-                await asyncio.wait_for(self._wake.wait(), delay)
+                async with asyncio.timeout(delay):  # (not wait_for: it may lose a cancellation, see the agent)
+                    await self._wake.wait()
             except TimeoutError:
                 await self.apply(lambda at, sid: Tick(at=at, stimulus_id=sid))
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from coorm.launchers.sdk import Session
-from coorm.services.stack import LocalStack, wait_until
+from coorm.services.stack import LocalStack
 from coorm.shared import bus, keys, subjects
 from coorm.shared.credentials import CredentialStore, Identity, new_identity, signature_headers
 from coorm.shared.endpoints import Role
@@ -320,12 +320,14 @@ async def test_a_user_the_node_does_not_know_is_refused(system, store, servers):
 
 
 async def test_an_agent_without_the_services_key_does_not_start(servers, store):
+    from coorm.node_agent import procs
     from coorm.node_agent.agent import Agent
     from coorm.node_agent.nodes import host_node_info
 
     settings = Settings(nats_url=servers.nats_url, credentials_dir=None,
                         nats_credentials=store.role_path(Role.AGENT))
     agent = Agent(settings, "keyless", "c9", host_node_info(["c9n0"], cores=1, memory_mb=64))
+    subreaper = procs.is_child_subreaper()
     with pytest.raises(RuntimeError, match="public key"):
         await agent.start()
-    await wait_until(lambda: agent.nc is None, 1.0, "no connection")
+    assert agent.nc is None and procs.is_child_subreaper() == subreaper  # nothing taken, nothing left held
