@@ -72,7 +72,7 @@ def test_the_base_install_resolves_without_the_server_s_dependencies(tmp_path):
                          cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     names = {_name(i["metadata"]["name"]).replace("_", "-") for i in json.loads(report.read_text())["install"]}
-    assert {"coorm", "pydantic", "nats-py"} <= names
+    assert {"coorm", "pydantic", "nats-py", "nkeys"} <= names  # (nkeys: a client cannot sign in without it)
     assert not names & SERVER_ONLY, f"pip install coorm brings {sorted(names & SERVER_ONLY)}"
 
 
