@@ -247,10 +247,10 @@ def detached_submit(
     run(fd, cluster, nodes, walltime, command or [], output, name)
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@app.command()  # (options anywhere before `--`: `coorm launch psa --set k=v -- cmd`, as the README writes it)
 def launch(
     kind: str = typer.Argument(..., help="rigid | moldable | cem | psa | amr | next"),
-    command: list[str] = typer.Argument(None, help="a command to run on every node the application gets"),
+    command: list[str] = typer.Argument(None, help="after --: a command to run on every node the application gets"),
     cluster: str | None = typer.Option(None, "-c", "--cluster"),
     params: list[str] = typer.Option([], "--set", help="KEY=VALUE, as in a scenario file (e.g. task_duration=60)"),
     name: str = typer.Option("", "-J", "--name"),

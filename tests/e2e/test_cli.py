@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -81,3 +82,17 @@ def test_experiment_list_names_every_experiment_module():
     assert run.returncode == 0, run.stderr
     names = [line.split(":")[0] for line in run.stdout.splitlines() if line.strip()]
     assert len(names) == len(EXPERIMENTS) and "coorm-fig6" in names and "coormv2-fig9" in names
+
+
+def test_launch_takes_its_options_after_the_kind_and_the_command_after_the_double_dash(tmp_path):
+    """``coorm launch psa --set task_duration=60 -- ./task.sh``, as the README writes it: the options are read
+    (a bad one is refused before anything is reached, exit 2), the command is what follows ``--`` (its own
+    options included); with no CooRM to reach, a good launch ends with 3."""
+    env = {**os.environ, "COORM_CONNECTION_FILE": str(tmp_path / "none.json"),
+           "COORM_NATS_URL": "nats://127.0.0.1:9", "COORM_CONNECT_TIMEOUT": "1"}
+    bad = subprocess.run([*_coorm(), "launch", "psa", "--set", "no_such_parameter=1", "--", "true"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no_such_parameter" in bad.stderr, bad.stderr
+    good = subprocess.run([*_coorm(), "launch", "psa", "--set", "task_duration=60", "--", "sh", "-c", "true"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert good.returncode == 3 and "cannot reach CooRM" in good.stderr, good.stderr
