@@ -79,6 +79,9 @@ class Launcher:
     background = False  # True: runs for as long as there is room (a PSA); a simulation does not wait for it
     wants_preemptive = False  # the RMS sends preemptive views too
     views_after_start = False  # keeps following its views once running (malleable, evolving)
+    # subscribes to its views (the papers' applications all do; a live rigid job opens its session with
+    # ``views=False`` instead: the RMS knows its need, sends it no views and holds no node for it)
+    adapts_to_views = True
 
     def __init__(self, app: str) -> None:
         self.app = app

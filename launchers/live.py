@@ -13,13 +13,13 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
 from nats.errors import Error as NatsError
 
-from coorm.launchers.base import Close, Command, Done, Launcher, Submit, Timer
+from coorm.launchers.base import Close, ClusterProps, Command, Done, Launcher, Submit, Timer
 from coorm.launchers.sdk import Closed, Exited, Killed, Session, Started, ViewsChanged
 from coorm.shared import bus
 from coorm.shared.events import ErrorCode
@@ -62,13 +62,31 @@ class RunResult:
     notifications: int = 0
     notification_bytes: int = 0
     refused: list[str] = field(default_factory=list)
+    launched: list[tuple[str, int]] = field(default_factory=list)  # (node, pid) of every process started
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a launcher's run stood when the process that ran it died (from its records)."""
+
+    launched: dict[tuple[str, int], str]  # (node, pid) -> request: every process it had started
+    exited: frozenset[tuple[str, int]]  # those whose exit it had heard of
+    exit_code: int = 0
+    started: float | None = None
+
+    @property
+    def nodes_launched(self) -> frozenset[str]:
+        return frozenset(n for n, _ in self.launched)
 
 
 class LiveRunner:
     def __init__(self, session: Session, launcher: Launcher, *, command: list[str] | None = None,
                  command_ends_work: bool = False, on_output: Callable[[ProcessOutput], None] | None = None,
                  env: dict[str, str] | None = None, cwd: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, launch_options: dict | None = None,
+                 observe: Callable[[object, RunResult], Awaitable[None]] | None = None,
+                 resumed: Resumed | None = None, detach_on_cancel: bool = False,
+                 props: ClusterProps | None = None, first_node_only: bool = False) -> None:
         self.s = session
         self.launcher = launcher
         self.command = command
@@ -81,16 +99,39 @@ class LiveRunner:
         self._timers: set[asyncio.Task] = set()
         self._running_procs = 0
         self._launched_any = False
+        # what Session.launch is given beyond the command (the batch service's output files)
+        self.launch_options = launch_options or {}
+        self.observe = observe  # told of every input once handled, with the result so far (to keep records)
+        self.resumed = resumed
+        self.detach_on_cancel = detach_on_cancel
+        self.props = props  # what the launcher is opened with (None: asked of the RMS)
+        # the command runs on the first node of a request only (a batch script, as sbatch runs it), not on each
+        self.first_node_only = first_node_only
+        if resumed is not None:  # another process ran this launcher until now: what it had started stays started
+            self._running_procs = len(resumed.launched) - len(resumed.exited)
+            self._launched_any = bool(resumed.launched)
+            self.result.exit_code = resumed.exit_code
+            self.result.started = resumed.started
+            self.result.processes = len(resumed.launched)
 
     async def run(self) -> RunResult:
         pump = asyncio.create_task(self._pump())
         outs = asyncio.create_task(self._outputs()) if self.on_output else None
+        cancelled = False
         try:
-            props = await self.s.cluster_props()
-            await self._execute(self.launcher.on_open(self.clock(), props))
+            props = self.props or await self.s.cluster_props()
+            opening = self.launcher.on_open(self.clock(), props)
+            if self.resumed is not None:  # its requests were sent then (the launcher's ids are the same again)
+                opening = [c for c in opening if not isinstance(c, Submit)]
+            await self._execute(opening)
             while not self.launcher.finished:
                 item = await self._inbox.get()
                 await self._handle(item)
+                if self.observe is not None:
+                    await self.observe(item, self.result)
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
             for t in [pump, outs, *self._timers]:
                 if t is not None:
@@ -99,7 +140,10 @@ class LiveRunner:
                 if t is not None:
                     with contextlib.suppress(asyncio.CancelledError):
                         await t
-            await self.s.close()
+            if cancelled and self.detach_on_cancel:
+                await self.s.detach()  # the process that ran it stops: the next one takes the session up
+            else:
+                await self.s.close()
         self.result.ended = self.result.ended or self.clock()
         self.result.notifications = self.s.stats.notifications
         self.result.notification_bytes = self.s.stats.notification_bytes
@@ -158,11 +202,14 @@ class LiveRunner:
 
     async def _launch(self, st: Started) -> None:
         assert self.command is not None  # (launched only for a command)
-        for node in st.nodes:
-            if node in st.kept:
+        for node in st.nodes[:1] if self.first_node_only else st.nodes:
+            if node in st.kept or (self.resumed is not None and node in self.resumed.nodes_launched):
                 continue
             try:
-                pids = await self.s.launch(st.request, node, self.command, env=self.env, cwd=self.cwd)
+                # the launch's id names the request and the node: a launcher taken up after a crash that sends
+                # it again gets the pids of the first, not a second process
+                pids = await self.s.launch(st.request, node, self.command, env=self.env, cwd=self.cwd,
+                                           launch_id=f"{st.request}@{node}", **self.launch_options)
             except (bus.WireError, NatsError) as e:  # refused, or no agent answers for the node
                 log.warning("launch refused", node=node, request=st.request, error=str(e))
                 code = e.code if isinstance(e, bus.WireError) else None
@@ -174,6 +221,7 @@ class LiveRunner:
                 continue
             self._running_procs += len(pids)
             self.result.processes += len(pids)
+            self.result.launched += [(node, pid) for pid in pids]
             self._launched_any = True
         if self.command_ends_work and self.result.refused and self._running_procs <= 0 and not self.launcher.finished:
             # not one process runs and none will (refused, or a program a shell could not run either): the job

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from coorm.launchers.base import ClusterProps, Views
 from coorm.shared import bus, subjects
@@ -164,10 +164,12 @@ class Session:
     # ============================================================================================
     @classmethod
     async def open(cls, settings: Settings | None = None, *, clusters: list[str] | None = None, user: str = "",
-                   name: str = "", kind: str = "", preemptive_views: bool = True, nc=None) -> Session:
+                   name: str = "", kind: str = "", preemptive_views: bool = True, nc=None,
+                   views: bool = True) -> Session:
         """``subscribe``: open a session; the RMS answers with the application id and its subjects. The
         session is the user's whom the connection is authenticated as: the identity of ``settings`` (or
-        ``user``, with a connection ``nc`` made for that user)."""
+        ``user``, with a connection ``nc`` made for that user). ``views`` False: the application never
+        reads its views (a rigid job): the RMS sends none and holds no node for it to re-select."""
         settings = settings or Settings()
         identity = settings.identity(Role.LAUNCHER)
         user = user or (identity.name if identity is not None else _whoami())
@@ -188,13 +190,30 @@ class Session:
                                           reconnect_window=settings.reconnect_window,
                                           source=settings.source_of("nats_url"), closed_cb=on_closed,
                                           reconnected_cb=on_reconnected, identity=identity)
-        msg = SessionOpen(filter=Filter(clusters=clusters, preemptive_views=preemptive_views), name=name, kind=kind)
+        msg = SessionOpen(filter=Filter(clusters=clusters, preemptive_views=preemptive_views and views, views=views),
+                          name=name, kind=kind)
         # (sent again after a timeout: a session opened by the attempt that timed out is reaped, unheard of)
         reply = await _call_retrying(nc, subjects.session_open(user), msg, SessionOpenReply, after_timeout=_reraise)
         self = cls(nc=nc, reply=reply, settings=settings, own_connection=own)
         opened.append(self)
         await self._subscribe()
         self._heartbeat = asyncio.create_task(self._beat())
+        return self
+
+    @classmethod
+    async def resume(cls, settings: Settings, reply: SessionOpenReply, nc, launched: dict[tuple[str, int], str]
+                     ) -> Session:
+        """Take up a session another process opened (the batch service's previous instance, from its
+        records): listen and beat again, then ask what was missed meanwhile -- what started and ended, and
+        how the processes ``launched`` ((node, pid) -> request) ended -- as after a reconnection. Raises
+        :class:`~coorm.shared.bus.WireError` (``unknown_app``) when the RMS reaped the session meanwhile."""
+        self = cls(nc=nc, reply=reply, settings=settings, own_connection=False)
+        # a heartbeat first: a session the RMS no longer has is refused here, before anything is subscribed
+        await _call_retrying(nc, reply.subjects.heartbeat, HeartbeatMsg(token=reply.token), Ack)
+        self._unexited.update(launched)
+        await self._subscribe()
+        self._heartbeat = asyncio.create_task(self._beat())
+        self._recovering = asyncio.create_task(self._recover_after_reconnection())
         return self
 
     async def _subscribe(self) -> None:
@@ -233,6 +252,19 @@ class Session:
             with contextlib.suppress(Exception):
                 await self.nc.close()
             return
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def detach(self) -> None:
+        """Stop following the session without ending it (no heartbeat, no subscriptions): another process
+        takes it up with :meth:`resume` within the session timeout, or the RMS reaps it."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in (self._recovering, self._heartbeat):
+            if task is not None:
+                task.cancel()
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -379,12 +411,18 @@ class Session:
     # processes
     # ============================================================================================
     async def launch(self, request: str, node: str, argv: list[str], env: dict[str, str] | None = None,
-                     cwd: str | None = None) -> list[int]:
-        """Start ``argv`` on ``node`` (which ``request`` must hold) through the node's agent."""
+                     cwd: str | None = None, launch_id: str | None = None, *, stdout: str | None = None,
+                     stderr: str | None = None, open_mode: Literal["append", "truncate"] = "append") -> list[int]:
+        """Start ``argv`` on ``node`` (which ``request`` must hold) through the node's agent. ``launch_id``:
+        the same id sent again (by another process taking the session up) gets the first launch's pids.
+        ``stdout`` (absolute, on the node) and ``stderr`` (by default the same file): files the output goes
+        to instead of :meth:`output`, opened as the process's user (``open_mode``: append, or truncate at the
+        process's start); a file the user cannot write refuses the launch (``bad_output``)."""
         import uuid
 
         msg = LaunchMsg(token=self.token, app=self.app, request=request, argv=argv, env=env or {}, cwd=cwd,
-                        launch_id=uuid.uuid4().hex)
+                        launch_id=launch_id or uuid.uuid4().hex, stdout=stdout, stderr=stderr,
+                        open_mode=open_mode)
         # sent again after a timeout (its agent died, or held it until its registration was answered): the
         # launch id makes the agent answer a second attempt without starting it twice. Not sent again when
         # the agent answers unavailable (it is stopping)

@@ -10,7 +10,8 @@ The I/O shell around :class:`coorm.node_agent.state.NodeBook`:
 * ``node_launch(node, user)``: starts ``argv`` for the owner -- an application of that user, as that user
   (:mod:`coorm.node_agent.runas`: uid, groups, a clean environment, a directory the user may enter) -- in its
   own session (process group), streams its
-  output on ``app_output(app, request)`` and, once it ended and its output was sent, publishes
+  output on ``app_output(app, request)`` (or, when the launch names files, the child opens them as the user
+  and writes there: nothing is published) and, once it ended and its output was sent, publishes
   :class:`ProcessExited` on ``app_exited(app)`` and ``AGENT_EXITED``;
 * ``node_kill(node)``: TERM to each of the request's process groups there, KILL after ``grace``; replies
   once they are dead;
@@ -123,6 +124,7 @@ class _Running:
     pipes: _Pipes
     cgroup: Path | None = None  # where the launch is contained (None: its process group only)
     token_sha256: str = ""  # of the session that launched it: who may read its exit later
+    piped: frozenset[int] = frozenset({1, 2})  # the fds whose output is published (the others go to files)
     start_ticks: int | None = None  # when it started (with the pid, its identity for a successor)
     watcher: asyncio.Task | None = None
     record: ProcessRecord | None = None  # taken off the books when the leader was reaped
@@ -444,24 +446,39 @@ class Agent:
         except runas.LaunchRefused as e:
             self._log.info("launch refused", node=node, app=msg.app, request=msg.request, reason=e.message)
             raise WireError(e.code, e.message) from None
+        # output files (a batch job's -o/-e): opened by the child as the user, never with the agent's rights
+        files = (runas.OutputFiles(msg.stdout, msg.stderr, append=msg.open_mode == "append")
+                 if msg.stdout is not None or msg.stderr is not None else None)
+        piped = frozenset({1, 2} if files is None else
+                          {fd for fd, path in ((1, files.stdout), (2, files.stderr)) if path is None})
         cg = self.cgroups.prepare() if self.cgroups is not None else None
         try:
             transport, pipes = await asyncio.get_running_loop().subprocess_exec(
-                _Pipes, *msg.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
-                # into its cgroup (as root), then the user's identity
-                preexec_fn=runas.chain(Cgroups.joiner(cg) if cg is not None else None, run_as.dropper()),
+                _Pipes, *msg.argv, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if 1 in piped else subprocess.DEVNULL,
+                stderr=subprocess.PIPE if 2 in piped else subprocess.DEVNULL,
+                env=env, cwd=cwd, start_new_session=True,
+                # into its cgroup (as root), then the user's identity, then (as the user) its output files
+                preexec_fn=runas.chain(Cgroups.joiner(cg) if cg is not None else None, run_as.dropper(),
+                                       files.opener() if files is not None else None),
             )
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             if cg is not None:
                 Cgroups.remove(cg)
+            why = files.refusal(user) if files is not None else None
+            if why is not None:  # (the child failed before exec: nothing runs)
+                self._log.info("launch refused", node=node, app=msg.app, request=msg.request, reason=why)
+                raise WireError(ErrorCode.BAD_OUTPUT, why) from None
             raise _launch_error(msg, e) from None
+        finally:
+            if files is not None:
+                files.close()
         pid = transport.get_pid()
         stale = self._running.get(pid)
         if stale is not None:  # a reaped leader whose watcher has not run yet: its pid was reused
             self._forget(stale)
         run = _Running(pid=pid, node=node, app=msg.app, request=msg.request, pipes=pipes, cgroup=cg,
-                       token_sha256=assignment.token_sha256, start_ticks=procs.start_time(pid))
+                       token_sha256=assignment.token_sha256, start_ticks=procs.start_time(pid), piped=piped)
         self._running[pid] = run
         self.book.started(pid, node, msg.app, msg.request)
         if msg.launch_id is not None:
@@ -682,8 +699,9 @@ class Agent:
         self._save()
 
     async def _pump(self, run: _Running) -> None:
-        """Publish the output, line by line (pieces of at most CHUNK characters), until both pipes end."""
-        names = {1: "stdout", 2: "stderr"}
+        """Publish the output, line by line (pieces of at most CHUNK characters), until both pipes end (those
+        there are: a stream that goes to a file has none)."""
+        names = {fd: name for fd, name in ((1, "stdout"), (2, "stderr")) if fd in run.piped}
         decoders = {fd: codecs.getincrementaldecoder("utf-8")(errors="replace") for fd in names}
         bufs = dict.fromkeys(names, "")
         open_fds = set(names)

@@ -7,6 +7,10 @@ child itself just before ``exec`` (:meth:`RunAs.dropper`). An agent
 that is not root cannot change identity: it starts processes only for its own user. The environment is
 never the agent's (it holds the agent's credentials): a clean one with the user's ``HOME``, ``USER``,
 ``LOGNAME``, ``SHELL`` and a default ``PATH``, then what the user exported, then the agent's ``COORM_*``.
+
+Output files (a batch job's ``-o``/``-e``): the child opens them itself, after it dropped to the user
+(:class:`OutputFiles`), so that the agent's rights never reach a file: not ``/etc/passwd``, not another user's
+file, not through a symbolic link. Why an open failed comes back to the agent through a pipe.
 """
 
 from __future__ import annotations
@@ -144,3 +148,81 @@ def check_cwd(run: RunAs, cwd: str | None) -> str:
         if not _may_search(st, run):
             raise LaunchRefused(ErrorCode.BAD_CWD, f"{run.user} cannot enter {cwd}: {path} is closed to them")
     return real
+
+
+class OutputFiles:
+    """Where a launch's stdout and stderr go when they go to files (``stdout`` or ``stderr`` set; ``stderr``
+    None with ``stdout`` set: the same file). :meth:`opener` is the child's last ``preexec_fn`` step, after
+    :meth:`RunAs.dropper`: it opens each file with the user's rights (``O_WRONLY|O_CREAT`` and ``O_APPEND`` or
+    ``O_TRUNC``, mode 0644 less the umask) and puts it on fd 1 and 2. When an open fails, the child writes
+    the errno and the path on a pipe before failing (``Popen`` only says that the ``preexec_fn`` raised):
+    :meth:`refusal` reads it in the agent. Use it as a context manager around the ``Popen`` (it closes the
+    pipe)."""
+
+    def __init__(self, stdout: str | None, stderr: str | None, *, append: bool = True) -> None:
+        if stdout is None and stderr is None:
+            raise ValueError("no output file")
+        self.stdout = stdout
+        self.stderr = stderr if stderr is not None or stdout is None else stdout
+        self.flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+        # close-on-exec at both ends: the child's end is gone by the program's exec (and when it fails, with
+        # the child): a read in the agent never waits
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+
+    def opener(self) -> Callable[[], None]:
+        """The ``preexec_fn`` step (in the child, as the user)."""
+        targets = [(fd, path) for fd, path in ((1, self.stdout), (2, self.stderr)) if path is not None]
+        flags, report = self.flags, self._write
+
+        def open_files() -> None:
+            opened: dict[str, int] = {}
+            for fd, path in targets:
+                if path not in opened:
+                    try:
+                        opened[path] = os.open(path, flags, 0o644)
+                    except OSError as e:
+                        os.write(report, b"%d\0%s" % (e.errno or 0, os.fsencode(path)))
+                        raise
+                os.dup2(opened[path], fd)
+            for f in opened.values():
+                os.close(f)
+
+        return open_files
+
+    def refusal(self, user: str) -> str | None:
+        """After a ``Popen`` that failed: why (naming the file and the reason), if it was an output file
+        the user could not open."""
+        self._close_write()
+        data = b""
+        while True:
+            try:
+                chunk = os.read(self._read, 65536)
+            except BlockingIOError:  # (a child still holding the other end: not expected, never waited for)
+                break
+            if not chunk:
+                break
+            data += chunk
+        number, sep, path = data.partition(b"\0")
+        if not sep or not number.isdigit():
+            return None
+        code = int(number)
+        reason = os.strerror(code) if code else "cannot be opened"
+        return f"{user} cannot write the output to {os.fsdecode(path)}: {reason}"
+
+    def _close_write(self) -> None:
+        if self._write >= 0:
+            os.close(self._write)
+            self._write = -1
+
+    def close(self) -> None:
+        self._close_write()
+        if self._read >= 0:
+            os.close(self._read)
+            self._read = -1
+
+    def __enter__(self) -> OutputFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

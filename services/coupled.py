@@ -15,6 +15,7 @@ from coorm.shared.events import (
     Done,
     EndRequest,
     ErrorCode,
+    HoldReleased,
     NodeDown,
     PolicyDecision,
     PolicyEvent,
@@ -71,6 +72,6 @@ class CoupledCores:
         self.allocator.handle(Tick(at=at))
         for d in decisions:
             out.append(d)
-            if isinstance(d, (StartRequest, EndRequest)):
+            if isinstance(d, (StartRequest, EndRequest, HoldReleased)):
                 out.extend(self.allocator.handle(d))
         return out

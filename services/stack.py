@@ -12,6 +12,7 @@ import structlog
 
 from coorm.node_agent.agent import Agent
 from coorm.node_agent.nodes import host_node_info
+from coorm.services.batch.service import BatchService
 from coorm.services.node_allocator.service import NodeAllocatorService
 from coorm.services.policy_engine.service import PolicyEngine
 from coorm.services.view_publisher.service import ViewPublisher
@@ -45,6 +46,7 @@ class LocalStack:
     settings: Settings
     clusters: dict[str, int]
     with_engine: bool = True  # False: a policy engine runs elsewhere (another process)
+    with_batch: bool = False  # the batch service too
     agents: dict[str, Agent] = field(default_factory=dict)
     parts: dict[str, _Part] = field(default_factory=dict)
 
@@ -59,6 +61,16 @@ class LocalStack:
     @property
     def publisher(self) -> ViewPublisher:
         return self.parts["view-publisher"].obj  # type: ignore[return-value]
+
+    @property
+    def batch(self) -> BatchService:
+        return self.parts["batch"].obj  # type: ignore[return-value]
+
+    async def start_batch(self) -> BatchService:
+        """(Again, after :meth:`stop_part`: a new instance takes the queue up from Redis.)"""
+        self._spawn("batch", BatchService(self.settings))
+        await self._ready(self.batch.ready, "batch")
+        return self.batch
 
     def _spawn(self, name: str, obj) -> None:
         stop = asyncio.Event()
@@ -78,6 +90,8 @@ class LocalStack:
             await agent.start()
             self.agents[cluster] = agent
         await self.wait_nodes_up()
+        if self.with_batch:
+            await self.start_batch()
         return self
 
     async def wait_nodes_up(self, timeout: float = 15.0) -> None:

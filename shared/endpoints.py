@@ -39,6 +39,12 @@ from coorm.shared.protocol import (
     AllocationsQuery,
     AllocationsReply,
     AllocatorDecisions,
+    BatchControl,
+    BatchControlReply,
+    BatchQuery,
+    BatchQueryReply,
+    BatchSubmit,
+    BatchSubmitReply,
     ChangeNotify,
     CloseMsg,
     ClustersInfoReply,
@@ -173,14 +179,16 @@ _SESSION = (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN)
 _TOKEN = "kq3XbN0cY1vH8mWfR2pLzT6sJ4aEdG7u"  # an example session token (the engine draws 24 random bytes)
 _SHA = "9f2c4e1a7b3d5f60819a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70"  # an example SHA-256, hex
 _T0 = 1767225600.0
-_LAUNCHERS = "launchers (the SDK, the command line)"  # an example wall-clock time (seconds)
+_LAUNCHERS = "launchers (the SDK, the command line, the batch service for its users' jobs)"
+# what a launcher does, the batch service does for the users' batch jobs: it holds the services' identity
+_AS_LAUNCHER = (Role.LAUNCHER, Role.SERVICE)
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     # -- launcher -> RMS ----------------------------------------------------------------------------------
     Endpoint(
         subject=subjects.session_open(USER), names=("session_open", "SESSION_OPEN_ANY"), part=Part.LAUNCHER,
         kind=Kind.REQUEST,
-        request=SessionOpen, reply=SessionOpenReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        request=SessionOpen, reply=SessionOpenReply, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="subscribe",
         # DUPLICATE: the core refuses an application id it already has (only if the id counter in Redis were
         # lost while the engine's state was not)
@@ -202,7 +210,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.app_views(APP), names=("app_views", "APP_VIEWS_ANY"), part=Part.LAUNCHER,
-        kind=Kind.REQUEST, request=InfoQuery, reply=ChangeNotify, publishers=(Role.LAUNCHER,),
+        kind=Kind.REQUEST, request=InfoQuery, reply=ChangeNotify, publishers=_AS_LAUNCHER,
         subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="view publisher", errors=_BUS,
         description=(
             "Every current view of the application, as one ``changeNotify`` (the same message the "
@@ -217,7 +225,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.app_allocations(APP), names=("app_allocations", "APP_ALLOCATIONS_ANY"),
         part=Part.LAUNCHER, kind=Kind.REQUEST, request=AllocationsQuery, reply=AllocationsReply,
-        publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="node allocator",
+        publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="node allocator",
         errors=(*_BUS, ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN),
         description=(
             "Every request of the application that started, with its nodes, and its end reason if it ended: "
@@ -233,7 +241,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.CLUSTERS_INFO, names=("CLUSTERS_INFO",), part=Part.LAUNCHER, kind=Kind.REQUEST,
-        request=InfoQuery, reply=ClustersInfoReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        request=InfoQuery, reply=ClustersInfoReply, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="view publisher", errors=_BUS, paper="listClustersInfo",
         description=(
             "CINFO of every cluster: its up nodes and, per node, the fewest cores and the least memory among "
@@ -244,7 +252,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.CLUSTERS_INTERINFO, names=("CLUSTERS_INTERINFO",), part=Part.LAUNCHER, kind=Kind.REQUEST,
-        request=InfoQuery, reply=InterClusterInfoReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        request=InfoQuery, reply=InterClusterInfoReply, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="view publisher", errors=_BUS, paper="listInterClusterInfo",
         description=(
             "ICINFO of every pair of clusters: latency and bandwidth, from the operator's inventory (defaults "
@@ -254,7 +262,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.app_request(APP), names=("app_request", "APP_REQUEST_ANY"), part=Part.LAUNCHER,
-        kind=Kind.REQUEST, request=RequestMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        kind=Kind.REQUEST, request=RequestMsg, reply=Ack, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="request",
         errors=(*_BUS, *_SESSION, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.DUPLICATE,
                 ErrorCode.BAD_RELATION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED),
@@ -272,7 +280,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.app_done(APP), names=("app_done", "APP_DONE_ANY"), part=Part.LAUNCHER, kind=Kind.REQUEST,
-        request=DoneMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        request=DoneMsg, reply=Ack, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="done",
         errors=(*_BUS, *_SESSION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED,
                 ErrorCode.BAD_RELEASE),
@@ -286,7 +294,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.app_heartbeat(APP), names=("app_heartbeat", "APP_HEARTBEAT_ANY"), part=Part.LAUNCHER,
-        kind=Kind.REQUEST, request=HeartbeatMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        kind=Kind.REQUEST, request=HeartbeatMsg, reply=Ack, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_BUS, *_SESSION),
         description=(
             "The session is alive. A launcher sends one every ``heartbeat_interval`` seconds (from the "
@@ -297,13 +305,80 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.app_close(APP), names=("app_close", "APP_CLOSE_ANY"), part=Part.LAUNCHER, kind=Kind.REQUEST,
-        request=CloseMsg, reply=Ack, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        request=CloseMsg, reply=Ack, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_BUS, *_SESSION),
         description=(
             "End the session: its waiting requests are cancelled, its running ones end (reason "
             "``session_closed``) and the agents kill their processes."),
         example={"token": _TOKEN},
         reply_example={"ok": True, "requests": []},
+    ),
+    # -- the batch queue ----------------------------------------------------------------------------------
+    Endpoint(
+        subject=subjects.batch_submit(USER), names=("batch_submit", "BATCH_SUBMIT_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST, request=BatchSubmit, reply=BatchSubmitReply, publishers=(Role.LAUNCHER,),
+        subscribers=(Role.SERVICE,), sent_by="coorm batch, coorm submit --no-wait", served_by="batch service",
+        errors=(*_BUS, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.TOO_LARGE),
+        description=(
+            "``sbatch``: queue a job, or an array of jobs, as the user the subject names. Written down before "
+            "it is answered: the reply's id is a job the batch service will run (when its dependencies and "
+            "hold allow, as the RMS's policy decides) even if the service restarts. ``argv`` runs on every node "
+            "the job gets -- or ``script`` (its text, copied now), with ``argv`` as its arguments -- in ``cwd``, "
+            "with ``env`` (what the user exported), writing ``output``/``error`` (Slurm's ``%j %A %a %u %x``; "
+            "default ``coorm-%j.out``, ``coorm-%A_%a.out`` for an array) as the user. ``array``: Slurm's "
+            "``0-999%50``; ``dependency``: ``after``, ``afterok``, ``afternotok``, ``afterany`` (``:id...``), "
+            "``singleton``, joined by ``,`` (all) or ``?`` (any). More nodes than the cluster has, up or down: "
+            "``too_large`` (unless the operator lets such a job wait)."),
+        example={"argv": [], "script": "#!/bin/sh\nsrun-like-work\n", "nodes": 2, "walltime": 600.0,
+                 "cluster": "c0", "name": "sweep", "output": "sweep-%A_%a.out", "array": "0-99%10",
+                 "dependency": "afterok:41", "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/home/alice/run"},
+        reply_example={"job": "42", "tasks": 100},
+    ),
+    Endpoint(
+        subject=subjects.batch_cancel(USER), names=("batch_cancel", "BATCH_CANCEL_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST, request=BatchControl, reply=BatchControlReply, publishers=(Role.LAUNCHER,),
+        subscribers=(Role.SERVICE,), sent_by="coorm cancel", served_by="batch service",
+        errors=(*_BUS, ErrorCode.UNKNOWN_JOB, ErrorCode.FORBIDDEN),
+        description=(
+            "``scancel``: end the user's jobs -- named by id (a job, an array task ``42_7``, a whole array "
+            "``42``), or all of the user's that match a name and states. A job waiting in the queue ends at once; "
+            "one in the RMS through its session (its request cancelled, or its processes killed). Another "
+            "user's job is ``forbidden``, and nothing changes."),
+        example={"jobs": ["42", "43_1"]},
+        reply_example={"ok": True, "jobs": ["42_0", "42_1", "43_1"], "unchanged": []},
+    ),
+    Endpoint(
+        subject=subjects.batch_hold(USER), names=("batch_hold", "BATCH_HOLD_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST, request=BatchControl, reply=BatchControlReply, publishers=(Role.LAUNCHER,),
+        subscribers=(Role.SERVICE,), sent_by="coorm hold", served_by="batch service",
+        errors=(*_BUS, ErrorCode.UNKNOWN_JOB, ErrorCode.FORBIDDEN),
+        description="Hold the user's jobs that have not entered the RMS yet (the others are ``unchanged``).",
+        example={"name": "sweep"},
+        reply_example={"ok": True, "jobs": ["42_5", "42_6"], "unchanged": ["42_0"]},
+    ),
+    Endpoint(
+        subject=subjects.batch_release(USER), names=("batch_release", "BATCH_RELEASE_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST, request=BatchControl, reply=BatchControlReply, publishers=(Role.LAUNCHER,),
+        subscribers=(Role.SERVICE,), sent_by="coorm release", served_by="batch service",
+        errors=(*_BUS, ErrorCode.UNKNOWN_JOB, ErrorCode.FORBIDDEN),
+        description="Release the user's held jobs: each goes on as its dependencies allow.",
+        example={"jobs": ["42"]},
+        reply_example={"ok": True, "jobs": ["42_5", "42_6"], "unchanged": []},
+    ),
+    Endpoint(
+        subject=subjects.BATCH_QUERY, names=("BATCH_QUERY",), part=Part.LAUNCHER, kind=Kind.REQUEST,
+        request=BatchQuery, reply=BatchQueryReply, publishers=(Role.LAUNCHER,), subscribers=(Role.SERVICE,),
+        sent_by="coorm queue, coorm history, coorm show job", served_by="batch service", errors=_BUS,
+        description=(
+            "``squeue`` (``ended`` false: the jobs not ended, with their state and the reason they wait) or "
+            "``sacct`` (``ended`` true: the history since ``since``, with exit codes). Every user's jobs, as "
+            "``squeue`` shows them; ``user``, ``states`` and ``jobs`` narrow it."),
+        example={"user": "alice", "states": ["queued", "running"]},
+        reply_example={"now": _T0, "total": 1, "jobs": [
+            {"id": "42_3", "user": "alice", "name": "sweep", "state": "queued", "reason": "waiting for resources",
+             "cluster": "c0", "nodes": 2, "walltime": 600.0, "submitted": _T0 - 60, "start_estimate": _T0 + 300,
+             "array_id": "42", "task": 3, "command": "(script #!/bin/sh)", "cwd": "/home/alice/run",
+             "output": "/home/alice/run/sweep-42_3.out"}]},
     ),
     Endpoint(
         subject=subjects.QUERY_STATUS, names=("QUERY_STATUS",), part=Part.LAUNCHER, kind=Kind.REQUEST,
@@ -332,7 +407,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     # -- RMS -> launcher ----------------------------------------------------------------------------------
     Endpoint(
         subject=subjects.notify_change(APP), names=("notify_change",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
-        request=ChangeNotify, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.LAUNCHER,),
+        request=ChangeNotify, reply=None, publishers=(Role.SERVICE,), subscribers=_AS_LAUNCHER,
         sent_by="view publisher", served_by="the application's launcher", errors=(), paper="changeNotify",
         description=(
             "CHANGE events: for each cluster and view type (``non_preemptive``, ``preemptive``) whose view "
@@ -345,7 +420,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.notify_start(APP), names=("notify_start",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
-        request=StartNotify, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.LAUNCHER,),
+        request=StartNotify, reply=None, publishers=(Role.SERVICE,), subscribers=_AS_LAUNCHER,
         sent_by="node allocator", served_by="the application's launcher", errors=(), paper="startNotify",
         description=(
             "A request started: its node IDs (empty for a pre-allocation, which holds no node IDs), those of "
@@ -357,7 +432,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.notify_kill(APP), names=("notify_kill",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
-        request=KillNotify, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.LAUNCHER,),
+        request=KillNotify, reply=None, publishers=(Role.SERVICE,), subscribers=_AS_LAUNCHER,
         sent_by="node allocator", served_by="the application's launcher", errors=(),
         description=(
             "A started request ended, whatever the reason: its own ``done``, a ``NEXT`` hand-over, its "
@@ -368,7 +443,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.SYSTEM_STOPPING, names=("SYSTEM_STOPPING",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
-        request=SystemStopping, reply=None, publishers=(Role.SERVICE,), subscribers=(Role.LAUNCHER,),
+        request=SystemStopping, reply=None, publishers=(Role.SERVICE,), subscribers=_AS_LAUNCHER,
         sent_by="coorm up, when it stops", served_by="every launcher", errors=(),
         description=(
             "CooRM as a whole is stopping (not one service restarting: a standby or a restarted service "
@@ -399,12 +474,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.node_launch(NODE, USER), names=("node_launch", "node_any"), part=Part.NODES,
         kind=Kind.REQUEST,
-        request=LaunchMsg, reply=LaunchReply, publishers=(Role.LAUNCHER,), subscribers=(Role.AGENT,),
+        request=LaunchMsg, reply=LaunchReply, publishers=_AS_LAUNCHER, subscribers=(Role.AGENT,),
         subscribe_as=subjects.node_any(NODE),
         sent_by=_LAUNCHERS, served_by="the node's agent",
         errors=(*_SERVED, ErrorCode.NOT_OWNER, ErrorCode.BAD_TOKEN, ErrorCode.BAD_REQUEST,
                 ErrorCode.COMMAND_NOT_FOUND, ErrorCode.NOT_EXECUTABLE, ErrorCode.UNKNOWN_USER, ErrorCode.FORBIDDEN,
-                ErrorCode.BAD_CWD),
+                ErrorCode.BAD_CWD, ErrorCode.BAD_OUTPUT),
         description=(
             "Start ``argv`` on the node for a request that holds it now, in its own process group, as the "
             "application's user: an agent running as root drops to the user's uid, gid and groups; one that "
@@ -443,7 +518,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.node_exits(NODE, USER), names=("node_exits", "node_any"), part=Part.NODES,
         kind=Kind.REQUEST,
-        request=ExitsQuery, reply=ExitsReply, publishers=(Role.LAUNCHER,), subscribers=(Role.AGENT,),
+        request=ExitsQuery, reply=ExitsReply, publishers=_AS_LAUNCHER, subscribers=(Role.AGENT,),
         subscribe_as=subjects.node_any(NODE),
         sent_by=_LAUNCHERS, served_by="the node's agent",
         errors=(*_SERVED, ErrorCode.BAD_TOKEN, ErrorCode.NOT_OWNER),
@@ -460,7 +535,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     # -- node agents -> launcher -----------------------------------------------------------------------------
     Endpoint(
         subject=subjects.app_output(APP, REQUEST), names=("app_output", "app_output_any"), part=Part.PROCESSES,
-        kind=Kind.PUBLISH, request=ProcessOutput, reply=None, publishers=(Role.AGENT,), subscribers=(Role.LAUNCHER,),
+        kind=Kind.PUBLISH, request=ProcessOutput, reply=None, publishers=(Role.AGENT,), subscribers=_AS_LAUNCHER,
         subscribe_as=subjects.app_output_any(APP), sent_by="node agents", served_by="the application's launcher",
         errors=(),
         description=(
@@ -474,7 +549,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.app_exited(APP), names=("app_exited",), part=Part.PROCESSES, kind=Kind.PUBLISH,
-        request=ProcessExited, reply=None, publishers=(Role.AGENT,), subscribers=(Role.LAUNCHER,),
+        request=ProcessExited, reply=None, publishers=(Role.AGENT,), subscribers=_AS_LAUNCHER,
         sent_by="node agents", served_by="the application's launcher", errors=(),
         description=(
             "A launched process ended, after its output was sent: its exit status (minus the signal that "
@@ -716,6 +791,12 @@ ERROR_MEANINGS: Mapping[ErrorCode, str] = {
     ErrorCode.UNKNOWN_USER: "a launch for a user the node does not know (user names are the same on every node)",
     ErrorCode.FORBIDDEN: "not the sender's to do: an assignment or kill the services did not sign, a launch for "
                          "another user by an agent that does not run as root, an environment variable the "
-                         "operator denies (``LD_PRELOAD``, ``LD_AUDIT`` by default)",
+                         "operator denies (``LD_PRELOAD``, ``LD_AUDIT`` by default), another user's batch job",
     ErrorCode.BAD_CWD: "a launch's working directory does not exist, is not a directory, or the user cannot enter it",
+    ErrorCode.BAD_OUTPUT: "a launch's output file (``stdout``, ``stderr``) cannot be opened for writing by the user "
+                          "the process runs as (its directory is missing or closed to them, the file is "
+                          "not theirs to write): nothing was started",
+    ErrorCode.UNKNOWN_JOB: "the batch queue has no job with that id (ended jobs leave it after five minutes: "
+                           "``coorm history`` has them)",
+    ErrorCode.TOO_LARGE: "a batch job asks for more nodes than its cluster has, up or down: it could never start",
 }

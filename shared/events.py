@@ -40,6 +40,7 @@ class OpenSession(_Event):
     user: str = ""
     name: str = ""
     app_kind: str = ""
+    adapts: bool = True  # it reads its views and may re-select (False: a rigid job, which gets no views)
 
 
 class CloseSession(_Event):
@@ -112,6 +113,9 @@ class ErrorCode(StrEnum):
     UNKNOWN_USER = "unknown_user"  # a launch for a user the node does not know
     FORBIDDEN = "forbidden"  # not this user's to do (another user's processes, a variable the operator denies)
     BAD_CWD = "bad_cwd"  # a launch's working directory is missing, or the user cannot enter it
+    BAD_OUTPUT = "bad_output"  # a launch's output file cannot be opened by the user (permissions, no directory)
+    UNKNOWN_JOB = "unknown_job"  # the batch queue has no such job (or it ended long ago)
+    TOO_LARGE = "too_large"  # more nodes than the cluster has, up or down: it could never start
 
 
 class EndReason(StrEnum):
@@ -212,6 +216,15 @@ class PassDone(_Decision):
     next_wakeup: float | None
 
 
+class HoldReleased(_Decision):
+    """A fair-start hold ended before its time (every application it waited for answered): the nodes
+    ``request``'s end left held are free now."""
+
+    kind: Literal["hold_released"] = "hold_released"
+    request: str
+    cluster: str
+
+
 PolicyDecision = (
     Accepted
     | Rejected
@@ -221,6 +234,7 @@ PolicyDecision = (
     | PreemptionDeadline
     | ViewsChanged
     | PassDone
+    | HoldReleased
 )
 
 
@@ -284,6 +298,6 @@ class CapacityChanged(_Decision):
 
 
 # what the allocator core takes and gives, and what the coupled cores give
-AllocatorEvent = StartRequest | EndRequest | RegisterNodes | NodeDown | Tick
+AllocatorEvent = StartRequest | EndRequest | HoldReleased | RegisterNodes | NodeDown | Tick
 AllocatorOutput = NodesAssigned | NodesFreed | CapacityChanged
 Decision = PolicyDecision | AllocatorOutput

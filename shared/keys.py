@@ -56,3 +56,12 @@ def acct_app(app: str) -> str:
     """hash: one application's usage totals (and ``_user``, ``_kind``)."""
     return f"{ACCT}:app:{app}"
 
+
+
+# -- the batch queue (services/batch) ----------------------------------------------------------------
+BATCH = f"{PREFIX}:batch"
+BATCH_SEQ = f"{BATCH}:seq"  # counter: job ids (an array's tasks are <id>_<task>)
+BATCH_SPECS = f"{BATCH}:specs"  # hash job or array id -> what was submitted (BatchSubmit JSON, user, time)
+BATCH_JOBS = f"{BATCH}:jobs"  # hash job id -> its state record (JSON): every job not ended yet, and recent ones
+BATCH_HISTORY = f"{BATCH}:history"  # hash job id -> the record of an ended job (BatchJob JSON)
+BATCH_ENDED = f"{BATCH}:ended"  # zset job id -> when it ended: the history, by end time

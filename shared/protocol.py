@@ -39,6 +39,9 @@ class Filter(_Msg):
 
     clusters: list[Identifier] | None = None
     preemptive_views: bool = True
+    # False: the application never reads its views (a rigid job: the RMS knows its need); it gets none, and
+    # no node freed early is held for it to re-select (fair-start)
+    views: bool = True
     min_nodes: int = Field(default=0, ge=0)
     min_cores_per_node: int = Field(default=0, ge=0)
     min_memory_mb_per_node: int = Field(default=0, ge=0)
@@ -177,6 +180,10 @@ class KillNotify(_Msg):
     nodes: list[Identifier] = Field(default_factory=list)
 
 
+# a file a launch's output goes to: absolute, no NUL, at most PATH_MAX (4096) characters
+OutputPath = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")]
+
+
 class LaunchMsg(Authenticated):
     app: Identifier
     request: Identifier
@@ -186,6 +193,19 @@ class LaunchMsg(Authenticated):
     # the launcher's name for this launch: sent again (its first attempt timed out: the agent may have
     # started it), the agent answers with the pids it started then instead of starting it twice
     launch_id: Identifier | None = None
+    # where the process's output goes instead of ``app_output`` (a batch job's ``-o``/``-e`` files): files the
+    # agent's child opens *as the user* (after dropping root's rights: a user cannot make the agent write a
+    # file the user may not write), created 0644 less the agent's umask. ``stderr`` None with ``stdout`` set:
+    # the same file as ``stdout`` (as sbatch does); ``stdout`` None with ``stderr`` set: stdout is published,
+    # stderr goes to the file; both None: both published. A stream that goes to a file publishes nothing (the
+    # exit is published as ever). A file that cannot be opened refuses the launch (``bad_output``).
+    stdout: OutputPath | None = None
+    stderr: OutputPath | None = None
+    # ``append`` (O_APPEND: the processes of a job appending to one file interleave whole writes safely) or
+    # ``truncate`` (O_TRUNC at each process's start: the launcher's business to truncate once -- a job's
+    # processes sharing one file would otherwise truncate what the earlier ones wrote; launch the first with
+    # ``truncate`` and the others with ``append``, or give each its own file)
+    open_mode: Literal["append", "truncate"] = "append"
 
 
 class LaunchReply(_Msg):
@@ -482,12 +502,110 @@ class StatusReply(_Msg):
     running: int = 0
 
 
+# -- the batch queue (coorm batch, submit --no-wait, cancel, hold, release, queue, history) ------------
+BATCH_STATES = ("held", "blocked", "eligible", "queued", "running", "completed", "failed", "timeout", "cancelled",
+                "node_fail")
+BatchState = Literal["held", "blocked", "eligible", "queued", "running", "completed", "failed", "timeout",
+                     "cancelled", "node_fail"]
+_PATH = Field(default=None, min_length=1, max_length=4096, pattern=r"^[^\x00]+$")
+
+
+class BatchSubmit(_Msg):
+    """``sbatch``: a job, or an array of jobs, for the batch queue. The batch service runs it as its user
+    (the subject names the user) once its dependencies allow; the RMS decides when it starts. The job runs
+    ``argv`` -- or ``script``, when given, with ``argv`` as its arguments -- on every node it gets."""
+
+    argv: list[Annotated[str, Field(max_length=65536)]] = Field(default_factory=list, max_length=4096)
+    script: str | None = Field(default=None, min_length=2, max_length=100_000)  # "#!...": its text, copied now
+    nodes: int = Field(default=1, ge=1, le=1_000_000)
+    walltime: float = Field(gt=0, le=366 * 86400)
+    cluster: Identifier | None = None  # None: the first cluster by name
+    name: str = Field(default="", max_length=128, pattern=r"^[^\x00-\x1f]*$")
+    output: str | None = _PATH  # Slurm's patterns (%j %A %a %u %x); relative to ``cwd``
+    error: str | None = _PATH  # None: with the output
+    open_mode: Literal["append", "truncate"] = "append"
+    array: str | None = Field(default=None, min_length=1, max_length=4096)  # "0-999%50"
+    dependency: str | None = Field(default=None, min_length=1, max_length=4096)  # "afterok:12,singleton"
+    hold: bool = False
+    env: dict[Annotated[str, Field(max_length=1024)], Annotated[str, Field(max_length=131072)]] = \
+        Field(default_factory=dict, max_length=4096)
+    cwd: str = Field(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")
+
+
+class BatchSubmitReply(_Msg):
+    job: str  # the job's id, or the array's
+    tasks: int = 1
+
+
+class BatchControl(_Msg):
+    """``scancel``, ``scontrol hold/release``: the user's own jobs that ``jobs`` name (a job, an array's task
+    ``12_3``, a whole array ``12``), or, with no ``jobs``, all of the user's jobs that match ``name`` and
+    ``states`` (at least one of the three)."""
+
+    jobs: list[Annotated[str, Field(pattern=r"^[0-9]{1,18}(_[0-9]{1,9})?$")]] = Field(default_factory=list,
+                                                                                     max_length=100_000)
+    name: str | None = Field(default=None, max_length=128)
+    states: list[BatchState] | None = None
+
+
+class BatchControlReply(_Msg):
+    ok: Literal[True] = True
+    jobs: list[str]  # the jobs it changed
+    unchanged: list[str] = Field(default_factory=list)  # named, but in a state it does not apply to
+
+
+class BatchQuery(_Msg):
+    """``squeue`` (``ended``: False) or ``sacct`` (``ended``: True, since ``since``)."""
+
+    user: str | None = Field(default=None, max_length=64)
+    states: list[BatchState] | None = None
+    jobs: list[Annotated[str, Field(pattern=r"^[0-9]{1,18}(_[0-9]{1,9})?$")]] | None = Field(default=None,
+                                                                                            max_length=10_000)
+    ended: bool = False
+    since: float | None = None
+    # a page at a time (one reply must fit in a NATS message): the jobs ``offset`` to ``offset + limit``
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=1000, ge=1, le=2000)
+
+
+class BatchJob(_Msg):
+    id: str
+    user: str
+    name: str
+    state: BatchState
+    reason: str = ""
+    cluster: str
+    nodes: int
+    walltime: float
+    submitted: float
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    start_estimate: float | None = None  # queued: when the RMS plans its start now
+    app: str | None = None  # its session, once in the RMS
+    node_ids: list[str] = Field(default_factory=list)
+    array_id: str | None = None
+    task: int | None = None
+    command: str = ""
+    cwd: str = ""
+    output: str = ""
+    error: str = ""
+    dependency: str | None = None
+
+
+class BatchQueryReply(_Msg):
+    now: float
+    jobs: list[BatchJob]
+    total: int
+
+
 WIRE_MODELS: tuple[type[BaseModel], ...] = (
     SessionOpen, InfoQuery, SessionOpenReply, ClustersInfoReply, InterClusterInfoReply, RequestMsg, DoneMsg, CloseMsg,
     HeartbeatMsg, Ack, ErrorReply, ChangeNotify, StartNotify, KillNotify, LaunchMsg, LaunchReply, KillMsg,
     KillReply, NodeAssign, AgentRegister, AgentRegistered, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
     ViewsEpoch, ViewsQuery, NodesEvent, StatusQuery, StatusReply, AllocatorDecisions, DeadLetter,
-    SystemStopping, AllocationsQuery, AllocationsReply, ExitsQuery, ExitsReply,
+    SystemStopping, AllocationsQuery, AllocationsReply, ExitsQuery, ExitsReply, BatchSubmit, BatchSubmitReply,
+    BatchControl, BatchControlReply, BatchQuery, BatchQueryReply,
 )
 
 

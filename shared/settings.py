@@ -71,6 +71,9 @@ class Settings(BaseSettings):
 
     # the policy (DESIGN §4)
     reschedule_interval: float = Field(default=1.0, ge=0)
+    # passes that may run at once within an interval (a request on a quiet system is scheduled without
+    # waiting for the interval; a burst of them is coalesced)
+    pass_burst: int = Field(default=4, ge=1)
     fair_start: float = Field(default=5.0, ge=0)
     preempt_grace: float = Field(default=10.0, ge=0)
     preemptible: Literal["filling", "strict"] = "filling"
@@ -90,6 +93,13 @@ class Settings(BaseSettings):
     snapshot_every: int = Field(default=10_000, ge=0, description="events between two snapshots (0: none)")
 
     inventory: Path | None = Field(default=None, description="YAML: cluster speeds, WAN latencies/bandwidths")
+
+    # the batch queue
+    batch_max_array: int = Field(default=100_000, ge=1, description="tasks an array may have at most")
+    batch_history_days: float = Field(default=30.0, gt=0, description="days an ended batch job stays in the history")
+    # a request for more nodes than its cluster has (up or down) is refused: it could never start. CooRM's
+    # paper lets such a request wait (nodes may be added): the operator may choose that
+    oversize_waits: bool = Field(default=False, description="let a request larger than its cluster wait")
 
     # observability: each process serves its Prometheus metrics here (0: a free port, unset: none)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

@@ -123,6 +123,29 @@ def deadletter(stream: str) -> str:
     """A stream's poison messages, set aside by its consumer (``DeadLetter``): ``deadletter.COORM_LIFECYCLE``."""
     return f"{PREFIX}.deadletter.{stream}"
 
+# the batch queue: launcher -> batch service (request/reply); the user's own, as a session's opening is
+def batch_submit(user: str) -> str:
+    return f"{PREFIX}.batch.submit.{user}"
+
+
+def batch_cancel(user: str) -> str:
+    return f"{PREFIX}.batch.cancel.{user}"
+
+
+def batch_hold(user: str) -> str:
+    return f"{PREFIX}.batch.hold.{user}"
+
+
+def batch_release(user: str) -> str:
+    return f"{PREFIX}.batch.release.{user}"
+
+
+BATCH_SUBMIT_ANY = f"{PREFIX}.batch.submit.*"
+BATCH_CANCEL_ANY = f"{PREFIX}.batch.cancel.*"
+BATCH_HOLD_ANY = f"{PREFIX}.batch.hold.*"
+BATCH_RELEASE_ANY = f"{PREFIX}.batch.release.*"
+BATCH_QUERY = f"{PREFIX}.batch.query"  # anyone may read the queue, as squeue shows every user's jobs
+
 # queries (request/reply)
 QUERY_STATUS = f"{PREFIX}.query.status"  # policy engine: StatusQuery -> StatusReply
 
@@ -157,7 +180,7 @@ def app_of(subject: str) -> str:
 
 def user_of(subject: str) -> str:
     """The user a user's subject names: ``session.open.<user>``, ``app.<user>.<app>.<verb>``,
-    ``node.<node>.launch.<user>``, ``node.<node>.exits.<user>``."""
+    ``node.<node>.launch.<user>``, ``node.<node>.exits.<user>``, ``batch.<verb>.<user>``."""
     tokens = subject.split(".")
     return tokens[3] if tokens[2] == "app" else tokens[-1]
 
@@ -182,6 +205,6 @@ def verb_of(subject: str) -> str:
     elif len(parts) >= 3 and parts[0] == "node":
         del parts[1]
         del parts[2:]
-    elif parts[:2] == ["session", "open"]:
+    elif parts[:2] == ["session", "open"] or (parts[0] == "batch" and len(parts) == 3):
         del parts[2:]
     return ".".join(parts)

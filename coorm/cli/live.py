@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import re
-import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +21,7 @@ from coorm.shared.settings import Settings
 
 err = Console(stderr=True)
 
-SERVICES = ("policy-engine", "node-allocator", "view-publisher", "accounting")
+SERVICES = ("policy-engine", "node-allocator", "view-publisher", "accounting", "batch")
 KINDS = ("rigid", "moldable", "cem", "psa", "amr", "next")
 PREEMPTIVE_KINDS = ("psa",)  # the shipped launchers that follow a preemptive view
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -165,6 +164,8 @@ def run_service(name: str) -> None:
         from coorm.services.view_publisher.service import main
     elif name == "accounting":
         from coorm.services.accounting.service import main
+    elif name == "batch":
+        from coorm.services.batch.service import main
     else:
         err.print(f"[red]unknown service {name!r}[/red]: one of {', '.join(SERVICES)}")
         raise typer.Exit(2)
@@ -182,8 +183,8 @@ def run_agent(cluster: str, nodes: str, agent_id: str | None, cores: int | None,
 # ================================================================================================
 # submit: a rigid job, the way srun / sbatch feel
 # ================================================================================================
-def submit(cluster: str, nodes: int, walltime: str, command: list[str], no_wait: bool, output: Path | None,
-           label: bool, name: str) -> None:
+def submit(cluster: str, nodes: int, walltime: str, command: list[str], output: Path | None, label: bool,
+           name: str) -> None:
     try:
         duration = parse_walltime(walltime)
     except ValueError as e:
@@ -192,9 +193,6 @@ def submit(cluster: str, nodes: int, walltime: str, command: list[str], no_wait:
     if not command:
         err.print("[red]nothing to run[/red]: coorm submit -c CLUSTER -N NODES -t TIME -- COMMAND ARGS...")
         raise typer.Exit(2)
-    if no_wait:
-        _submit_detached(cluster, nodes, walltime, command, output, name)
-        return
     code = asyncio.run(_submit(_settings(), cluster, nodes, duration, command, output, label, name))
     raise typer.Exit(code)
 
@@ -206,7 +204,7 @@ def _where_and_how() -> dict:
 
 
 async def _submit(settings: Settings, cluster: str, nodes: int, duration: float, command: list[str],
-                  output: Path | None, label: bool, name: str, announce=None, say=_line) -> int:
+                  output: Path | None, label: bool, name: str, say=_line) -> int:
     from coorm.launchers.live import LiveRunner
     from coorm.launchers.rigid import RigidLauncher
     from coorm.launchers.sdk import RMSStopped, Session
@@ -214,11 +212,9 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
 
     try:
         session = await Session.open(settings, kind="rigid", name=name or Path(command[0]).name,
-                                     preemptive_views=False)
+                                     preemptive_views=False, views=False)
     except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
         raise _failure(e, settings, say) from None
-    if announce is not None:
-        announce(session.app)
     sink = open(output, "a", buffering=1) if output else None  # noqa: SIM115 - closed below
 
     def show(out) -> None:
@@ -254,60 +250,6 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
         if result.exit_code == 0:
             return 124 if result.end_reason == "walltime" else 1
     return result.exit_code
-
-
-def _submit_detached(cluster: str, nodes: int, walltime: str, command: list[str], output: Path | None,
-                     name: str) -> None:
-    """``sbatch``: a background launcher runs the job (its output to a file); print the job's id."""
-    r, w = os.pipe()
-    args = [sys.executable, "-m", "coorm.cli.main", "_detached-submit", "--fd", str(w), "-c", cluster, "-N", str(nodes),
-            "-t", walltime, "--name", name]
-    if output:
-        args += ["--output", str(output)]
-    proc = subprocess.Popen([*args, "--", *command], pass_fds=(w,), start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r) as pipe:
-        line = pipe.readline().strip()
-    if not line or line.startswith("!"):
-        code = proc.wait()
-        _line(line[1:] if line else "the job could not be submitted")
-        raise typer.Exit(code or UNREACHABLE)
-    print(f"Submitted job {line}")
-
-
-def detached_submit(fd: int, cluster: str, nodes: int, walltime: str, command: list[str], output: Path | None,
-                    name: str) -> None:
-    pipe = os.fdopen(fd, "w")
-    holder: dict[str, str] = {}
-
-    def announce(app: str) -> None:
-        """The job's id: to the waiting ``coorm submit --no-wait``, and into the output file's name."""
-        holder["app"] = app
-        pipe.write(app + "\n")
-        pipe.close()
-
-    def say(text: str) -> None:
-        """Before the job has an id, a failure goes to the waiting ``coorm submit --no-wait`` to print."""
-        if "app" not in holder:
-            holder["app"] = ""
-            pipe.write(f"!{text}\n")
-            pipe.close()
-
-    # the file's name needs the job id, known once the session is open: it is opened lazily
-    target = Path(str(output or Path("coorm-%j.out")).replace("%j", "{app}"))
-    raise typer.Exit(asyncio.run(_submit(_settings(), cluster, nodes, parse_walltime(walltime), command,
-                                         _Lazy(target, holder), False, name, announce=announce, say=say)))
-
-
-class _Lazy(os.PathLike):
-    """A path whose ``{app}`` is filled in once the job's id is known."""
-
-    def __init__(self, template: Path, holder: dict) -> None:
-        self.template, self.holder = template, holder
-
-    def __fspath__(self) -> str:
-        return str(self.template).format(app=self.holder.get("app", "job"))
 
 
 # ================================================================================================
@@ -347,7 +289,8 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
 
     try:
         session = await Session.open(settings, kind=app_spec.kind, name=name or app_spec.kind,
-                                     preemptive_views=app_spec.kind in PREEMPTIVE_KINDS)
+                                     preemptive_views=app_spec.kind in PREEMPTIVE_KINDS,
+                                     views=app_spec.kind != "rigid")
     except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
         raise _failure(e, settings) from None
     props = await session.cluster_props()

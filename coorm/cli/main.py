@@ -195,18 +195,117 @@ def agent(
 @app.command(context_settings={"allow_interspersed_args": False})
 def submit(
     command: list[str] = typer.Argument(None, help="the command to run on every node"),
-    cluster: str = typer.Option("c0", "-c", "--cluster"),
+    cluster: str | None = typer.Option(None, "-c", "--cluster", help="default: the first cluster by name"),
     nodes: int = typer.Option(1, "-N", "--nodes", min=1),
     walltime: str = typer.Option("10m", "-t", "--time", help="10m, 2h, 90 (minutes), 1:30:00, 1-12"),
-    no_wait: bool = typer.Option(False, "--no-wait", help="print the job id and return, like sbatch"),
+    no_wait: bool = typer.Option(False, "--no-wait", help="queue it and print the job id, like sbatch"),
     output: Path | None = typer.Option(None, "-o", "--output", help="write the output to this file"),
     label: bool = typer.Option(False, "-l", "--label", help="prefix each line with its node"),
     name: str = typer.Option("", "-J", "--job-name"),
 ) -> None:
-    """Run a rigid job the way srun does: wait, stream its output, exit with its exit code."""
+    """Run a rigid job the way srun does: wait, stream its output, exit with its exit code (--no-wait:
+    queue it in the batch queue, as sbatch --wrap does)."""
+    if no_wait:
+        from coorm.batch.jobscript import JobOptions
+        from coorm.cli.batch import queue
+
+        if not command:
+            typer.echo("coorm: nothing to run: coorm submit --no-wait -N NODES -t TIME -- COMMAND ARGS...", err=True)
+            raise typer.Exit(2)
+        queue(JobOptions(nodes=nodes, time=walltime, name=name or None, output=str(output) if output else None,
+                         cluster=cluster), argv=command, script=None, default_name=Path(command[0]).name)
+        return
     from coorm.cli.live import submit as run
 
-    run(cluster, nodes, walltime, command or [], no_wait, output, label, name)
+    run(cluster or "c0", nodes, walltime, command or [], output, label, name)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def batch(
+    script: Path | None = typer.Argument(None, help="the job script (#COORM / #SBATCH directives at its top)"),
+    args: list[str] = typer.Argument(None, help="the script's arguments"),
+    nodes: int | None = typer.Option(None, "-N", "--nodes", min=1),
+    walltime: str | None = typer.Option(None, "-t", "--time", help="10m, 2h, 90 (minutes), 1:30:00, 1-12"),
+    name: str | None = typer.Option(None, "-J", "--job-name"),
+    output: str | None = typer.Option(None, "-o", "--output", help="%j job, %A array, %a task, %u user, %x name"),
+    error: str | None = typer.Option(None, "-e", "--error", help="default: with the output"),
+    array: str | None = typer.Option(None, "-a", "--array", help="0-999%50, 1,3,5-9:2"),
+    dependency: str | None = typer.Option(None, "-d", "--dependency", help="afterok:ID[:ID],afterany:ID,singleton"),
+    chdir: str | None = typer.Option(None, "-D", "--chdir", help="default: the current directory"),
+    export: str | None = typer.Option(None, "--export", help="ALL (default), NONE, or VAR[,VAR=value]..."),
+    cluster: str | None = typer.Option(None, "-c", "--cluster", "-p", "--partition"),
+    hold: bool = typer.Option(False, "-H", "--hold", help="queue it held: 'coorm release' lets it go"),
+    wrap: str | None = typer.Option(None, "--wrap", help="a command line instead of a script"),
+    open_mode: str = typer.Option("append", "--open-mode", help="append | truncate"),
+) -> None:
+    """Queue a batch job, as sbatch does: prints 'Submitted batch job ID' and returns at once."""
+    from coorm.batch.jobscript import JobOptions
+    from coorm.cli.batch import batch as run
+
+    if open_mode not in ("append", "truncate"):
+        raise typer.BadParameter("append or truncate", param_hint="--open-mode")
+    cli = JobOptions(nodes=nodes, time=walltime, name=name, output=output, error=error, array=array,
+                     dependency=dependency, chdir=chdir, export=export, cluster=cluster, hold=hold or None)
+    run(script, args or [], cli, wrap, open_mode)
+
+
+def _control(verb: str):
+    def command(
+        jobs: list[str] = typer.Argument(None, help="job ids: 42, an array's task 42_7, a whole array 42"),
+        name: str | None = typer.Option(None, "-n", "--name", help="your jobs of this name"),
+        state: list[str] = typer.Option([], "-t", "--state", help="your jobs in this state (PD, R, held...)"),
+        user: str | None = typer.Option(None, "-u", "--user", help="all your jobs (your own name)"),
+    ) -> None:
+        from coorm.cli.batch import control
+
+        control(verb, jobs or [], name, state or None, user)
+
+    command.__doc__ = {"cancel": "End batch jobs, waiting or running (scancel).",
+                       "hold": "Hold waiting batch jobs (scontrol hold).",
+                       "release": "Release held batch jobs (scontrol release)."}[verb]
+    return command
+
+
+app.command("cancel")(_control("cancel"))
+app.command("hold")(_control("hold"))
+app.command("release")(_control("release"))
+
+
+@app.command("queue")
+def queue_cmd(
+    user: str | None = typer.Option(None, "-u", "--user"),
+    state: list[str] = typer.Option([], "-t", "--state", help="PD, R, held, queued..."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The batch queue (squeue): every job not ended, with why it waits."""
+    from coorm.cli.batch import show_queue
+
+    show_queue(user, state or None, as_json)
+
+
+@app.command()
+def history(
+    user: str | None = typer.Option(None, "-u", "--user"),
+    since: str | None = typer.Option(None, "--since", "-S", help="ISO date/time, epoch, or back from now: 2h, 1d"),
+    state: list[str] = typer.Option([], "-s", "--state", help="CD, F, TO, CA, NF..."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Ended batch jobs (sacct): state, exit code, elapsed time, node-hours (default: the last day)."""
+    from coorm.cli.batch import show_history
+
+    show_history(user, since, state or None, as_json)
+
+
+show_app = typer.Typer(help="Details of one thing.", no_args_is_help=True)
+app.add_typer(show_app, name="show")
+
+
+@show_app.command("job")
+def show_job_cmd(job: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
+    """One batch job (or an array's tasks), as 'scontrol show job' prints it."""
+    from coorm.cli.batch import show_job
+
+    show_job(job, as_json)
 
 
 _CELERY_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
@@ -230,21 +329,6 @@ def celery_worker(ctx: typer.Context) -> None:
         e.show()
         code = e.exit_code
     raise typer.Exit(code or 0)
-
-
-@app.command("_detached-submit", hidden=True, context_settings={"allow_interspersed_args": False})
-def detached_submit(
-    command: list[str] = typer.Argument(None),
-    fd: int = typer.Option(...),
-    cluster: str = typer.Option("c0", "-c"),
-    nodes: int = typer.Option(1, "-N"),
-    walltime: str = typer.Option("10m", "-t"),
-    output: Path | None = typer.Option(None, "--output"),
-    name: str = typer.Option("", "--name"),
-) -> None:
-    from coorm.cli.live import detached_submit as run
-
-    run(fd, cluster, nodes, walltime, command or [], output, name)
 
 
 @app.command()  # (options anywhere before `--`: `coorm launch psa --set k=v -- cmd`, as the README writes it)
@@ -319,8 +403,9 @@ def usage(
     import time
 
     from coorm.cli.live import _failure
-    from coorm.services.accounting.report import parse_since, print_usage, usage_report
+    from coorm.services.accounting.report import print_usage, usage_report
     from coorm.shared.settings import Settings
+    from coorm.shared.since import parse_since
 
     try:
         t = parse_since(since, time.time()) if since else None

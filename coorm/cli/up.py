@@ -134,7 +134,7 @@ class Up:
                                  credentials_dir=self.servers.credentials, **own)
         for engine in ENGINES:  # the second stands by: it takes over within a lease of the leader's death
             self._spawn(engine, ["service", "policy-engine"])
-        services = ["node-allocator", "view-publisher"]
+        services = ["node-allocator", "view-publisher", "batch"]
         if self.accounting:
             services.append("accounting")
         for s in services:

@@ -150,7 +150,8 @@ class Simulation:
         if kind == "arrive":
             self._waiting_arrivals -= 1
             self._count(cdr.subscribe(app))
-            self._feed(lambda: self.cores.handle(ev.OpenSession(at=self.now, app=app, app_kind=launcher.kind)))
+            self._feed(lambda: self.cores.handle(ev.OpenSession(at=self.now, app=app, app_kind=launcher.kind,
+                                                                   adapts=launcher.adapts_to_views)))
             self._run_commands(app, launcher.on_open(self.now, self.props))
         elif kind == "timer" and not launcher.finished:
             self._run_commands(app, launcher.on_timer(self.now, data))

@@ -26,6 +26,7 @@ from coorm.shared.events import (
     AllocatorOutput,
     CapacityChanged,
     EndRequest,
+    HoldReleased,
     NodeDown,
     NodesAssigned,
     NodesFreed,
@@ -62,6 +63,7 @@ class NodeAllocator:
         self._owner_app: dict[str, str] = {}
         self._parked: dict[str, list[str]] = {}
         self._held: list[tuple[float, str]] = []
+        self._held_for: dict[str, list[str]] = {}  # request -> the node IDs its end left held
         self._order = 0
 
     # -- queries ------------------------------------------------------------------------------------
@@ -90,6 +92,8 @@ class NodeAllocator:
             out.extend(self._start(event))
         elif isinstance(event, EndRequest):
             out.extend(self._end(event))
+        elif isinstance(event, HoldReleased):
+            self._release_hold(event.request)
         elif isinstance(event, RegisterNodes):
             out.extend(self._register(event))
         elif isinstance(event, NodeDown):
@@ -126,7 +130,19 @@ class NodeAllocator:
             elif node.state == HELD:
                 self._to_free(node)
         self._held = keep
+        gone = {nid for _, nid in keep}
+        self._held_for = {r: ns for r, ns in self._held_for.items() if any(n in gone for n in ns)}
         return []
+
+    def _release_hold(self, request: str) -> None:
+        """A hold the policy ended early: its nodes go back to the free pool now."""
+        nodes = set(self._held_for.pop(request, ()))
+        if not nodes:
+            return
+        for nid in nodes:
+            if self.nodes[nid].state == HELD:
+                self._to_free(self.nodes[nid])
+        self._held = [(t, n) for t, n in self._held if n not in nodes]
 
     def _register(self, ev: RegisterNodes) -> list[AllocatorOutput]:
         for nid in ev.nodes:
@@ -213,6 +229,7 @@ class NodeAllocator:
             if nid in held:
                 node.state, node.owner = HELD, None
                 bisect.insort(self._held, (hold_until, nid))
+                self._held_for.setdefault(ev.request, []).append(nid)
             else:
                 self._to_free(node)
         if not freed:

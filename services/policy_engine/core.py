@@ -44,6 +44,7 @@ from coorm.shared.events import (
     EndReason,
     EndRequest,
     ErrorCode,
+    HoldReleased,
     NodesChanged,
     OpenSession,
     PassDone,
@@ -69,6 +70,9 @@ class PolicySettings(BaseModel):
     reschedule_interval: float = Field(default=1.0, ge=0)
     preempt_grace: float = Field(default=5.0, ge=0)
     preemptible: str = Field(default=FILLING, pattern="^(" + "|".join(POLICIES) + ")$")
+    # at most this many passes in any re-scheduling interval: the first ones of a quiet period run at once
+    # (a request on an idle system starts without waiting for the interval), a burst is coalesced
+    pass_burst: int = Field(default=1, ge=1)
 
 
 class CommandError(Exception):
@@ -102,6 +106,8 @@ class PolicyCore:
         self._seq = 0
         self.dirty = False
         self.last_pass = -INF
+        self.recent_passes: list[float] = []  # the last ``pass_burst`` passes' times
+        self.released_holds: list[Hold] = []  # ended early: the next pass tells the allocator first
         self.epoch = 0
         self._timer = INF
         self.schedule: Schedule | None = None
@@ -136,7 +142,15 @@ class PolicyCore:
         t = self.now if self.dirty else self._timer
         if t == INF:
             return None
-        return max(t, self.last_pass + self.settings.reschedule_interval)
+        return max(t, self._earliest_pass())
+
+    def _earliest_pass(self) -> float:
+        """When the next pass may run: once ``pass_burst`` passes ran within an interval, an interval after
+        the first of them."""
+        burst = self.settings.pass_burst
+        if len(self.recent_passes) < burst:
+            return -INF
+        return self.recent_passes[-burst] + self.settings.reschedule_interval
 
     def story(self, request_id: str) -> list[tuple[float, str, str]]:
         return list(self.stories.get(request_id, []))
@@ -179,7 +193,7 @@ class PolicyCore:
         if ev.app in self.apps:
             raise CommandError(ErrorCode.DUPLICATE, f"application {ev.app} already has an open session")
         self._seq += 1
-        app = App(ev.app, self.now, self._seq, ev.user, ev.name, ev.app_kind)
+        app = App(ev.app, self.now, self._seq, ev.user, ev.name, ev.app_kind, ev.adapts)
         self.apps[app.id] = app
         bisect.insort(self._order, (app.opened_at, app.seq, app.id))
         self.dirty = True
@@ -192,6 +206,7 @@ class PolicyCore:
 
     def _submit(self, ev: Submit) -> Accepted:
         app = self._app(ev.app)
+        self._answered(app.id)
         try:
             RequestBatch(requests=ev.requests)
         except ValidationError as e:
@@ -277,6 +292,7 @@ class PolicyCore:
 
     def _done(self, ev: Done) -> Accepted:
         app = self._app(ev.app)
+        self._answered(app.id)
         r = self.requests.get(ev.request)
         if r is None:
             if ev.request in self.ended and self.ended[ev.request][0] == app.id:
@@ -336,16 +352,23 @@ class PolicyCore:
 
     def _hold_on_done(self, r: Request) -> None:
         """Fair-start (CooRM §III-C): nodes leaving a pre-allocation (explicit or implicit) early stay
-        occupied for ``fair_start`` seconds, never beyond the request's planned end."""
+        occupied for ``fair_start`` seconds, never beyond the request's planned end -- so that the
+        applications that adapt to their views and wait may re-select onto them before lower priorities
+        backfill them. Only while there are such applications: a hold for no one is idle nodes; and only
+        until each of them has answered (sent a request or a ``done``)."""
         fs = self.settings.fair_start
         until = min(self.now + fs, r.end)
         if fs <= 0 or until <= self.now or r.preemptible or r.container is not None:
+            return
+        awaiting = frozenset(a.id for a in self.apps.values() if a.adapts and any(
+            q.state is WAITING and q.id != r.id for q in a.requests.values()))
+        if not awaiting:
             return
         nodes = r.nodes - self._carry_potential(r)
         if nodes <= 0:
             return
         if not r.is_preallocation:
-            self.holds.append(Hold(r.cluster, self.now, until, nodes, True, r.id))
+            self.holds.append(Hold(r.cluster, self.now, until, nodes, True, r.id, awaiting))
             return
         # a pre-allocation's node IDs belong to the requests running inside it: hold theirs, but not
         # those their NEXT successors keep
@@ -354,10 +377,28 @@ class PolicyCore:
         for inner in inside:
             take = min(inner.nodes - self._carry_potential(inner), nodes)
             if take > 0:
-                self.holds.append(Hold(r.cluster, self.now, until, take, True, inner.id))
+                self.holds.append(Hold(r.cluster, self.now, until, take, True, inner.id, awaiting))
                 nodes -= take
         if nodes > 0:
-            self.holds.append(Hold(r.cluster, self.now, until, nodes, False, r.id))
+            self.holds.append(Hold(r.cluster, self.now, until, nodes, False, r.id, awaiting))
+
+    def _answered(self, app_id: str, *, left: bool = False) -> None:
+        """The application sent a command (or ``left``: its session ended): the holds kept for it to
+        re-select need not wait for it now."""
+        if not any(app_id in h.awaiting and (left or self.now > h.begin) for h in self.holds):
+            return
+        kept = []
+        for h in self.holds:
+            if app_id in h.awaiting and (left or self.now > h.begin):
+                h = Hold(h.cluster, h.begin, h.until, h.nodes, h.physical, h.request, h.awaiting - {app_id})
+                if not h.awaiting:
+                    self._tell(h.request, "fair-start hold ended", "every waiting application answered")
+                    if h.physical:
+                        self.released_holds.append(h)
+                    continue
+            kept.append(h)
+        self.holds = kept
+        self.dirty = True
 
     def _shrink_holds(self, cluster: str, lost: int, request: str | None = None) -> None:
         """Held nodes that went down are no longer held: the latest holds give them back first."""
@@ -371,7 +412,7 @@ class PolicyCore:
                 if take == h.nodes:
                     del self.holds[i]
                 else:
-                    self.holds[i] = Hold(h.cluster, h.begin, h.until, h.nodes - take, True, h.request)
+                    self.holds[i] = Hold(h.cluster, h.begin, h.until, h.nodes - take, True, h.request, h.awaiting)
 
     def _end(self, r: Request, reason: EndReason, at: float) -> None:
         was_started = r.state is STARTED
@@ -392,6 +433,7 @@ class PolicyCore:
                 self._end(inner, EndReason.CONTAINER_ENDED, at)
 
     def _end_session(self, app: App, reason: str, end_reason: EndReason) -> None:
+        self._answered(app.id, left=True)
         for r in list(app.requests.values()):
             if r.state is not ENDED:
                 self._end(r, end_reason if r.state is STARTED else EndReason.CANCELLED, self.now)
@@ -406,7 +448,7 @@ class PolicyCore:
     def _pass_due(self) -> bool:
         if not self.dirty and self._timer > self.now:
             return False
-        return self.now >= self.last_pass + self.settings.reschedule_interval
+        return self.now >= self._earliest_pass()
 
     def _expire(self) -> None:
         now = self.now
@@ -443,7 +485,9 @@ class PolicyCore:
         # decisions leave in causal order: what ended, then what started in view of it; a violator killed
         # at the end of an iteration (possibly right after one of its requests started) gets its ends in
         # the next iteration, after those starts
-        decisions: list[PolicyDecision] = []
+        decisions: list[PolicyDecision] = [
+            HoldReleased(stimulus_id=stimulus, request=h.request, cluster=h.cluster) for h in self.released_holds]
+        self.released_holds = []
         while True:
             self._expire()
             placer, containers_of = self._place_all()
@@ -460,6 +504,7 @@ class PolicyCore:
                 self._end_session(self.apps[app_id], "protocol violation", EndReason.VIOLATION)
         self.dirty = False
         self.last_pass = self.now
+        self.recent_passes = [*self.recent_passes, self.now][-self.settings.pass_burst:]
         self.epoch += 1
         schedule.epoch = self.epoch
         self.schedule = schedule
@@ -700,6 +745,8 @@ class PolicyCore:
         changed = []
         new = {}
         for app in self.priority_order():
+            if not app.adapts:
+                continue  # it reads no views: none is computed nor sent
             sig = schedule.signature(app.id)
             new[app.id] = sig
             if self._signatures.get(app.id) != sig:

@@ -123,7 +123,7 @@ return app
 
 def policy_settings(s: Settings) -> PolicySettings:
     return PolicySettings(fair_start=s.fair_start, reschedule_interval=s.reschedule_interval,
-                          preempt_grace=s.preempt_grace, preemptible=s.preemptible)
+                          preempt_grace=s.preempt_grace, preemptible=s.preemptible, pass_burst=s.pass_burst)
 
 
 def session_subjects(app: str) -> SessionSubjects:
@@ -531,7 +531,8 @@ class PolicyEngine:
         self.sessions[app] = record
         self.last_seen[app] = clock()
         out = await self.apply(lambda at, sid: OpenSession(at=at, stimulus_id=sid, app=app, user=user,
-                                                           name=msg.name, app_kind=msg.kind))
+                                                           name=msg.name, app_kind=msg.kind,
+                                                           adapts=msg.filter.views))
         self._answer(out)
         return SessionOpenReply(app=app, token=token, subjects=session_subjects(app),
                                 heartbeat_interval=self.settings.launcher_heartbeat,

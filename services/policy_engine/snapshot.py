@@ -21,7 +21,7 @@ import pickle
 import types
 from dataclasses import dataclass
 
-FORMAT = "2"  # 2: the classes moved into the coorm package (their pickled paths changed)
+FORMAT = "3"  # 3: fair-start holds name the applications they wait for; passes come in bursts
 
 # KEYS: lease, snapshot, event log; ARGV: instance, state, last entry id, format, events, first id to keep.
 # Only the leader writes (a deposed leader must not replace its successor's snapshot nor trim its log).

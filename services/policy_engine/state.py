@@ -63,6 +63,9 @@ class App:
     user: str = ""
     name: str = ""
     kind: str = ""
+    # it reads its views and may re-select (moldable, CEM, malleable, evolving); a rigid job does not: the
+    # RMS knows its need, it gets no views and no fair-start hold is kept for it
+    adapts: bool = True
     # live (waiting or started) requests in submission order
     requests: dict[str, Request] = field(default_factory=dict)
     # the preemptible ones among them, same order (the preemptible phase of a pass reads only these)
@@ -87,3 +90,5 @@ class Hold:
     nodes: int
     physical: bool
     request: str
+    # the applications that may re-select on the freed nodes: the hold ends once each has answered
+    awaiting: frozenset[str] = frozenset()

@@ -28,16 +28,34 @@ def test_coorm_fig4_single_application_interaction():
     assert start.at == 2.0 and start.end == 602.0
     assigned = d.of("assigned", request="r")[0]
     assert len(assigned.nodes) == 12 and all(n.startswith("c0") for n in assigned.nodes)
-    # (10) done: the nodes are freed (held for fair-start), the view shows them back after the hold
+    # another application, which adapts to its views, waits for 8 nodes of c0
+    d.open(299.0, "late")
+    d.submit(299.0, "late", rq("w", "c0", 8, 60))
+    # (10) done: the nodes are freed (held for fair-start, for the waiting application to re-select), the
+    # view shows them back after the hold
     d.done(300.0, "app", "r")
     end = d.ended("r")
     assert end.reason == "done" and end.at == 300.0 and end.hold_nodes == 12 and end.hold_until == 305.0
     freed = d.of("freed", request="r")[0]
     assert set(freed.nodes) == set(assigned.nodes) and set(freed.held) == set(assigned.nodes)
-    d.open(300.5, "late")
     d.run_until(301.5)
     view = d.np_view("late", "c0")
     assert view.value_at(301.5) == 4 and view.value_at(305.0) == 16
+    assert d.started("w") is None
+    # it answers (re-selects: here, it asks again): the hold has nobody left to wait for, and ends
+    d.submit(302.0, "late", rq("w2", "c0", 8, 60))
+    d.done(302.0, "late", "w")
+    d.run_until(303.5)
+    assert d.started("w2").at < 305.0
+
+
+def test_fair_start_holds_nothing_when_no_one_waits_to_re_select():
+    d = Driver({"c0": 16}, reschedule_interval=1.0, fair_start=5.0)
+    d.open(0.0, "app")
+    d.submit(0.0, "app", rq("r", "c0", 12, 600))
+    d.run_until(1.0)
+    d.done(100.0, "app", "r")
+    assert d.ended("r").hold_nodes == 0  # a hold for no one would only keep nodes idle
 
 
 def test_walltime_ends_a_request_that_overruns():
@@ -88,9 +106,11 @@ def test_coorm_fig5a_without_fair_start_the_quick_app_overtakes():
 
 def test_coorm_fig5b_fair_start_lets_the_slow_higher_priority_app_adapt():
     d = _fairness(fair_start=5.0)
-    assert d.started("a1b").at == 105.0
+    # the hold waits for the applications that may re-select (App1, App2): once both answered (App1 at
+    # 103), it ends; App1 gets c0 (not the quicker App2), 2 s before the hold's 5 would have run out
+    assert d.started("a1b").at == 103.0
     assert d.started("a2b") is None
-    assert d.start_time("a2b") == 2105.0
+    assert d.start_time("a2b") == 2103.0
 
 
 # ------------------------------------------------------------------------------------------------

@@ -192,3 +192,95 @@ def test_chain_runs_its_steps_in_order_and_drops_the_nones():
     step()
     assert seen == [1, 2]
     assert runas.chain(None, None) is None
+
+
+# ================================================================================================
+# output files: opened by the child, as the user
+# ================================================================================================
+def _run_to_files(run: runas.RunAs, files: runas.OutputFiles, script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", "-c", script], env=runas.launch_env(run, {}, deny=(), coorm=COORM), cwd="/",
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          preexec_fn=runas.chain(run.dropper(), files.opener()), check=True)
+
+
+@AS_ROOT
+def test_output_files_are_the_user_s_own(tree):
+    run = runas.resolve("nobody", agent_uid=0)
+    home = tree / "home"
+    home.mkdir(mode=0o755)
+    os.chown(home, NOBODY.pw_uid, NOBODY.pw_gid)
+    with runas.OutputFiles(str(home / "out.txt"), None) as files:
+        _run_to_files(run, files, "id -u; echo err >&2")
+    assert (home / "out.txt").read_text() == f"{NOBODY.pw_uid}\nerr\n"
+    st = (home / "out.txt").stat()
+    assert (st.st_uid, st.st_gid) == (NOBODY.pw_uid, NOBODY.pw_gid)  # created by the user, not by root
+    assert st.st_mode & 0o777 == 0o644 & ~_umask()
+    with runas.OutputFiles(str(home / "o"), str(home / "e"), append=False) as files:
+        _run_to_files(run, files, "echo out; echo err >&2")
+    assert ((home / "o").read_text(), (home / "e").read_text()) == ("out\n", "err\n")
+    # stdout published (not a file), stderr to a file
+    with runas.OutputFiles(None, str(home / "e2")) as files:
+        out = subprocess.run(["/bin/sh", "-c", "echo out; echo err >&2"], cwd="/", capture_output=True, text=True,
+                             preexec_fn=runas.chain(run.dropper(), files.opener()), check=True)
+    assert out.stdout == "out\n" and out.stderr == "" and (home / "e2").read_text() == "err\n"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@AS_ROOT
+def test_an_output_file_the_user_may_not_write_fails_in_the_child_and_says_why(tree):
+    """The agent is root: a check in the agent would pass. The child opens the file after dropping to the
+    user, fails, and the agent learns the path and the reason through the pipe."""
+    run = runas.resolve("nobody", agent_uid=0)
+    closed = tree / "closed"
+    closed.mkdir(mode=0o700)
+    precious = tree / "passwd"
+    precious.write_text("root:x:0:0\n")
+    precious.chmod(0o644)
+    home = tree / "home"
+    home.mkdir(mode=0o755)
+    os.chown(home, NOBODY.pw_uid, NOBODY.pw_gid)
+    link = home / "out.txt"
+    link.symlink_to(precious)
+    os.lchown(link, NOBODY.pw_uid, NOBODY.pw_gid)
+    marker = home / "started"
+    for target, append in ((closed / "out.txt", True), (precious, False), (link, False), (link, True)):
+        with runas.OutputFiles(str(target), None, append=append) as files:
+            with pytest.raises(subprocess.SubprocessError, match="preexec_fn"):
+                _run_to_files(run, files, f"touch {marker}")
+            why = files.refusal("nobody")
+        assert why == f"nobody cannot write the output to {target}: Permission denied", why
+    assert precious.read_text() == "root:x:0:0\n" and not marker.exists() and not (closed / "out.txt").exists()
+    # the second file too: stderr's
+    with runas.OutputFiles(str(home / "fine.txt"), str(closed / "err.txt")) as files:
+        with pytest.raises(subprocess.SubprocessError):
+            _run_to_files(run, files, f"touch {marker}")
+        assert files.refusal("nobody") == f"nobody cannot write the output to {closed / 'err.txt'}: Permission denied"
+    # a child that failed for another reason: no word from the files
+    with runas.OutputFiles(str(home / "fine.txt"), None) as files:
+        with pytest.raises(subprocess.SubprocessError):
+            subprocess.run(["true"], preexec_fn=runas.chain(_fail, files.opener()), check=True)
+        assert files.refusal("nobody") is None
+    assert not marker.exists()
+
+
+def _fail() -> None:
+    raise RuntimeError("another step failed")
+
+
+def test_a_missing_directory_is_named():
+    root = runas.resolve("root", agent_uid=0)
+    with runas.OutputFiles("/nonexistent-coorm/out.txt", None) as files:
+        with pytest.raises(subprocess.SubprocessError):
+            _run_to_files(root, files, "true")
+        assert files.refusal("root") == "root cannot write the output to /nonexistent-coorm/out.txt: " \
+                                        "No such file or directory"
+
+
+def test_output_files_need_a_file():
+    with pytest.raises(ValueError):
+        runas.OutputFiles(None, None)

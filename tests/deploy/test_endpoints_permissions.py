@@ -242,9 +242,9 @@ def test_the_generated_users_have_what_the_table_grants(store):
 
 def test_a_user_s_grants_name_the_user_only(store):
     """Every subject a user may publish or read names that user, or is one every user shares (the cluster
-    information, the status query, the system's stopping)."""
+    information, the status query, the batch queue's query, the system's stopping)."""
     shared = {"coorm.v1.clusters.info", "coorm.v1.clusters.interinfo", "coorm.v1.query.status",
-              "coorm.v1.system.stopping"}
+              "coorm.v1.system.stopping", "coorm.v1.batch.query"}
     for name, g in granted(store.nats_auth_path.read_text(), identities(store)).items():
         if not name.startswith("launcher "):
             continue

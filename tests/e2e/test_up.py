@@ -87,17 +87,22 @@ def test_status_nodes_estimate_and_no_wait(up):
     assert sorted(nodes) == [f"c0n{i}" for i in range(4)] + ["c1n0", "c1n1"]
     r = _run(env, "submit", "--no-wait", "-c", "c0", "-N", "4", "-t", "2m", "--", "sh", "-c",
              "echo done on $COORM_NODE; sleep 6", cwd=tmp)
-    assert r.returncode == 0 and r.stdout.startswith("Submitted job "), r.stderr
+    assert r.returncode == 0 and r.stdout.startswith("Submitted batch job "), r.stderr
     job = r.stdout.split()[-1]
-    running = wait_for(lambda: [x for x in json.loads(_run(env, "requests", "--json").stdout)
-                                 if x["app"] == job and x["state"] == "started"], 30, "the job to start")
+    running = wait_for(lambda: [x for x in json.loads(_run(env, "queue", "--json").stdout)
+                                 if x["id"] == job and x["state"] == "running"], 30, "the job to start")
     assert running[0]["nodes"] == 4 and len(running[0]["node_ids"]) == 4
+    req = [x for x in json.loads(_run(env, "requests", "--json").stdout) if x["app"] == running[0]["app"]]
+    assert req[0]["state"] == "started"  # the batch service's session for it, as its user's
     est = json.loads(_run(env, "estimate", "-c", "c0", "-N", "4", "-t", "1h", "--json").stdout)
     assert est["start"] is not None and est["wait"] > 0  # behind the job that holds all of c0
     out = tmp / f"coorm-{job}.out"
     text = wait_for(lambda: out.exists() and out.read_text().count("done on") == 4 and out.read_text(), 60,
                      "the job's output file")
     assert sorted(text.split()) == sorted(("done on c0n0 done on c0n1 done on c0n2 done on c0n3").split())
+    ended = wait_for(lambda: [x for x in json.loads(_run(env, "history", "--json").stdout) if x["id"] == job], 30,
+                     "the job in the history")
+    assert (ended[0]["state"], ended[0]["exit_code"]) == ("completed", 0)
     usage = wait_for(lambda: json.loads(_run(env, "usage", "--json").stdout), 30, "accounting")
     assert any(row["node_hours"]["non-preemptible"] > 0 for row in usage)
 

@@ -31,7 +31,7 @@ from coorm.services.accounting.core import (
     since_filter,
     usage_of,
 )
-from coorm.services.accounting.report import parse_since, print_usage, rows_of, usage_report
+from coorm.services.accounting.report import print_usage, rows_of, usage_report
 from coorm.services.accounting.service import DURABLE, AccountingService
 from coorm.services.accounting.tasks import (
     ROLLUP_ALL,
@@ -46,6 +46,7 @@ from coorm.shared import bus, keys, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.protocol import DeadLetter, Lifecycle, LifecycleKind
 from coorm.shared.settings import Settings
+from coorm.shared.since import parse_since
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 1_700_000_000.0

@@ -8,12 +8,16 @@ import contextlib
 import hashlib
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import nats.errors
 import pytest
@@ -26,6 +30,7 @@ from coorm.node_agent.nodes import default_agent_id, host_memory_mb, host_node_i
 from coorm.node_agent.state import NodeBook, Refused
 from coorm.shared import subjects
 from coorm.shared.bus import WireError, call, connect, decode, encode, serve
+from coorm.shared.credentials import CredentialStore
 from coorm.shared.endpoints import Role
 from coorm.shared.events import EndReason, ErrorCode
 from coorm.shared.protocol import (
@@ -877,3 +882,174 @@ async def test_a_launch_sent_again_with_its_id_is_not_started_twice(nc, agent):
     other = await launch(nc, n0, ["sleep", "1000"], launch_id="l-2")
     assert again == first and other != first and agent.process_count == 2
     await kill(nc, n0)
+
+
+# ================================================================================================
+# output files (a batch job's -o/-e): written by the process's user, not published
+# ================================================================================================
+async def _until_exit(events: Inbox, app: str = A1) -> tuple[list[ProcessOutput], ProcessExited]:
+    """What the application's processes published, up to the first exit (the output comes before it)."""
+    outputs = []
+    while True:
+        subject, data = await events.get()
+        if subject == subjects.app_exited(app):
+            return outputs, decode(data, ProcessExited)
+        outputs.append(decode(data, ProcessOutput))
+
+
+async def test_output_to_a_file_is_written_there_and_not_published(nc, agent, tmp_path):
+    n = node(agent)
+    events = await app_events(nc, A1)
+    await assign(nc, n)
+    out = tmp_path / "out.txt"
+    pid = await launch(nc, n, ["sh", "-c", "echo hi; echo err >&2"], stdout=str(out))
+    outputs, exited = await _until_exit(events)
+    assert outputs == [] and (exited.pid, exited.code, exited.killed) == (pid, 0, False)
+    assert out.read_text() == "hi\nerr\n"  # stderr with stdout, as sbatch's default
+    assert agent.process_count == 0
+
+
+async def test_stderr_to_its_own_file_or_stdout_alone_published(nc, agent, tmp_path):
+    n = node(agent)
+    events = await app_events(nc, A1)
+    await assign(nc, n)
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    await launch(nc, n, ["sh", "-c", "echo hi; echo err >&2; exit 4"], stdout=str(out), stderr=str(err))
+    outputs, exited = await _until_exit(events)
+    assert outputs == [] and exited.code == 4
+    assert (out.read_text(), err.read_text()) == ("hi\n", "err\n")
+    # stderr to a file, stdout published as ever
+    err2 = tmp_path / "err2.txt"
+    pid = await launch(nc, n, ["sh", "-c", "echo hi; echo err >&2"], stderr=str(err2))
+    outputs, exited = await _until_exit(events)
+    assert [(o.pid, o.stream, o.data) for o in outputs] == [(pid, "stdout", "hi\n")] and exited.code == 0
+    assert err2.read_text() == "err\n"
+
+
+async def test_append_keeps_what_the_file_held_and_truncate_does_not(nc, agent, tmp_path):
+    n0, n1 = node(agent, 0), node(agent, 1)
+    events = await app_events(nc, A1)
+    await assign(nc, n0, nodes=[n0, n1])
+    await assign(nc, n1, nodes=[n0, n1])
+    out = tmp_path / "job.out"
+    out.write_text("earlier\n")
+    await launch(nc, n0, ["sh", "-c", 'echo "$COORM_NODE"'], stdout=str(out))  # append: the default
+    await _until_exit(events)
+    await launch(nc, n1, ["sh", "-c", 'echo "$COORM_NODE"'], stdout=str(out), open_mode="append")
+    await _until_exit(events)
+    assert out.read_text() == f"earlier\n{n0}\n{n1}\n"
+    # one job's processes on two nodes appending to one file at once: whole lines, none lost
+    script = 'i=0; while [ $i -lt 200 ]; do echo "$COORM_NODE $i"; i=$((i+1)); done'
+    for n in (n0, n1):
+        await launch(nc, n, ["sh", "-c", script], stdout=str(out))
+    await _until_exit(events)
+    await _until_exit(events)
+    lines = out.read_text().splitlines()[3:]
+    assert sorted(lines) == sorted(f"{n} {i}" for n in (n0, n1) for i in range(200))
+    await launch(nc, n0, ["sh", "-c", "echo again"], stdout=str(out), open_mode="truncate")
+    await _until_exit(events)
+    assert out.read_text() == "again\n"
+
+
+async def test_an_output_path_that_is_not_absolute_is_refused(nc, agent, tmp_path):
+    n = node(agent)
+    await assign(nc, n)
+    marker = tmp_path / "started"
+    for field, path in (("stdout", "out.txt"), ("stderr", "../err.txt"), ("stdout", "/tmp/a\x00b"),
+                        ("stdout", "/" + "x" * 4096)):
+        raw = {"token": TOKEN, "app": A1, "request": "r1", "argv": ["touch", str(marker)], field: path}
+        reply = await _refused(nc, n, json.dumps(raw).encode())
+        assert reply.error.code is ErrorCode.BAD_MESSAGE and field in reply.error.message, reply.error.message
+        with pytest.raises(ValueError):  # the launcher's own model refuses it before sending
+            LaunchMsg(token=TOKEN, app=A1, request="r1", argv=["true"], **{field: path})
+    reply = await _refused(nc, n, json.dumps({"token": TOKEN, "app": A1, "request": "r1", "argv": ["true"],
+                                              "stdout": "/tmp/x", "open_mode": "overwrite"}).encode())
+    assert reply.error.code is ErrorCode.BAD_MESSAGE and "open_mode" in reply.error.message
+    assert agent.process_count == 0 and not marker.exists()
+
+
+OTHER = "nobody"  # a user other than the test's (root): the agent runs its processes as that user
+
+
+@pytest.fixture(scope="module")
+def other_identity(servers):
+    """``nobody``'s NATS credentials, added to the servers' store (an agent launches for the subject's user,
+    which only that user may publish on)."""
+    store = CredentialStore(servers.credentials)
+    ident = store.add_user(OTHER)
+    assert store.reload_nats(), "nats-server did not write its pid file"
+
+    async def admitted() -> None:  # the reload is asynchronous: the user is known once a connection works
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                c = await nats.connect(servers.nats_url, nkeys_seed_str=ident.seed, inbox_prefix=ident.inbox_prefix,
+                                       allow_reconnect=False, connect_timeout=1)
+            except (nats.errors.Error, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)  # polling the server's reload: it says nothing when it is done
+                continue
+            await c.close()
+            return
+
+    asyncio.run(admitted())
+    return ident
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="launching as another user needs a root agent")
+async def test_an_output_file_the_user_may_not_write_refuses_the_launch(nc, agent, nats_url, other_identity):
+    """The agent is root and could write anywhere: the file is opened by the child once it is the user, so a
+    user cannot have the agent write (or truncate) what the user may not -- a root-owned directory, a
+    root-owned file, another file through a symbolic link."""
+    n = node(agent)
+    app = subjects.app_id(OTHER, 1)
+    other = await connect(nats_url, "test-other-user", other_identity)
+    top = Path(tempfile.mkdtemp(dir="/tmp", prefix="coorm-output-"))  # (pytest's tmp_path is closed to others)
+    try:
+        top.chmod(0o711)
+        closed = top / "closed"
+        closed.mkdir(mode=0o700)  # root's
+        precious = top / "precious"
+        precious.write_text("root's\n")
+        precious.chmod(0o644)
+        home = top / "home"
+        home.mkdir(mode=0o755)
+        pw = pwd.getpwnam(OTHER)
+        uid, gid = pw.pw_uid, pw.pw_gid
+        os.chown(home, uid, gid)
+        (home / "link").symlink_to(precious)
+        os.lchown(home / "link", uid, gid)
+        marker = home / "started"
+        events = Inbox(BaseModel)
+        await events.subscribe(other, subjects.app_output_any(app))
+        await events.subscribe(other, subjects.app_exited(app))
+        await assign(nc, n, app=app)
+
+        async def launch_as_other(**kw) -> LaunchReply | ErrorReply:
+            msg = LaunchMsg(**{"token": TOKEN, "app": app, "request": "r1", "argv": ["touch", str(marker)], **kw})
+            raw = await other.request(subjects.node_launch(n, OTHER), encode(msg), timeout=WAIT)
+            reply = json.loads(raw.data)
+            return ErrorReply.model_validate(reply) if "error" in reply else LaunchReply.model_validate(reply)
+
+        for kw in ({"stdout": str(closed / "out.txt")}, {"stdout": str(precious), "open_mode": "truncate"},
+                   {"stdout": str(home / "link")}, {"stdout": str(home / "fine.txt"), "stderr": str(closed / "e")},
+                   {"stdout": str(top / "missing" / "out.txt")}):
+            reply = await launch_as_other(**kw)
+            assert isinstance(reply, ErrorReply), kw
+            bad = kw.get("stderr", kw["stdout"])
+            reason = "No such file or directory" if "missing" in bad else "Permission denied"
+            assert reply.error.code is ErrorCode.BAD_OUTPUT, reply
+            assert reply.error.message == f"{OTHER} cannot write the output to {bad}: {reason}", reply.error.message
+        assert agent.process_count == 0 and not marker.exists() and events.queue.empty()
+        assert precious.read_text() == "root's\n" and not (closed / "out.txt").exists()
+        # the user's own directory: the file is the user's
+        ok = await launch_as_other(stdout=str(home / "out.txt"), argv=["sh", "-c", f"touch {marker}; id -un"])
+        assert isinstance(ok, LaunchReply)
+        outputs, exited = await _until_exit(events, app)
+        assert outputs == [] and exited.code == 0 and marker.exists()
+        assert (home / "out.txt").read_text() == f"{OTHER}\n"
+        assert (home / "out.txt").stat().st_uid == uid
+    finally:
+        await other.drain()
+        shutil.rmtree(top)

@@ -19,7 +19,7 @@ from tests.live.prober import Prober
 async def system(servers, redis_url):
     settings = Settings(nats_url=servers.nats_url, redis_url=servers.redis_url, reschedule_interval=0.0,
                         fair_start=0.0, kill_grace=0.3, launcher_heartbeat=0.5, session_timeout=30.0)
-    async with LocalStack(settings, {"c0": 4}) as stack:
+    async with LocalStack(settings, {"c0": 4}, with_batch=True) as stack:
         a = await Session.open(settings, kind="rigid", name="a")
         b = await Session.open(settings, kind="rigid", name="b")
         await a.request(RequestSpec(id="ra", cluster="c0", nodes=2, duration=600))

@@ -379,7 +379,7 @@ async def system(servers, redis_url):
                         # liveness deadlines beyond the run: every service runs in this process, on one loop,
                         # and a heartbeat late under the flood is for the failure tests (test_system.py)
                         session_timeout=600.0, agent_timeout=600.0, leader_lease=60.0)
-    async with LocalStack(settings, {"c0": 4}) as stack:
+    async with LocalStack(settings, {"c0": 4}, with_batch=True) as stack:
         a = await Session.open(settings, kind="rigid", name="a")
         b = await Session.open(settings, kind="rigid", name="b")
         await a.request(RequestSpec(id="ra", cluster="c0", nodes=2, duration=600))

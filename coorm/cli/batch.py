@@ -1,0 +1,287 @@
+"""The batch queue's commands: ``coorm batch`` (sbatch), ``submit --no-wait``, ``cancel``, ``hold``,
+``release``, ``queue`` (squeue), ``history`` (sacct), ``show job``. Each is one request to the batch service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import typer
+
+from coorm.cli.live import _connect, _failure, _fmt_time, _human, _line, _settings, parse_walltime
+from coorm.shared.settings import Settings
+
+# what squeue users read in the ST column
+SHORT_STATE = {"held": "PD", "blocked": "PD", "eligible": "PD", "queued": "PD", "running": "R", "completed": "CD",
+               "failed": "F", "timeout": "TO", "cancelled": "CA", "node_fail": "NF"}
+
+
+async def _call(settings: Settings, subject: str, message, reply):
+    from coorm.shared import bus
+
+    nc = await _connect(settings)
+    try:
+        return await bus.call(nc, subject, message, reply, timeout=10)
+    finally:
+        await bus.shutdown(nc)
+
+
+def _request(subject_of, message, reply):
+    """One request to the batch service; its failures as every client command says them (exit 3 or 2)."""
+    settings = _settings()
+    try:
+        return asyncio.run(_call(settings, subject_of(settings), message, reply))
+    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+        raise _failure(e, settings) from None
+
+
+def _user(settings: Settings) -> str:
+    from coorm.shared.endpoints import Role
+
+    ident = settings.identity(Role.LAUNCHER)
+    if ident is not None:
+        return ident.name
+    import getpass
+
+    return getpass.getuser()
+
+
+# ================================================================================================
+# batch / submit --no-wait
+# ================================================================================================
+def batch(script: Path | None, args: list[str], cli, wrap: str | None, open_mode: str) -> None:
+    """``coorm batch``: read the script's directives, let the command line's options override them, queue."""
+    from coorm.batch import jobscript
+
+    if (script is None) == (wrap is None):
+        _line("give a script (coorm batch job.sh) or --wrap 'COMMAND'")
+        raise typer.Exit(2)
+    if wrap is not None:
+        text = f"#!/bin/sh\n{wrap}\n"
+        name = "wrap"
+    else:
+        assert script is not None
+        try:
+            text = script.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            _line(f"cannot read {script}: {e}")
+            raise typer.Exit(2) from None
+        name = script.name
+    try:
+        directives, warnings = jobscript.parse_script(text)
+    except jobscript.ScriptError as e:
+        _line(f"{script or 'the wrapped command'}: {e}")
+        raise typer.Exit(2) from None
+    for w in warnings:
+        _line(w)
+    opts = directives.merged(cli)
+    queue(opts, argv=list(args), script=text, default_name=name, open_mode=open_mode)
+
+
+def queue(opts, *, argv: list[str], script: str | None, default_name: str, open_mode: str = "append") -> None:
+    """Send one submission; print ``Submitted batch job N`` (as sbatch does: scripts read the id from it)."""
+    from pydantic import ValidationError
+
+    from coorm.batch import jobscript
+    from coorm.shared import subjects
+    from coorm.shared.protocol import BatchSubmit, BatchSubmitReply
+
+    try:
+        walltime = parse_walltime(opts.time or "10m")
+        cwd = os.path.abspath(opts.chdir) if opts.chdir else os.getcwd()
+        env = jobscript.export_environment(jobscript.parse_export(opts.export), os.environ)
+        if opts.array:
+            jobscript.parse_array(opts.array)
+        if opts.dependency:
+            jobscript.parse_dependency(opts.dependency)
+        msg = BatchSubmit(argv=argv, script=script, nodes=opts.nodes or 1, walltime=walltime, cluster=opts.cluster,
+                          name=opts.name or default_name[:128], output=opts.output, error=opts.error,
+                          open_mode=open_mode, array=opts.array, dependency=opts.dependency, hold=bool(opts.hold),
+                          env=env, cwd=cwd)
+    except (ValueError, ValidationError) as e:  # ScriptError is a ValueError
+        _line(f"cannot submit: {_one_line(e)}")
+        raise typer.Exit(2) from None
+    reply = _request(lambda s: subjects.batch_submit(_user(s)), msg, BatchSubmitReply)
+    print(f"Submitted batch job {reply.job}")
+
+
+def _one_line(e: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(e, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+    return str(e)
+
+
+# ================================================================================================
+# cancel, hold, release
+# ================================================================================================
+def control(verb: str, jobs: list[str], name: str | None, states: list[str] | None, user: str | None) -> None:
+    from coorm.shared import subjects
+    from coorm.shared.protocol import BatchControl, BatchControlReply
+
+    settings = _settings()
+    me = _user(settings)
+    if user is not None and user != me:
+        _line(f"only {me}'s own jobs can be changed from this account (not {user}'s)")
+        raise typer.Exit(2)
+    if not jobs and name is None and not states and user is None:
+        _line(f"coorm {verb} JOBID... (or --name, --state, --user {me} for all of yours)")
+        raise typer.Exit(2)
+    subject = {"cancel": subjects.batch_cancel, "hold": subjects.batch_hold, "release": subjects.batch_release}[verb]
+    try:
+        msg = BatchControl(jobs=jobs, name=name, states=_states(states) if states else None)
+    except ValueError as e:
+        _line(f"cannot {verb}: {_one_line(e)}")
+        raise typer.Exit(2) from None
+    if not jobs and name is None and msg.states is None:
+        msg = BatchControl(states=list(SHORT_STATE))  # --user ME: every job of mine
+    reply = _request(lambda _s: subject(me), msg, BatchControlReply)
+    past = {"cancel": "cancelled", "hold": "held", "release": "released"}[verb]
+    if reply.jobs:
+        print(f"{past} {len(reply.jobs)} job{'s' if len(reply.jobs) != 1 else ''}: {_ids(reply.jobs)}")
+    if reply.unchanged:
+        _line(f"not {past} ({'already ended' if verb == 'cancel' else 'not in a state for it'}): "
+              f"{_ids(reply.unchanged)}")
+    if not reply.jobs and (reply.unchanged or jobs):
+        raise typer.Exit(1)
+
+
+def _ids(ids: list[str], most: int = 20) -> str:
+    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
+_STATE_NAMES = {"pending": ["held", "blocked", "eligible", "queued"], "pd": ["held", "blocked", "eligible", "queued"],
+                "r": ["running"], "cd": ["completed"], "f": ["failed"], "to": ["timeout"], "ca": ["cancelled"],
+                "nf": ["node_fail"]}
+
+
+def _states(states: list[str]) -> list:
+    out: list[str] = []
+    for s in states:
+        for part in s.lower().split(","):
+            if part in SHORT_STATE:
+                out.append(part)
+            elif part in _STATE_NAMES:
+                out += _STATE_NAMES[part]
+            else:
+                raise ValueError(f"unknown state {part!r}: one of {', '.join(SHORT_STATE)} (or PD, R, CD, F, TO, CA)")
+    return out
+
+
+# ================================================================================================
+# queue, history, show
+# ================================================================================================
+def _query(**kw):
+    """Every job the query names, a page at a time over one connection."""
+    from coorm.shared import bus, subjects
+    from coorm.shared.protocol import BatchQuery, BatchQueryReply
+
+    try:
+        BatchQuery(**kw)
+    except ValueError as e:
+        _line(_one_line(e))
+        raise typer.Exit(2) from None
+
+    async def pages():
+        nc = await _connect(settings)
+        try:
+            first = await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(**kw), BatchQueryReply, timeout=10)
+            while len(first.jobs) < first.total:
+                page = await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(**kw, offset=len(first.jobs)),
+                                      BatchQueryReply, timeout=10)
+                if not page.jobs:
+                    break  # (fewer than when the first page was read)
+                first.jobs += page.jobs
+            return first
+        finally:
+            await bus.shutdown(nc)
+
+    settings = _settings()
+    try:
+        return asyncio.run(pages())
+    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+        raise _failure(e, settings) from None
+
+
+def _columns(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: set[str], last_free: bool = True) -> None:
+    """A plain table, as squeue prints one: fast for ten thousand rows, and grep-able."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    if last_free:
+        widths[-1] = 0
+    def fmt(cells) -> str:
+        return " ".join(c.rjust(w) if h in right else c.ljust(w) for c, w, h in zip(cells, widths, header, strict=True))
+    out = [fmt(header).rstrip()] + [fmt(r).rstrip() for r in rows]
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def _reason(j) -> str:
+    if j.state == "running":
+        return ",".join(j.node_ids) if len(j.node_ids) <= 4 else f"{j.node_ids[0]}..(+{len(j.node_ids) - 1})"
+    if j.state == "held":
+        return "(held)"
+    if j.state == "blocked":
+        return f"({j.reason or 'Dependency'})"
+    if j.state == "eligible":
+        return "(entering the RMS)"
+    if j.start_estimate is not None:
+        return f"(Resources, ~{_fmt_time(j.start_estimate)})"
+    return f"({j.reason or 'Resources'})"
+
+
+def show_queue(user: str | None, states: list[str] | None, as_json: bool) -> None:
+    reply = _query(user=user, states=_states(states) if states else None)
+    if as_json:
+        print(json.dumps([j.model_dump() for j in reply.jobs], indent=2))
+        return
+    rows = [(j.id, j.name[:12], j.user[:10], SHORT_STATE[j.state],
+             _human(reply.now - j.started) if j.started else "0s", str(j.nodes), _reason(j)) for j in reply.jobs]
+    _columns(("JOBID", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"), rows, {"JOBID", "TIME", "NODES"})
+
+
+def show_history(user: str | None, since: str | None, states: list[str] | None, as_json: bool) -> None:
+    from coorm.shared.since import parse_since
+
+    try:
+        t0 = parse_since(since, time.time()) if since else time.time() - 86400
+    except ValueError as e:
+        _line(str(e))
+        raise typer.Exit(2) from None
+    reply = _query(user=user, ended=True, since=t0, states=_states(states) if states else None)
+    if as_json:
+        print(json.dumps([j.model_dump() for j in reply.jobs], indent=2))
+        return
+    rows = []
+    for j in reply.jobs:
+        elapsed = (j.ended - j.started) if j.started and j.ended else 0.0
+        rows.append((j.id, j.name[:12], j.user[:10], j.state.upper(), "-" if j.exit_code is None else str(j.exit_code),
+                     _human(elapsed), f"{elapsed * j.nodes / 3600:.2f}"))
+    _columns(("JobID", "JobName", "User", "State", "ExitCode", "Elapsed", "NodeHours"), rows,
+             {"JobID", "ExitCode", "Elapsed", "NodeHours"}, last_free=False)
+
+
+def show_job(job: str, as_json: bool) -> None:
+    reply = _query(jobs=[job])
+    jobs = reply.jobs or _query(jobs=[job], ended=True, since=0.0).jobs
+    if not jobs:
+        _line(f"no job {job}")
+        raise typer.Exit(1)
+    for j in jobs:
+        if as_json:
+            print(json.dumps(j.model_dump(), indent=2))
+            continue
+        print(f"JobId={j.id} JobName={j.name} UserId={j.user}")
+        print(f"   JobState={j.state.upper()} Reason={j.reason or 'None'} ExitCode={j.exit_code}")
+        print(f"   Cluster={j.cluster} NumNodes={j.nodes} TimeLimit={_human(j.walltime)} Dependency={j.dependency}")
+        print(f"   SubmitTime={_fmt_time(j.submitted)} StartTime={_fmt_time(j.started or j.start_estimate)} "
+              f"EndTime={_fmt_time(j.ended)}")
+        print(f"   NodeList={','.join(j.node_ids) or '(null)'} Session={j.app or '(none)'}")
+        print(f"   Command={j.command}")
+        print(f"   WorkDir={j.cwd}")
+        print(f"   StdOut={j.output}" + (f" StdErr={j.error}" if j.error else ""))
+    sys.stdout.flush()

@@ -1,0 +1,653 @@
+"""The batch service: the RMS hosts its users' batch jobs (``coorm batch``, ``coorm submit --no-wait``).
+
+Theory of operation
+* A submission is one request on ``batch.submit.<user>`` (NATS authenticated the user the subject names). It
+  is checked (its array and dependencies parsed again, its size against the cluster's), written to Redis
+  (``keys.BATCH_SPECS``: what was submitted, once for an array; ``keys.BATCH_JOBS``: a small state record
+  per job), and only then answered with the job's id. A queued job costs a record, not a process.
+* :class:`~coorm.services.batch.core.BatchCore` decides which jobs go to the RMS (holds, dependencies,
+  array throttles). For each that goes, this service does what a user's launcher would: it opens a session
+  *as the job's user* (it holds the services' identity, which may), lets the shipped rigid launcher object
+  make its request, and runs it with :class:`~coorm.launchers.live.LiveRunner`: the RMS's policy decides
+  when it starts; the node agents start its processes as the user, in its directory, with its environment,
+  writing its output to its ``-o``/``-e`` files themselves (nothing goes through this service).
+* Every step is written down (session, request, start, processes launched and exited): a service that was
+  killed and started again takes each session up where it was (:meth:`Session.resume`: what started,
+  ended or exited meanwhile is asked for), within the session timeout; past it, the RMS has reaped the
+  session and killed its processes, and the job is recorded as failed with that reason.
+* An ended job's record moves to ``keys.BATCH_HISTORY`` (indexed by end time in ``keys.BATCH_ENDED``; kept
+  ``batch_history_days``), which ``coorm history`` reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+
+from coorm.batch import jobscript
+from coorm.launchers.base import ClusterProps
+from coorm.launchers.live import LiveRunner, Resumed, RunResult
+from coorm.launchers.rigid import RigidLauncher
+from coorm.launchers.sdk import Exited, Killed, Session, Started
+from coorm.services.batch.core import (
+    ENDED,
+    BatchCore,
+    BatchError,
+    Dep,
+    Enter,
+    Job,
+    JobState,
+    Withdraw,
+)
+from coorm.services.runtime import clock, redis_client
+from coorm.shared import bus, keys, subjects
+from coorm.shared.endpoints import Role
+from coorm.shared.events import ErrorCode
+from coorm.shared.protocol import (
+    AGENT_KILL_REASONS,
+    BatchControl,
+    BatchControlReply,
+    BatchJob,
+    BatchQuery,
+    BatchQueryReply,
+    BatchSubmit,
+    BatchSubmitReply,
+    SessionOpenReply,
+)
+from coorm.shared.settings import Settings
+
+log = structlog.get_logger("coorm.batch")
+
+NO_PROPS = ClusterProps(nodes={})  # a rigid launcher does not read them: two requests per job spared
+KEEP_ENDED = 300.0  # seconds an ended job stays in the queue (a dependency may still name it), as Slurm's MinJobAge
+SWEEP_EVERY = 30.0
+
+# a job script runs from a private copy (the agent runs argv; a script is text): written as the user, in the
+# user's TMPDIR, removed when it ends; its text comes in the environment (not visible in ps, unlike argv)
+SCRIPT_RUNNER = (
+    'umask 077; f=$(mktemp "${TMPDIR:-/tmp}/coorm-job.XXXXXX") || exit 1; '
+    "trap 'rm -f \"$f\"' EXIT; trap 'exit 143' TERM INT HUP; "
+    'printf "%s" "$COORM_JOB_SCRIPT" > "$f" && chmod 700 "$f" || exit 1; unset COORM_JOB_SCRIPT; '
+    '"$f" "$@"'
+)
+
+
+@dataclass
+class Record:
+    """What this service keeps of a job in Redis (``keys.BATCH_JOBS``): the core's fields and its session."""
+
+    id: str
+    spec: str  # the submission's id (the job's own, or its array's)
+    user: str
+    name: str
+    seq: int
+    submitted: float
+    state: str
+    reason: str = ""
+    array_id: str | None = None
+    task: int | None = None
+    deps: list[list] = field(default_factory=list)  # [[kind, [jobs]], ...]
+    deps_any: bool = False
+    throttle: int | None = None
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    session: dict | None = None  # SessionOpenReply, once a session is open for it
+    node_ids: list[str] = field(default_factory=list)
+    launched: list[list] = field(default_factory=list)  # [[node, pid, request], ...]
+    exited: list[list] = field(default_factory=list)  # [[node, pid], ...]
+
+    def to_job(self, nodes: int) -> Job:
+        return Job(id=self.id, user=self.user, name=self.name, seq=self.seq, submitted=self.submitted,
+                   state=JobState(self.state), array_id=self.array_id, task=self.task,
+                   deps=tuple(Dep(k, tuple(js)) for k, js in self.deps), deps_any=self.deps_any,
+                   reason=self.reason, started=self.started, ended=self.ended, exit_code=self.exit_code, nodes=nodes)
+
+
+class BatchService:
+    def __init__(self, settings: Settings, clock=clock) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.core = BatchCore()
+        self.records: dict[str, Record] = {}
+        self.specs: dict[str, dict] = {}  # spec id -> {"submit": BatchSubmit, "user", "submitted"}
+        self.runners: dict[str, asyncio.Task] = {}
+        self.sessions: dict[str, Session] = {}
+        self.ready = asyncio.Event()
+        self.nc: Any = None  # (set once connected, in run())
+        self.redis: Any = None
+        self._closing: set[asyncio.Task] = set()
+        self._to_enter: list[tuple[int, int, str]] = []  # eligible jobs, by submission order
+        self._enter_wake = asyncio.Event()
+        self._lock = asyncio.Lock()  # one command at a time changes the queue (a handler awaits Redis)
+
+    # ============================================================================================
+    # life
+    # ============================================================================================
+    async def run(self, stop: asyncio.Event) -> None:
+        self.redis = redis_client(self.settings.redis_url, ride_over=self.settings.reconnect_window)
+        self.nc = await bus.connect(self.settings.nats_url, "batch", self.settings.identity(Role.SERVICE))
+        try:
+            await self._load()
+            subs = [
+                await bus.serve(self.nc, subjects.BATCH_SUBMIT_ANY, BatchSubmit, self._on_submit, concurrent=True),
+                await bus.serve(self.nc, subjects.BATCH_CANCEL_ANY, BatchControl, self._on_cancel, concurrent=True),
+                await bus.serve(self.nc, subjects.BATCH_HOLD_ANY, BatchControl, self._on_hold, concurrent=True),
+                await bus.serve(self.nc, subjects.BATCH_RELEASE_ANY, BatchControl, self._on_release,
+                                concurrent=True),
+                await bus.serve(self.nc, subjects.BATCH_QUERY, BatchQuery, self._on_query, concurrent=True),
+            ]
+            sweeper = asyncio.create_task(self._sweep(stop))
+            opener = asyncio.create_task(self._opener())
+            self.ready.set()
+            log.info("batch service ready", jobs=len(self.records))
+            done, _ = await asyncio.wait({asyncio.create_task(stop.wait()), opener},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if opener in done:
+                opener.result()  # (NATS lost for good: the service ends, its supervisor starts another)
+            sweeper.cancel()
+            opener.cancel()
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        finally:
+            # the jobs go on: their sessions are taken up by the next instance (within the session timeout)
+            for t in list(self.runners.values()):
+                t.cancel()
+            for t in list(self.runners.values()):
+                with contextlib.suppress(BaseException):
+                    await t
+            await bus.shutdown(self.nc)
+            await self.redis.aclose()
+
+    async def _load(self) -> None:
+        """The queue as the last instance left it: every job not ended, and those ended lately (a dependency
+        may name them); sessions taken up, eligible jobs entered."""
+        assert self.redis is not None
+        specs = await self.redis.hgetall(keys.BATCH_SPECS)
+        for sid, raw in specs.items():
+            d = json.loads(raw)
+            self.specs[sid] = {"submit": BatchSubmit.model_validate(d["submit"]), "user": d["user"],
+                               "submitted": d["submitted"]}
+        raw_jobs = await self.redis.hgetall(keys.BATCH_JOBS)
+        recs = sorted((Record(**json.loads(v)) for v in raw_jobs.values()), key=lambda r: r.seq)
+        recent = await self.redis.zrangebyscore(keys.BATCH_ENDED, self.clock() - KEEP_ENDED, "+inf")
+        ended = await self.redis.hmget(keys.BATCH_HISTORY, recent) if recent else []
+        for raw in ended:
+            if raw is None:
+                continue
+            info = BatchJob.model_validate_json(raw)
+            if info.id in raw_jobs:
+                continue
+            recs.append(Record(id=info.id, spec="", user=info.user, name=info.name, seq=_seq(info.id),
+                               submitted=info.submitted, state=info.state, reason=info.reason,
+                               array_id=info.array_id, task=info.task, started=info.started, ended=info.ended,
+                               exit_code=info.exit_code))
+        recs.sort(key=lambda r: (r.seq, r.task or 0))
+        for r in recs:
+            self.records[r.id] = r
+        self.core.load([r.to_job(self._nodes(r)) for r in recs],
+                       {r.array_id: r.throttle for r in recs if r.array_id and r.throttle})
+        self.core.take_changed()
+        actions = self.core.settle_all(self.clock())
+        for r in recs:
+            if r.state in (JobState.QUEUED, JobState.RUNNING):
+                self._spawn(r.id)
+        await self._flush()
+        self._act(actions)
+
+    def _nodes(self, r: Record) -> int:
+        spec = self.specs.get(r.spec)
+        return spec["submit"].nodes if spec else 0
+
+    async def _sweep(self, stop: asyncio.Event) -> None:
+        """Ended jobs leave the queue after ``KEEP_ENDED`` (their history stays), old history goes."""
+        assert self.redis is not None
+        while not stop.is_set():
+            await asyncio.sleep(SWEEP_EVERY)  # the sweep's period
+            now = self.clock()
+            async with self._lock:
+                old = [j.id for j in self.core.jobs.values()
+                       if j.state in ENDED and (j.ended or now) < now - KEEP_ENDED]
+                for job in old:
+                    self.core.forget(job)
+                    self.records.pop(job, None)
+            horizon = now - self.settings.batch_history_days * 86400
+            old = await self.redis.zrangebyscore(keys.BATCH_ENDED, "-inf", horizon, start=0, num=10_000)
+            if old:
+                async with self.redis.pipeline(transaction=True) as p:
+                    p.hdel(keys.BATCH_HISTORY, *old)
+                    p.zrem(keys.BATCH_ENDED, *old)
+                    await p.execute()
+
+    # ============================================================================================
+    # commands
+    # ============================================================================================
+    async def _on_submit(self, msg: BatchSubmit, raw: Msg) -> BatchSubmitReply:
+        assert self.redis is not None
+        user = subjects.user_of(raw.subject)
+        if not msg.argv and msg.script is None:
+            raise bus.WireError(ErrorCode.BAD_REQUEST, "nothing to run: give a command or a script")
+        if msg.script is not None and not msg.script.startswith("#!"):
+            raise bus.WireError(ErrorCode.BAD_REQUEST, "a script must start with #! (its interpreter)")
+        try:
+            array = jobscript.parse_array(msg.array, max_tasks=self.settings.batch_max_array) if msg.array else None
+            deps = jobscript.parse_dependency(msg.dependency) if msg.dependency else None
+        except jobscript.ScriptError as e:
+            raise bus.WireError(ErrorCode.BAD_REQUEST, str(e)) from None
+        cluster = await self._check_size(msg)
+        msg = msg.model_copy(update={"cluster": cluster})
+        dep_terms = tuple(Dep(d.kind, tuple(d.jobs)) for d in deps.terms) if deps else ()
+        async with self._lock:
+            now = self.clock()
+            n = int(await self.redis.incr(keys.BATCH_SEQ))
+            sid = str(n)
+            name = msg.name or _default_name(msg)
+            tasks = array.indices if array else (None,)
+            jobs = [Job(id=sid if t is None else f"{sid}_{t}", user=user, name=name, seq=n, submitted=now,
+                        state=JobState.BLOCKED, array_id=None if t is None else sid, task=t, deps=dep_terms,
+                        deps_any=bool(deps and deps.any_of), nodes=msg.nodes) for t in tasks]
+            throttle = array.max_running if array else None
+            try:
+                actions = self.core.submit(jobs, now, hold=msg.hold, throttle=throttle)
+            except BatchError as e:
+                raise bus.WireError(ErrorCode.BAD_REQUEST, str(e)) from None
+            self.specs[sid] = {"submit": msg, "user": user, "submitted": now}
+            for j in jobs:
+                self.records[j.id] = Record(id=j.id, spec=sid, user=user, name=name, seq=n, submitted=now,
+                                            state=j.state.value, reason=j.reason, array_id=j.array_id, task=j.task,
+                                            deps=[[d.kind, list(d.jobs)] for d in dep_terms],
+                                            deps_any=j.deps_any, throttle=throttle)
+            # written before it is answered: an accepted job is never lost (a job written but not answered --
+            # the service died in between -- runs all the same; the user sees it in the queue)
+            await self.redis.hset(keys.BATCH_SPECS, sid, json.dumps({
+                "submit": msg.model_dump(mode="json"), "user": user, "submitted": now}))
+            await self._flush()
+        log.info("submitted", job=sid, user=user, tasks=len(jobs), nodes=msg.nodes, cluster=cluster)
+        self._act(actions)
+        return BatchSubmitReply(job=sid, tasks=len(jobs))
+
+    async def _check_size(self, msg: BatchSubmit) -> str:
+        """The cluster (the first by name when none is named); a job larger than every node it has, up or
+        down, could never start: refused now rather than left to wait for ever."""
+        assert self.redis is not None
+        sizes: dict[str, int] = {}
+        for rec in (await self.redis.hgetall(keys.NODES)).values():
+            c = json.loads(rec)["cluster"]
+            sizes[c] = sizes.get(c, 0) + 1
+        if not sizes:
+            raise bus.WireError(ErrorCode.UNAVAILABLE, "no node is registered yet")
+        cluster = msg.cluster or sorted(sizes)[0]
+        if cluster not in sizes:
+            raise bus.WireError(ErrorCode.UNKNOWN_CLUSTER, f"no cluster {cluster!r} (known: "
+                                                           f"{', '.join(sorted(sizes))})")
+        if msg.nodes > sizes[cluster] and not self.settings.oversize_waits:
+            raise bus.WireError(ErrorCode.TOO_LARGE, f"{msg.nodes} nodes: cluster {cluster} has {sizes[cluster]}; "
+                                                     "the job could never start")
+        return cluster
+
+    def _select(self, user: str, msg: BatchControl) -> list[str]:
+        if not msg.jobs and msg.name is None and msg.states is None:
+            raise bus.WireError(ErrorCode.BAD_REQUEST, "name the jobs: ids, a name or states")
+        if msg.jobs:
+            ids = []
+            for i in msg.jobs:
+                members = self.core.members(i)
+                if not members:
+                    raise bus.WireError(ErrorCode.UNKNOWN_JOB, f"no job {i}")
+                if any(m.user != user for m in members):
+                    raise bus.WireError(ErrorCode.FORBIDDEN, f"job {i} is not {user}'s")
+                ids += [m.id for m in members]
+        else:
+            ids = [j.id for j in self.core.jobs.values() if j.user == user]
+        return [i for i in ids if (msg.name is None or self.core.jobs[i].name == msg.name)
+                and (msg.states is None or self.core.jobs[i].state.value in msg.states)]
+
+    async def _on_cancel(self, msg: BatchControl, raw: Msg) -> BatchControlReply:
+        user = subjects.user_of(raw.subject)
+        async with self._lock:
+            ids = self._select(user, msg)
+            done, actions = self.core.cancel(ids, self.clock())
+            await self._flush()
+        self._act(actions)
+        log.info("cancelled", user=user, jobs=len(done))
+        changed = set(done)
+        return BatchControlReply(jobs=done, unchanged=[i for i in ids if i not in changed])
+
+    async def _on_hold(self, msg: BatchControl, raw: Msg) -> BatchControlReply:
+        user = subjects.user_of(raw.subject)
+        async with self._lock:
+            ids = self._select(user, msg)
+            held = self.core.hold(ids)
+            await self._flush()
+        changed = set(held)
+        return BatchControlReply(jobs=held, unchanged=[i for i in ids if i not in changed])
+
+    async def _on_release(self, msg: BatchControl, raw: Msg) -> BatchControlReply:
+        user = subjects.user_of(raw.subject)
+        async with self._lock:
+            ids = self._select(user, msg)
+            released, actions = self.core.release(ids, self.clock())
+            await self._flush()
+        self._act(actions)
+        changed = set(released)
+        return BatchControlReply(jobs=released, unchanged=[i for i in ids if i not in changed])
+
+    async def _on_query(self, msg: BatchQuery, raw: Msg) -> BatchQueryReply:
+        assert self.redis is not None
+        now = self.clock()
+        if msg.ended:
+            since = msg.since if msg.since is not None else now - 86400
+            ids = await self.redis.zrangebyscore(keys.BATCH_ENDED, since, "+inf")
+            if msg.jobs is not None:
+                wanted = set(msg.jobs)
+                ids = [i for i in ids if i in wanted or i.split("_")[0] in wanted]
+            raws = await self.redis.hmget(keys.BATCH_HISTORY, ids) if ids else []
+            jobs = [BatchJob.model_validate_json(r) for r in raws if r is not None]
+        else:  # (the page's records only are built: a queue may hold a hundred thousand jobs)
+            named = set(msg.jobs) if msg.jobs is not None else None
+            states = set(msg.states) if msg.states is not None else None
+            live = [j for j in self.core.jobs.values() if j.state not in ENDED
+                    and (named is None or j.id in named or (j.array_id or "") in named)
+                    and (msg.user is None or j.user == msg.user) and (states is None or j.state.value in states)]
+            live.sort(key=lambda j: (j.seq, j.task or 0))
+            page = [self._info(j) for j in live[msg.offset:msg.offset + msg.limit]]
+            return BatchQueryReply(now=now, jobs=page, total=len(live))
+        jobs = [j for j in jobs if (msg.user is None or j.user == msg.user)
+                and (msg.states is None or j.state in msg.states)]
+        jobs.sort(key=lambda j: (_seq(j.id), j.task or 0))
+        return BatchQueryReply(now=now, jobs=jobs[msg.offset:msg.offset + msg.limit], total=len(jobs))
+
+    def _info(self, j: Job) -> BatchJob:
+        r = self.records[j.id]
+        spec = self.specs.get(r.spec)
+        sub: BatchSubmit | None = spec["submit"] if spec else None
+        output, error = self._files(j, sub) if sub else ("", "")
+        return BatchJob(
+            id=j.id, user=j.user, name=j.name, state=j.state.value, reason=j.reason,
+            cluster=(sub.cluster or "") if sub else "", nodes=sub.nodes if sub else 0,
+            walltime=sub.walltime if sub else 0.0, submitted=j.submitted, started=j.started, ended=j.ended,
+            exit_code=j.exit_code, app=(r.session or {}).get("app"), node_ids=r.node_ids, array_id=j.array_id,
+            task=j.task, command=_command_text(sub) if sub else "", cwd=sub.cwd if sub else "", output=output,
+            error=error, dependency=sub.dependency if sub else None)
+
+    # ============================================================================================
+    # running jobs
+    # ============================================================================================
+    def _act(self, actions) -> None:
+        for a in actions:
+            if isinstance(a, Enter):
+                j = self.core.jobs[a.job]
+                heapq.heappush(self._to_enter, (j.seq, j.task or 0, a.job))
+                self._enter_wake.set()
+            elif isinstance(a, Withdraw):
+                s = self.sessions.get(a.job)
+                if s is not None:  # closing its session cancels its request or ends its run
+                    task = asyncio.create_task(s.close())
+                    self._closing.add(task)
+                    task.add_done_callback(self._closing.discard)
+
+    def _spawn(self, job: str, session: Session | None = None) -> None:
+        if job in self.runners:
+            return
+        task = asyncio.create_task(self._run(job, session), name=f"batch-{job}")
+        self.runners[job] = task
+        task.add_done_callback(lambda _t: self.runners.pop(job, None))
+
+    def _files(self, j: Job, sub: BatchSubmit) -> tuple[str, str]:
+        default = "coorm-%A_%a.out" if j.array_id is not None else "coorm-%j.out"
+
+        def path(pattern: str) -> str:
+            p = jobscript.expand_filename(pattern, job_id=j.id if j.array_id is None else f"{_seq(j.id)}",
+                                          array_job_id=j.array_id, task=j.task, user=j.user, name=j.name)
+            return os.path.normpath(os.path.join(sub.cwd, p))
+
+        out = path(sub.output or default)
+        return out, (path(sub.error) if sub.error else "")
+
+    def _launch_env(self, j: Job, sub: BatchSubmit) -> dict[str, str]:
+        env = dict(sub.env)
+        ids = {"JOB_ID": j.id if j.array_id is None else str(_seq(j.id)), "JOB_NAME": j.name,
+               "SUBMIT_DIR": sub.cwd, "JOB_NODES": str(sub.nodes)}
+        if j.array_id is not None:
+            ids |= {"ARRAY_JOB_ID": j.array_id, "ARRAY_TASK_ID": str(j.task)}
+        for k, v in ids.items():  # Slurm's names too: scripts written for sbatch read them
+            env[f"COORM_{k}"] = env[f"SLURM_{k}"] = v
+        if sub.script is not None:
+            env["COORM_JOB_SCRIPT"] = sub.script
+        return env
+
+    async def _opener(self) -> None:
+        """Eligible jobs open their sessions one at a time, in submission order: an application's priority
+        is when its session opened, so that jobs released or made eligible together keep their queue order
+        (first come, first served, then backfilled by the RMS's policy)."""
+        while True:
+            await self._enter_wake.wait()
+            self._enter_wake.clear()
+            while self._to_enter:
+                _, _, job = heapq.heappop(self._to_enter)
+                j, r = self.core.jobs.get(job), self.records.get(job)
+                if j is None or r is None or j.state is not JobState.ELIGIBLE or job in self.runners:
+                    continue
+                try:
+                    if r.session is not None:  # opened, but whether its request went is not known: afresh
+                        await self._close_stale(r)
+                    session = await Session.open(self.settings, user=j.user, name=j.name or job, kind="batch",
+                                                 preemptive_views=False, views=False, nc=self.nc)
+                except bus.Unreachable:
+                    raise
+                except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others
+                    log.exception("could not open a batch job's session", job=job)
+                    await self._end(job, JobState.FAILED, None, f"could not open its session: {e}")
+                    continue
+                r.session = session.reply.model_dump(mode="json")
+                await self._save(r)
+                self._spawn(job, session)
+
+    async def _run(self, job: str, opened: Session | None = None) -> None:
+        """One job's life in the RMS, as its own launcher would live it (``opened``: its new session; else
+        it is taken up from its records)."""
+        j, r = self.core.jobs[job], self.records[job]
+        spec = self.specs[r.spec]
+        sub: BatchSubmit = spec["submit"]
+        resumed = Resumed(launched={}, exited=frozenset())
+        session: Session | None = None
+        try:
+            if opened is None:
+                reply = SessionOpenReply.model_validate(r.session)
+                launched = {(n, p): q for n, p, q in r.launched}
+                exited = frozenset((n, p) for n, p in r.exited)
+                resumed = Resumed(launched=launched, exited=exited, exit_code=j.exit_code or 0, started=j.started)
+                try:
+                    session = await Session.resume(self.settings, reply, self.nc,
+                                                   {k: v for k, v in launched.items() if k not in exited})
+                except bus.WireError as e:
+                    if e.code not in (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN):
+                        raise
+                    await self._end(job, JobState.NODE_FAIL, None, "its session ended while the batch service "
+                                                                  "was down (its processes were killed)")
+                    return
+                launcher = RigidLauncher(reply.app, sub.cluster or "", sub.nodes, sub.walltime)
+            else:
+                session = opened
+                launcher = RigidLauncher(session.app, sub.cluster or "", sub.nodes, sub.walltime)
+                opening = launcher.on_open(self.clock(), NO_PROPS)
+                try:
+                    for c in opening:
+                        if hasattr(c, "requests"):
+                            await session.request(*c.requests)
+                except bus.WireError as e:
+                    await session.close()
+                    await self._end(job, JobState.FAILED, None, f"the RMS refused its request: {e.message}")
+                    return
+                if self.core.jobs[job].state is not JobState.ELIGIBLE:  # cancelled meanwhile
+                    await session.close()
+                    return
+                async with self._lock:
+                    self.core.entered(job)
+                    await self._flush()
+                # the runner takes it from here as it takes up a job after a restart: with a launcher of its own
+                # (request ids are the app's, counted: the same again), its requests already sent
+                launcher = RigidLauncher(session.app, sub.cluster or "", sub.nodes, sub.walltime)
+            self.sessions[job] = session
+            out, err = self._files(j, sub)
+            argv = ["/bin/sh", "-c", SCRIPT_RUNNER, "coorm-job", *sub.argv] if sub.script is not None else sub.argv
+            runner = LiveRunner(session, launcher, command=argv, command_ends_work=True,
+                                env=self._launch_env(j, sub), cwd=sub.cwd, clock=self.clock,
+                                launch_options={"stdout": out, "stderr": err or None, "open_mode": sub.open_mode},
+                                observe=functools.partial(self._observe, job), resumed=resumed,
+                                detach_on_cancel=True, props=NO_PROPS,
+                                first_node_only=sub.script is not None)
+            result = await runner.run()
+        except asyncio.CancelledError:
+            raise  # the service stops: the job goes on, the next instance takes it up
+        except bus.Unreachable:
+            log.error("NATS lost for good: the jobs are taken up by the next instance", job=job)
+            raise
+        except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others
+            log.exception("a batch job's launcher failed", job=job)
+            if self.core.jobs.get(job) is not None and self.core.jobs[job].state not in ENDED:
+                await self._end(job, JobState.FAILED, None, f"internal error: {type(e).__name__}: {e}")
+            return
+        finally:
+            self.sessions.pop(job, None)
+        if self.core.jobs[job].state in ENDED:
+            return  # cancelled: its session was closed
+        state, code, reason = _outcome(result)
+        await self._end(job, state, code, reason, at=result.ended)
+
+    async def _close_stale(self, r: Record) -> None:
+        from coorm.shared.protocol import Ack, CloseMsg
+
+        reply = SessionOpenReply.model_validate(r.session)
+        with contextlib.suppress(Exception):
+            await bus.call(self.nc, reply.subjects.close, CloseMsg(token=reply.token), Ack, timeout=5)
+        r.session = None
+
+    async def _observe(self, job: str, item: object, result: RunResult) -> None:
+        r = self.records.get(job)
+        j = self.core.jobs.get(job)
+        if r is None or j is None or j.state in ENDED:
+            return
+        if isinstance(item, Started):
+            r.node_ids = list(item.nodes)
+            r.launched = [[n, p, item.request] for n, p in result.launched]
+            if j.state is JobState.QUEUED:
+                async with self._lock:
+                    actions = self.core.started(job, result.started or self.clock())
+                    await self._flush()
+                self._act(actions)
+            else:
+                await self._save(self._sync(job))
+        elif isinstance(item, Exited):
+            r.exited.append([item.node, item.pid])
+            j.exit_code = result.exit_code or None
+            await self._save(self._sync(job))
+        elif isinstance(item, Killed):
+            j.reason = item.reason
+
+    async def _end(self, job: str, state: JobState, code: int | None, reason: str, at: float | None = None) -> None:
+        """``at``: when its work ended (its last process), which may be a little before its session closed."""
+        async with self._lock:
+            actions = self.core.ended(job, state, at or self.clock(), code, reason)
+            await self._flush()
+        self._act(actions)
+        log.info("job ended", job=job, state=state.value, exit_code=code, reason=reason)
+
+    # -- records --------------------------------------------------------------------------------------
+    async def _save(self, r: Record) -> None:
+        assert self.redis is not None
+        await self.redis.hset(keys.BATCH_JOBS, r.id, _dump(r))
+
+    def _sync(self, job: str) -> Record:
+        j, r = self.core.jobs[job], self.records[job]
+        r.state, r.reason, r.started, r.ended, r.exit_code = j.state.value, j.reason, j.started, j.ended, j.exit_code
+        return r
+
+    async def _flush(self) -> None:
+        await self._persist_jobs(self.core.take_changed())
+
+    async def _persist_jobs(self, ids: list[str]) -> None:
+        """Write the jobs' records; an ended one moves to the history (and its submission goes with its last
+        job)."""
+        assert self.redis is not None
+        if not ids:
+            return
+        live: dict[str, str] = {}
+        ended: list[Record] = []
+        for i in ids:
+            r = self._sync(i)
+            (ended.append(r) if JobState(r.state) in ENDED else live.__setitem__(i, _dump(r)))
+        async with self.redis.pipeline(transaction=True) as p:
+            if live:
+                p.hset(keys.BATCH_JOBS, mapping=live)
+            for r in ended:
+                info = self._info(self.core.jobs[r.id])
+                p.hset(keys.BATCH_HISTORY, r.id, info.model_dump_json())
+                p.zadd(keys.BATCH_ENDED, {r.id: r.ended or self.clock()})
+                p.hdel(keys.BATCH_JOBS, r.id)
+            done_specs = {sid for sid in {r.spec for r in ended}
+                          if all(self.core.jobs[o].state in ENDED for o in self._jobs_of(sid))}
+            for sid in done_specs:
+                p.hdel(keys.BATCH_SPECS, sid)
+            await p.execute()
+        for sid in done_specs:
+            self.specs.pop(sid, None)
+
+    def _jobs_of(self, sid: str) -> list[str]:
+        return list(self.core.arrays.get(sid, [sid] if sid in self.core.jobs else []))
+
+
+def _outcome(result: RunResult) -> tuple[JobState, int, str]:
+    """How a job ended, from its launcher's run, in Slurm's words (and its exit code, as coorm submit's)."""
+    code = result.exit_code
+    why = result.end_reason
+    if result.started is None:  # its request ended before it started (the RMS ended it, or its session)
+        return JobState.FAILED if result.refused else JobState.NODE_FAIL, code or 1, \
+            result.refused[0] if result.refused else f"ended before it started{f': {why}' if why else ''}"
+    if why == "walltime":
+        return JobState.TIMEOUT, code or 124, "its walltime"
+    if why:
+        return JobState.NODE_FAIL, code or 1, AGENT_KILL_REASONS.get(why) or f"ended by the RMS: {why}"
+    if result.refused:
+        return JobState.FAILED, code or 1, result.refused[0]
+    return (JobState.COMPLETED, 0, "") if code == 0 else (JobState.FAILED, code, f"exit code {code}")
+
+
+def _dump(r: Record) -> str:
+    return json.dumps(asdict(r))
+
+
+def _seq(job_id: str) -> int:
+    return int(job_id.split("_")[0])
+
+
+def _default_name(msg: BatchSubmit) -> str:
+    if msg.argv and msg.script is None:
+        return os.path.basename(msg.argv[0])[:128]
+    return "script"
+
+
+def _command_text(sub: BatchSubmit) -> str:
+    if sub.script is not None:
+        first = sub.script.splitlines()[0] if sub.script else ""
+        return f"(script {first[:60]}) {' '.join(sub.argv)}".strip()
+    return " ".join(sub.argv)[:200]
+
+
+async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
+    from coorm.services.runtime import stop_on_signals
+    from coorm.shared import metrics
+
+    settings = settings or Settings()
+    metrics.serve(settings.metrics_port, settings.metrics_addr)
+    await BatchService(settings).run(stop or stop_on_signals())

@@ -1,0 +1,307 @@
+"""The batch queue on the live system: the batch service runs the users' jobs through their own sessions, on
+real agents with real processes; what ends how, arrays and their throttle, dependencies, cancel, hold and
+release, refusals, and a restart of the service in the middle of a job."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from coorm.services.stack import LocalStack, wait_until
+from coorm.shared import bus, subjects
+from coorm.shared.credentials import CredentialStore
+from coorm.shared.endpoints import Role
+from coorm.shared.events import ErrorCode
+from coorm.shared.protocol import (
+    BatchControl,
+    BatchControlReply,
+    BatchQuery,
+    BatchQueryReply,
+    BatchSubmit,
+    BatchSubmitReply,
+    StatusQuery,
+    StatusReply,
+)
+from coorm.shared.settings import Settings
+from tests.live.test_security import _until_admitted
+
+ME = getpass.getuser()
+OTHER = "daemon"
+WAIT = 30.0
+
+
+@pytest.fixture
+async def stack(servers, redis_url):
+    settings = Settings(nats_url=servers.nats_url, redis_url=servers.redis_url, reschedule_interval=0.05,
+                        fair_start=0.0, kill_grace=0.3, launcher_heartbeat=0.2, session_timeout=5.0,
+                        agent_heartbeat=0.2, agent_timeout=2.0)
+    async with LocalStack(settings, {"c0": 4, "c1": 2}, with_batch=True) as s:
+        yield s
+
+
+@pytest.fixture
+async def nc(stack):
+    conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
+    yield conn
+    await bus.shutdown(conn)
+
+
+async def submit(nc, tmp_path: Path, **kw) -> str:
+    kw.setdefault("walltime", 60.0)
+    kw.setdefault("cwd", str(tmp_path))
+    kw.setdefault("env", {"PATH": os.environ["PATH"]})
+    reply = await bus.call(nc, subjects.batch_submit(ME), BatchSubmit(**kw), BatchSubmitReply, timeout=10)
+    return reply.job
+
+
+async def control(nc, verb, user=ME, **kw) -> BatchControlReply:
+    subject = {"cancel": subjects.batch_cancel, "hold": subjects.batch_hold, "release": subjects.batch_release}[verb]
+    return await bus.call(nc, subject(user), BatchControl(**kw), BatchControlReply, timeout=10)
+
+
+async def query(nc, **kw) -> BatchQueryReply:
+    return await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(**kw), BatchQueryReply, timeout=10)
+
+
+async def ended(nc, job: str, count: int = 1, timeout: float = WAIT):
+    """The history's records of ``job`` (its tasks), once ``count`` have ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = (await query(nc, ended=True, since=0.0, jobs=[job])).jobs
+        if len(jobs) >= count:
+            return sorted(jobs, key=lambda j: j.task or 0)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job}: {len(jobs)} of {count} ended")
+        await asyncio.sleep(0.05)  # polling the queue: the service tells no one of an end
+
+
+async def state_of(nc, job: str) -> str | None:
+    jobs = (await query(nc, jobs=[job])).jobs
+    return jobs[0].state if jobs else None
+
+
+async def until_state(nc, job: str, state: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while (s := await state_of(nc, job)) != state:
+        assert time.monotonic() < deadline, f"job {job} is {s}, not {state}"
+        await asyncio.sleep(0.05)  # polling the queue
+
+
+# ==================================================================================================
+# how jobs end
+# ==================================================================================================
+async def test_a_job_runs_on_its_nodes_as_its_user_writing_its_output_file(stack, nc, tmp_path):
+    job = await submit(nc, tmp_path, argv=["sh", "-c", 'echo "$COORM_NODE $COORM_JOB_ID $SLURM_JOB_ID $(pwd)"'],
+                       nodes=2, cluster="c0")
+    (rec,) = await ended(nc, job)
+    assert (rec.state, rec.exit_code) == ("completed", 0)
+    assert len(rec.node_ids) == 2 and rec.started is not None and rec.ended >= rec.started
+    lines = sorted((tmp_path / f"coorm-{job}.out").read_text().splitlines())
+    assert lines == sorted(f"{n} {job} {job} {tmp_path}" for n in rec.node_ids)
+
+
+async def test_a_script_gets_its_arguments_and_its_exit_code_is_the_jobs(stack, nc, tmp_path):
+    script = "#!/bin/sh\n#SBATCH -N 1\necho \"args: $*\" >&2\nexit 3\n"
+    job = await submit(nc, tmp_path, script=script, argv=["a b", "c"], output="out-%j.txt", error="err-%j.txt")
+    (rec,) = await ended(nc, job)
+    assert (rec.state, rec.exit_code) == ("failed", 3)
+    assert (tmp_path / f"err-{job}.txt").read_text() == "args: a b c\n"
+    assert (tmp_path / f"out-{job}.txt").read_text() == ""
+
+
+async def test_a_script_runs_once_on_its_first_node_and_knows_them_all(stack, nc, tmp_path):
+    """As sbatch runs a script: once, on the first of the job's nodes (the rest are the script's to use)."""
+    script = '#!/bin/sh\necho "$COORM_NODE of $COORM_NODES"\n'
+    job = await submit(nc, tmp_path, script=script, nodes=3, cluster="c0")
+    (rec,) = await ended(nc, job)
+    assert rec.state == "completed"
+    assert (tmp_path / f"coorm-{job}.out").read_text() == f"{rec.node_ids[0]} of {','.join(rec.node_ids)}\n"
+
+
+async def test_jobs_made_eligible_together_keep_their_submission_order(stack, nc, tmp_path):
+    """Their sessions open in submission order: the RMS's priorities are the queue's order."""
+    jobs = [await submit(nc, tmp_path, argv=["true"], hold=True, name="ordered") for _ in range(6)]
+    await control(nc, "release", name="ordered")
+    recs = [(await ended(nc, j))[0] for j in jobs]
+    apps = [int(r.app.rsplit(".a", 1)[1]) for r in recs]
+    assert apps == sorted(apps)
+
+
+async def test_a_job_past_its_walltime_is_a_timeout_with_124(stack, nc, tmp_path):
+    job = await submit(nc, tmp_path, argv=["sleep", "30"], walltime=1.0)
+    (rec,) = await ended(nc, job)
+    assert (rec.state, rec.exit_code) == ("timeout", 124)
+
+
+async def test_a_command_that_does_not_exist_fails_with_127(stack, nc, tmp_path):
+    job = await submit(nc, tmp_path, argv=["/no/such/program"])
+    (rec,) = await ended(nc, job)
+    assert (rec.state, rec.exit_code) == ("failed", 127)
+
+
+# ==================================================================================================
+# arrays, dependencies
+# ==================================================================================================
+async def test_an_array_runs_every_task_and_its_throttle_bounds_how_many_run_at_once(stack, nc, tmp_path):
+    job = await submit(nc, tmp_path, argv=["sh", "-c", 'echo "task $COORM_ARRAY_TASK_ID of $SLURM_ARRAY_JOB_ID"; '
+                                                       "sleep 0.3"], array="0-5%2", cluster="c0")
+    recs = await ended(nc, job, count=6)
+    assert [r.task for r in recs] == list(range(6)) and {r.state for r in recs} == {"completed"}
+    for r in recs:
+        assert (tmp_path / f"coorm-{job}_{r.task}.out").read_text() == f"task {r.task} of {job}\n"
+    # never more than 2 at once, although the cluster had room for 4
+    events = sorted([(r.started, 1) for r in recs] + [(r.ended, -1) for r in recs])
+    running = most = 0
+    for _, d in events:
+        running += d
+        most = max(most, running)
+    assert most <= 2
+
+
+async def test_dependencies_wait_for_their_jobs_and_one_never_satisfied_is_cancelled(stack, nc, tmp_path):
+    first = await submit(nc, tmp_path, argv=["sh", "-c", "sleep 0.5; exit 1"])
+    ok = await submit(nc, tmp_path, argv=["true"], dependency=f"afterok:{first}")
+    notok = await submit(nc, tmp_path, argv=["true"], dependency=f"afternotok:{first}")
+    anyway = await submit(nc, tmp_path, argv=["true"], dependency=f"afterany:{first}")
+    chained = await submit(nc, tmp_path, argv=["true"], dependency=f"afterok:{ok}")
+    assert await state_of(nc, notok) == "blocked"
+    (a,) = await ended(nc, first)
+    assert a.state == "failed"
+    (r_ok,) = await ended(nc, ok)
+    assert (r_ok.state, r_ok.reason, r_ok.started) == ("cancelled", "DependencyNeverSatisfied", None)
+    (r_chain,) = await ended(nc, chained)
+    assert r_chain.state == "cancelled"
+    for j in (notok, anyway):
+        (r,) = await ended(nc, j)
+        assert r.state == "completed" and r.started >= a.ended
+
+
+async def test_a_dependency_on_an_unknown_job_is_refused_and_changes_nothing(stack, nc, tmp_path):
+    before = (await query(nc)).total
+    with pytest.raises(bus.WireError) as e:
+        await submit(nc, tmp_path, argv=["true"], dependency="afterok:999999")
+    assert e.value.code is ErrorCode.BAD_REQUEST and "999999" in e.value.message
+    assert (await query(nc)).total == before
+
+
+# ==================================================================================================
+# cancel, hold, release
+# ==================================================================================================
+async def test_cancel_ends_a_running_job_and_its_processes(stack, nc, tmp_path):
+    job = await submit(nc, tmp_path, argv=["sh", "-c", "echo $$; exec sleep 60"], nodes=1)
+    await until_state(nc, job, "running")
+    out = tmp_path / f"coorm-{job}.out"
+    await wait_until(lambda: out.exists() and out.read_text().strip() != "", what="the job's pid")
+    pid = int(out.read_text().split()[0])
+    reply = await control(nc, "cancel", jobs=[job])
+    assert reply.jobs == [job]
+    (rec,) = await ended(nc, job)
+    assert rec.state == "cancelled"
+    await wait_until(lambda: _gone(pid), timeout=10, what="the cancelled job's process killed")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_hold_keeps_a_job_out_of_the_rms_until_released(stack, nc, tmp_path):
+    job = await submit(nc, tmp_path, argv=["true"], hold=True)
+    assert await state_of(nc, job) == "held"
+    status = await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=10)
+    assert status.total_apps == 0  # no session: a held job is a record, not an application
+    reply = await control(nc, "release", jobs=[job])
+    assert reply.jobs == [job]
+    (rec,) = await ended(nc, job)
+    assert rec.state == "completed"
+
+
+async def test_cancel_by_name_takes_only_the_users_own_pending_jobs(stack, nc, tmp_path):
+    held = [await submit(nc, tmp_path, argv=["true"], name="sweep", hold=True) for _ in range(3)]
+    other = await submit(nc, tmp_path, argv=["true"], name="keep", hold=True)
+    reply = await control(nc, "cancel", name="sweep")
+    assert sorted(reply.jobs) == sorted(held)
+    assert await state_of(nc, other) == "held"
+    await control(nc, "cancel", jobs=[other])
+
+
+# ==================================================================================================
+# refusals
+# ==================================================================================================
+async def test_a_job_larger_than_its_cluster_is_refused_at_submission(stack, nc, tmp_path):
+    with pytest.raises(bus.WireError) as e:
+        await submit(nc, tmp_path, argv=["true"], nodes=5, cluster="c0")
+    assert e.value.code is ErrorCode.TOO_LARGE and "c0 has 4" in e.value.message
+    with pytest.raises(bus.WireError) as e:
+        await submit(nc, tmp_path, argv=["true"], cluster="nope")
+    assert e.value.code is ErrorCode.UNKNOWN_CLUSTER
+    with pytest.raises(bus.WireError) as e:
+        await submit(nc, tmp_path, argv=["true"], array="0-3%0")
+    assert e.value.code is ErrorCode.BAD_REQUEST
+    assert (await query(nc)).total == 0
+
+
+async def test_another_user_can_neither_cancel_nor_hold_my_jobs(stack, nc, tmp_path, servers):
+    store = CredentialStore(servers.credentials)
+    store.add_user(OTHER)
+    assert store.reload_nats()
+    await _until_admitted(servers.nats_url, store.user(OTHER))
+    job = await submit(nc, tmp_path, argv=["true"], hold=True)
+    theirs = await bus.connect(servers.nats_url, "other", store.user(OTHER))
+    try:
+        for verb in ("cancel", "hold", "release"):
+            with pytest.raises(bus.WireError) as e:
+                await control(theirs, verb, user=OTHER, jobs=[job])
+            assert e.value.code is ErrorCode.FORBIDDEN
+        # nor publish on my subject: NATS refuses it (no reply comes)
+        with pytest.raises(Exception):  # noqa: B017,PT011 - a permissions violation, or no responders
+            await control(theirs, "cancel", user=ME, jobs=[job])
+    finally:
+        await bus.shutdown(theirs)
+    assert await state_of(nc, job) == "held"
+    await control(nc, "cancel", jobs=[job])
+
+
+# ==================================================================================================
+# the service restarts
+# ==================================================================================================
+async def test_a_restarted_batch_service_takes_its_running_jobs_up(stack, nc, tmp_path):
+    gate = tmp_path / "gate"
+    job = await submit(nc, tmp_path, argv=["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 5"],
+                       nodes=2)
+    waiting = await submit(nc, tmp_path, argv=["true"], dependency=f"afterany:{job}")
+    await until_state(nc, job, "running")
+    await stack.stop_part("batch")  # its sessions stay open: the next instance takes them up
+    gate.touch()
+    await stack.start_batch()
+    (rec,) = await ended(nc, job)
+    assert (rec.state, rec.exit_code) == ("failed", 5)
+    (after,) = await ended(nc, waiting)
+    assert after.state == "completed"
+
+
+async def test_queued_jobs_survive_a_restart_of_the_service(stack, nc, tmp_path):
+    held = await submit(nc, tmp_path, argv=["true"], hold=True)
+    await stack.stop_part("batch")
+    await stack.start_batch()
+    assert await state_of(nc, held) == "held"
+    await control(nc, "release", jobs=[held])
+    (rec,) = await ended(nc, held)
+    assert rec.state == "completed"
+
+
+async def test_a_full_cluster_queues_jobs_which_start_as_nodes_free(stack, nc, tmp_path):
+    jobs = [await submit(nc, tmp_path, argv=["sleep", "0.3"], nodes=2, cluster="c1") for _ in range(3)]
+    recs = [(await ended(nc, j))[0] for j in jobs]
+    assert all(r.state == "completed" for r in recs)
+    spans = sorted((r.started, r.ended) for r in recs)
+    for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False):
+        assert s2 >= e1 - 0.05  # c1 has 2 nodes: one 2-node job at a time
