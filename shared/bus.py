@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from coorm.shared import subjects
+from coorm.shared.connection import redact
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import DeadLetter, ErrorBody, ErrorReply
 from coorm.shared.requests import Identifier
@@ -86,15 +87,6 @@ class Refused(Exception):
         super().__init__(text)
 
 
-def redact(url: str) -> str:
-    """The URL without its password (it goes into messages and logs)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=netloc).geturl()
 
 
 def _auth(identity: Identity | None) -> dict:

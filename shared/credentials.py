@@ -24,12 +24,12 @@ import json
 import os
 import re
 import secrets
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from coorm.shared import subjects
+from coorm.shared.connection import CredentialsError, read_secret
 from coorm.shared.endpoints import Role, permissions
 
 # a POSIX user name that is also one NATS subject token (no dot, no wildcard)
@@ -37,8 +37,6 @@ USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,31}$")
 VALKEY_USER = "coorm"  # the services' Valkey user
 
 
-class CredentialsError(RuntimeError):
-    pass
 
 
 def check_user_name(name: str) -> str:
@@ -173,19 +171,6 @@ def write_secret(path: Path, text: str, *, uid: int | None = None, gid: int | No
             tmp.unlink()
         raise
     return path
-
-
-def read_secret(path: Path) -> str:
-    """A secret file's text, refused if others than its owner may read it (as ssh refuses a key)."""
-    try:
-        st = path.stat()
-        text = path.read_text()
-    except OSError as e:
-        raise CredentialsError(f"cannot read {path}: {e.strerror}") from e
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise CredentialsError(f"{path} may be read by others (mode {stat.S_IMODE(st.st_mode):o}): chmod 600 it, "
-                               "and have the credentials rotated if others did read it")
-    return text
 
 
 def read_identity(path: Path) -> Identity:

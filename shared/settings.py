@@ -14,38 +14,18 @@ from pydantic import Field
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from coorm.shared.connection import connection_file, file_values
+
 if TYPE_CHECKING:
     from coorm.shared.credentials import Identity
     from coorm.shared.endpoints import Role
 
-_FROM_FILE = ("nats_url", "redis_url", "nats_credentials", "credentials_dir")
-
-
-def connection_file() -> Path:
-    """Where ``coorm up`` writes how to reach it (one per user and machine)."""
-    explicit = os.environ.get("COORM_CONNECTION_FILE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "coorm" / "connection.json"
-
-
 class _ConnectionFileSource(PydanticBaseSettingsSource):
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return self._data().get(field_name), field_name, False
-
-    def _data(self) -> dict:
-        path = connection_file()
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict):
-            return {}
-        return {k: v for k, v in data.items() if k in _FROM_FILE}
+        return file_values().get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return self._data()
+        return file_values()
 
 
 class Settings(BaseSettings):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from coorm.cli.live import _connect, _failure, _fmt_time, _human, _line, _settings, parse_walltime
+from coorm.cli.live import _connect, _failure, _fmt_time, _human, _line, _settings
 from coorm.shared.settings import Settings
 
 # what squeue users read in the ST column
@@ -84,30 +83,14 @@ def batch(script: Path | None, args: list[str], cli, wrap: str | None, open_mode
 
 
 def queue(opts, *, argv: list[str], script: str | None, default_name: str, open_mode: str = "append") -> None:
-    """Send one submission; print ``Submitted batch job N`` (as sbatch does: scripts read the id from it)."""
-    from pydantic import ValidationError
-
-    from coorm.batch import jobscript
-    from coorm.shared import subjects
-    from coorm.shared.protocol import BatchSubmit, BatchSubmitReply
+    """Send one submission (the same code as the fast path: :func:`coorm.cli.fast.submit_job`)."""
+    from coorm.cli import fast
 
     try:
-        walltime = parse_walltime(opts.time or "10m")
-        cwd = os.path.abspath(opts.chdir) if opts.chdir else os.getcwd()
-        env = jobscript.export_environment(jobscript.parse_export(opts.export), os.environ)
-        if opts.array:
-            jobscript.parse_array(opts.array)
-        if opts.dependency:
-            jobscript.parse_dependency(opts.dependency)
-        msg = BatchSubmit(argv=argv, script=script, nodes=opts.nodes or 1, walltime=walltime, cluster=opts.cluster,
-                          name=opts.name or default_name[:128], output=opts.output, error=opts.error,
-                          open_mode=open_mode, array=opts.array, dependency=opts.dependency, hold=bool(opts.hold),
-                          env=env, cwd=cwd)
-    except (ValueError, ValidationError) as e:  # ScriptError is a ValueError
-        _line(f"cannot submit: {_one_line(e)}")
-        raise typer.Exit(2) from None
-    reply = _request(lambda s: subjects.batch_submit(_user(s)), msg, BatchSubmitReply)
-    print(f"Submitted batch job {reply.job}")
+        fast.submit_job(opts, argv=argv, script=script, default_name=default_name, open_mode=open_mode)
+    except fast.Failed as e:
+        _line(str(e))
+        raise typer.Exit(e.code) from None
 
 
 def _one_line(e: Exception) -> str:
@@ -245,7 +228,7 @@ def show_queue(user: str | None, states: list[str] | None, as_json: bool) -> Non
 
 
 def show_history(user: str | None, since: str | None, states: list[str] | None, as_json: bool) -> None:
-    from coorm.shared.since import parse_since
+    from coorm.shared.when import parse_since
 
     try:
         t0 = parse_since(since, time.time()) if since else time.time() - 86400

@@ -18,43 +18,18 @@ from rich.console import Console
 from rich.table import Table
 
 from coorm.shared.settings import Settings
+from coorm.shared.when import parse_walltime  # noqa: F401 - (the command line's, re-exported)
 
 err = Console(stderr=True)
 
 SERVICES = ("policy-engine", "node-allocator", "view-publisher", "accounting", "batch")
 KINDS = ("rigid", "moldable", "cem", "psa", "amr", "next")
 PREEMPTIVE_KINDS = ("psa",)  # the shipped launchers that follow a preemptive view
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 # ================================================================================================
 # parsing what users type
 # ================================================================================================
-def parse_walltime(text: str) -> float:
-    """A walltime the way Slurm users write it: ``90`` (minutes), ``MM:SS``, ``HH:MM:SS``, ``D-HH``,
-    ``D-HH:MM``, ``D-HH:MM:SS``; or with a unit: ``30s``, ``10m``, ``2h``, ``1d``, ``1.5h``."""
-    t = text.strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", t)
-    if m:
-        seconds = float(m.group(1)) * _UNIT[m.group(2)]
-    else:
-        m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
-        if not m:
-            raise ValueError(f"cannot read the walltime {text!r}: try 10m, 2h, 90 (minutes), 1:30:00, 1-12")
-        days, a, b, c = (int(x) if x is not None else None for x in m.groups())
-        if days is not None:  # D-HH[:MM[:SS]]
-            seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-        elif c is not None:  # HH:MM:SS
-            seconds = a * 3600 + b * 60 + c
-        elif b is not None:  # MM:SS
-            seconds = a * 60 + b
-        else:  # minutes
-            seconds = a * 60
-    if seconds <= 0:
-        raise ValueError(f"the walltime must be positive, not {text!r}")
-    return float(seconds)
-
-
 def _settings() -> Settings:
     return Settings()
 

@@ -405,7 +405,7 @@ def usage(
     from coorm.cli.live import _failure
     from coorm.services.accounting.report import print_usage, usage_report
     from coorm.shared.settings import Settings
-    from coorm.shared.since import parse_since
+    from coorm.shared.when import parse_since
 
     try:
         t = parse_since(since, time.time()) if since else None

@@ -160,3 +160,43 @@ def test_ctrl_c_stops_everything_and_removes_the_connection_file(up):
     assert not conn.exists()
     left = subprocess.run(["pgrep", "-f", str(tmp / "work")], capture_output=True, text=True).stdout.split()
     assert left == []
+
+
+def test_a_job_script_with_sbatch_directives_an_array_and_a_dependency(up):
+    """coorm batch as a Slurm user writes it: directives at the top, arguments after the script, an array
+    whose tasks read their index, a job that waits for the array; then queue, cancel and history."""
+    proc, env, tmp, conn = up
+    work = tmp / "scripted"
+    work.mkdir()
+    script = work / "sweep.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -N 1 -t 2 -J sweep\n#SBATCH --array=0-3%2 -o sweep-%A_%a.out\n"
+                      "#SBATCH --mem=4G\n"  # not CooRM's: ignored with a warning
+                      'echo "task $SLURM_ARRAY_TASK_ID of $COORM_ARRAY_JOB_ID: $1"\n')
+    # through the script's fast path (coorm.cli.fast: what the `coorm` script runs), and through the full one
+    r = subprocess.run([sys.executable, "-m", "coorm.cli.fast", "batch", "sweep.sh", "hello"], env=env,
+                       capture_output=True, text=True, timeout=60, cwd=work)
+    assert r.returncode == 0 and r.stdout.startswith("Submitted batch job "), r.stderr
+    assert "--mem" in r.stderr  # the warning
+    array = r.stdout.split()[-1]
+    r = subprocess.run([sys.executable, "-m", "coorm.cli.fast", "batch", "-d", f"afterok:{array}", "--wrap",
+                        "cat sweep-*.out | wc -l", "-o", "count.out"], env=env, capture_output=True, text=True,
+                       timeout=60, cwd=work)
+    assert r.returncode == 0, r.stderr
+    after = r.stdout.split()[-1]
+    held = _run(env, "batch", "-H", "--wrap", "true", cwd=work).stdout.split()[-1]
+    queue = _run(env, "queue").stdout
+    assert f"{held} " in queue.replace("  ", " ") or held in queue
+    assert all(len(line) <= 80 for line in queue.splitlines()), queue
+    r = _run(env, "cancel", held)
+    assert r.returncode == 0 and held in r.stdout
+    done = wait_for(lambda: [x for x in json.loads(_run(env, "history", "--json").stdout) if x["id"] == after], 60,
+                    "the dependent job to end")
+    assert (done[0]["state"], done[0]["exit_code"]) == ("completed", 0)
+    assert (work / "count.out").read_text().strip() == "4"
+    for t in range(4):
+        assert (work / f"sweep-{array}_{t}.out").read_text() == f"task {t} of {array}: hello\n"
+    hist = _run(env, "history").stdout
+    assert f"{array}_3" in hist and "COMPLETED" in hist and "CANCELLED" in hist
+    # a job larger than its cluster is refused at once, with exit 2
+    r = _run(env, "batch", "-N", "9", "-c", "c0", "--wrap", "true", cwd=work)
+    assert r.returncode == 2 and "c0 has 4" in r.stderr, r.stderr

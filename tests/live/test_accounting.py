@@ -46,7 +46,7 @@ from coorm.shared import bus, keys, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.protocol import DeadLetter, Lifecycle, LifecycleKind
 from coorm.shared.settings import Settings
-from coorm.shared.since import parse_since
+from coorm.shared.when import parse_since
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 1_700_000_000.0

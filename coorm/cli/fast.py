@@ -1,0 +1,368 @@
+"""The ``coorm`` script, and the batch commands users run by the thousand, kept fast.
+
+``coorm batch`` and ``coorm submit --no-wait`` are one request each to the batch service. Through the full
+command line they cost about a second of CPU (typer, rich, pydantic's models, pydantic-settings, nats-py);
+here they cost what Python's own start does: the options are read by :mod:`coorm.batch.jobscript`, the
+connection by :mod:`coorm.shared.connection`, and the request goes over NATS's text protocol on a plain
+socket (CONNECT signed with the user's nkey, SUB to the user's inbox, PUB, one reply). The batch service
+validates the message as any other (``BatchSubmit``), so nothing is trusted for being sent this way.
+
+Anything this path does not know -- ``--help``, an option it does not read, a ``tls://`` URL -- goes to the
+full command line (:mod:`coorm.cli.main`), which says what the user did wrong. Its failures say what the
+full one says, with the same exit codes: 2 refused, 3 CooRM not reachable."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+EXIT_REFUSED, EXIT_UNREACHABLE = 2, 3
+
+# coorm batch's options: the value-taking ones (as in #COORM directives), and the flags
+_VALUED = {"-N", "--nodes", "-t", "--time", "-J", "--job-name", "-o", "--output", "-e", "--error", "-a", "--array",
+           "-d", "--dependency", "-D", "--chdir", "--export", "-c", "--cluster", "-p", "--partition"}
+_FLAGS = {"-H", "--hold"}
+_OWN = {"--wrap", "--open-mode"}  # read here, not directives
+# coorm submit's
+_SUBMIT_VALUED = {"-c": "--cluster", "--cluster": "--cluster", "-N": "--nodes", "--nodes": "--nodes", "-t": "--time",
+                  "--time": "--time", "-o": "--output", "--output": "--output", "-J": "--job-name",
+                  "--job-name": "--job-name"}
+
+
+class Fallback(Exception):
+    """Not for this path: the full command line takes the command as it was typed."""
+
+
+class Failed(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def main() -> None:
+    """The ``coorm`` script."""
+    argv = sys.argv[1:]
+    try:
+        code = run(argv)
+    except Fallback:
+        code = None
+    except Failed as e:
+        _say(str(e))
+        code = e.code
+    if code is None:
+        from coorm.cli.main import main as full
+
+        full()
+        return
+    raise SystemExit(code)
+
+
+def run(argv: list[str]) -> int | None:
+    """The exit code of a command this path handles, or None (or :class:`Fallback`) for the others."""
+    if argv[:1] == ["batch"]:
+        return batch(argv[1:])
+    if argv[:1] == ["submit"] and "--no-wait" in argv[1:argv.index("--") if "--" in argv else len(argv)]:
+        return submit_no_wait(argv[1:])
+    return None
+
+
+# ================================================================================================
+# the commands
+# ================================================================================================
+def batch(argv: list[str]) -> int:
+    """``coorm batch [OPTIONS] SCRIPT [ARGS]`` or ``coorm batch [OPTIONS] --wrap CMD``."""
+    from coorm.batch import jobscript
+
+    options: list[str] = []
+    wrap: str | None = None
+    open_mode = "append"
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        name, eq, value = a.partition("=")
+        if not a.startswith("-") or a == "-":
+            break
+        if a == "--":
+            i += 1
+            break
+        if name in _OWN:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise Fallback
+                value, i = argv[i + 1], i + 1
+            if name == "--wrap":
+                wrap = value
+            elif value in ("append", "truncate"):
+                open_mode = value
+            else:
+                raise Fallback
+        elif a in _FLAGS:
+            options.append(a)
+        elif name in _VALUED and eq:
+            options.append(a)
+        elif a in _VALUED:
+            if i + 1 >= len(argv):
+                raise Fallback
+            options += [a, argv[i + 1]]
+            i += 1
+        elif len(a) > 2 and a[:2] in _VALUED and not a.startswith("--"):  # -N4
+            options.append(a)
+        else:
+            raise Fallback  # --help, an option this path does not read
+        i += 1
+    rest = argv[i:]
+    if (wrap is None) == (not rest):
+        raise Failed("give a script (coorm batch job.sh) or --wrap 'COMMAND'", EXIT_REFUSED)
+    if wrap is not None:
+        text, name, args = f"#!/bin/sh\n{wrap}\n", "wrap", rest
+    else:
+        path, args = rest[0], rest[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise Failed(f"cannot read {path}: {getattr(e, 'strerror', None) or e}", EXIT_REFUSED) from None
+        name = os.path.basename(path)
+    try:
+        directives, warnings = jobscript.parse_script(text)
+        given, more = jobscript.parse_options(options, dialect="coorm")
+    except jobscript.ScriptError as e:
+        raise Failed(f"{rest[0] if wrap is None else 'the wrapped command'}: {e}", EXIT_REFUSED) from None
+    for w in [*warnings, *more]:
+        _say(w)
+    return submit_job(directives.merged(given), argv=args, script=text, default_name=name, open_mode=open_mode)
+
+
+def submit_no_wait(argv: list[str]) -> int:
+    """``coorm submit --no-wait [OPTIONS] -- COMMAND``: the command, queued (sbatch --wrap)."""
+    from coorm.batch.jobscript import JobOptions
+
+    given: dict[str, str] = {}
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        a = argv[i]
+        name, eq, value = a.partition("=")
+        if a in ("--no-wait", "-l", "--label"):
+            i += 1
+            continue
+        if name in _SUBMIT_VALUED and (eq or i + 1 < len(argv)):
+            if not eq:
+                value, i = argv[i + 1], i + 1
+            given[_SUBMIT_VALUED[name]] = value
+            i += 1
+            continue
+        if not a.startswith("-"):
+            break  # the command (typer takes it without --)
+        raise Fallback
+    command = argv[i + 1:] if i < len(argv) and argv[i] == "--" else argv[i:]
+    if not command:
+        raise Failed("nothing to run: coorm submit --no-wait -N NODES -t TIME -- COMMAND ARGS...", EXIT_REFUSED)
+    try:
+        nodes = int(given["--nodes"]) if "--nodes" in given else 1
+    except ValueError:
+        raise Fallback from None
+    opts = JobOptions(nodes=nodes, time=given.get("--time", "10m"), name=given.get("--job-name"),
+                      output=given.get("--output"), cluster=given.get("--cluster"))
+    return submit_job(opts, argv=command, script=None, default_name=os.path.basename(command[0]))
+
+
+def submit_job(opts, *, argv: list[str], script: str | None, default_name: str, open_mode: str = "append") -> int:
+    """Send one submission; print ``Submitted batch job N`` (as sbatch does: scripts read the id from it)."""
+    from coorm.batch import jobscript
+    from coorm.shared.when import parse_walltime
+
+    try:
+        walltime = parse_walltime(opts.time or "10m")
+        if opts.array:
+            jobscript.parse_array(opts.array)
+        if opts.dependency:
+            jobscript.parse_dependency(opts.dependency)
+        env = jobscript.export_environment(jobscript.parse_export(opts.export), os.environ)
+    except ValueError as e:  # (ScriptError is one)
+        raise Failed(f"cannot submit: {e}", EXIT_REFUSED) from None
+    cwd = os.path.abspath(opts.chdir) if opts.chdir else os.getcwd()
+    message = {"argv": argv, "script": script, "nodes": opts.nodes or 1, "walltime": walltime,
+               "cluster": opts.cluster, "name": (opts.name or default_name)[:128], "output": opts.output,
+               "error": opts.error, "open_mode": open_mode, "array": opts.array, "dependency": opts.dependency,
+               "hold": bool(opts.hold), "env": env, "cwd": cwd}
+    reply = request("batch.submit", {k: v for k, v in message.items() if v is not None}, "the batch service")
+    print(f"Submitted batch job {reply['job']}")
+    return 0
+
+
+# ================================================================================================
+# one request over NATS's text protocol
+# ================================================================================================
+def request(verb: str, body: dict, service: str) -> dict:
+    """``coorm.v1.<verb>.<user>`` with ``body``; the reply, or :class:`Failed` as the full command line
+    words it."""
+    from coorm.shared.connection import Client, CredentialsError, redact
+
+    try:
+        client = Client()
+    except CredentialsError as e:
+        raise Failed(str(e), EXIT_REFUSED) from None
+    url = client.nats_url
+    where = f"{redact(url)} (from {client.url_source})"
+    payload = json.dumps(body).encode()
+    subject = f"coorm.v1.{verb}.{client.user}"
+    if "," in url or not url.startswith("nats://"):
+        data = _via_nats_py(subject, payload)  # several servers, TLS, websockets: nats-py's
+    else:
+        data = _via_socket(client, subject, payload, where)
+    if data is None:
+        raise Failed(f"NATS at {where} answers but {service} does not: is it running? Start one with 'coorm up'",
+                     EXIT_UNREACHABLE)
+    reply = json.loads(data)
+    if reply.get("ok") is False and isinstance(reply.get("error"), dict):
+        raise Failed(f"refused: {reply['error'].get('message')}", EXIT_REFUSED)
+    return reply
+
+
+def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
+    import asyncio
+
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    from coorm.shared import bus
+    from coorm.shared.endpoints import Role
+    from coorm.shared.settings import Settings
+
+    settings = Settings()
+
+    async def go() -> bytes:
+        nc = await bus.connect_client(settings.nats_url, "coorm-cli", timeout=settings.connect_timeout,
+                                      reconnect_window=settings.reconnect_window,
+                                      source=settings.source_of("nats_url"), identity=settings.identity(Role.LAUNCHER))
+        try:
+            return (await nc.request(subject, payload, timeout=10)).data
+        finally:
+            await bus.shutdown(nc)
+
+    try:
+        return asyncio.run(go())
+    except NoRespondersError:
+        return None
+    except (bus.Unreachable, bus.Refused) as e:
+        raise Failed(str(e), EXIT_UNREACHABLE if isinstance(e, bus.Unreachable) else EXIT_REFUSED) from None
+    except (NatsTimeout, TimeoutError):
+        raise Failed(f"CooRM at {bus.redact(settings.nats_url)} did not answer in time", EXIT_UNREACHABLE) from None
+
+
+def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | None:
+    from urllib.parse import urlsplit
+
+    from coorm.shared.connection import redact
+
+    url = client.nats_url
+    parts = urlsplit(url)
+    deadline = time.monotonic() + client.connect_timeout
+    try:
+        sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222),
+                                        timeout=client.connect_timeout)
+    except OSError:
+        raise Failed(f"cannot reach CooRM at {where} within {client.connect_timeout:g} s: is it running? Start one "
+                     "with 'coorm up'", EXIT_UNREACHABLE) from None
+    try:
+        conn = _Conn(sock)
+        info = json.loads(conn.expect("INFO ")[5:])
+        hello: dict = {"verbose": False, "pedantic": False, "lang": "python", "version": "coorm-fast", "protocol": 1,
+                       "headers": True, "no_responders": True, "name": "coorm-cli"}
+        if parts.username:
+            hello |= {"user": parts.username, "pass": parts.password or ""}
+        if info.get("nonce") and client.seed:
+            import base64
+
+            import nkeys
+
+            kp = nkeys.from_seed(client.seed.encode())
+            hello |= {"nkey": kp.public_key.decode(), "sig": base64.b64encode(kp.sign(info["nonce"].encode())).decode()}
+        inbox = f"_INBOX.u.{client.user}.{os.urandom(8).hex()}"
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        conn.send(f"CONNECT {json.dumps(hello)}\r\nPING\r\n".encode())
+        line = conn.line()
+        if line.startswith("-ERR"):
+            if client.seed is None:
+                raise Failed(f"CooRM at {redact(url)} wants credentials and this process has none: set "
+                             "COORM_NATS_CREDENTIALS to your identity file (an operator issues it: coorm user add "
+                             "NAME)", EXIT_REFUSED)
+            raise Failed(f"CooRM at {redact(url)} refused the credentials of launcher {client.user!r} (revoked or "
+                         "rotated? ask the operator for new ones: coorm user add --rotate)", EXIT_REFUSED)
+        sock.settimeout(10.0)
+        conn.send(f"SUB {inbox} 1\r\nPUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
+        return conn.reply()
+    except TimeoutError:
+        raise Failed(f"CooRM at {where} did not answer in time", EXIT_UNREACHABLE) from None
+    except (OSError, ValueError):
+        raise Failed(f"cannot reach CooRM at {where} within {client.connect_timeout:g} s: is it running? Start one "
+                     "with 'coorm up'", EXIT_UNREACHABLE) from None
+    finally:
+        sock.close()
+
+
+class _Conn:
+    """The reading side of a NATS connection: lines, and one message's payload."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        self.buf += chunk
+
+    def line(self) -> str:
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line.decode()
+
+    def take(self, n: int) -> bytes:
+        while len(self.buf) < n + 2:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n + 2:]
+        return data
+
+    def expect(self, prefix: str) -> str:
+        line = self.line()
+        if not line.startswith(prefix):
+            raise ValueError(line)
+        return line
+
+    def reply(self) -> bytes | None:
+        """The reply's payload; None when no one serves the subject (a 503 status, as no_responders asks)."""
+        while True:
+            line = self.line()
+            if line == "PING":
+                self.send(b"PONG\r\n")
+            elif line.startswith("MSG "):
+                return self.take(int(line.split()[-1]))
+            elif line.startswith("HMSG "):
+                fields = line.split()
+                hdr, total = int(fields[-2]), int(fields[-1])
+                raw = self.take(total)
+                if raw[:hdr].split(b"\r\n", 1)[0].split()[1:2] == [b"503"]:
+                    return None
+                return raw[hdr:]
+            elif line.startswith("-ERR"):
+                if "Permissions Violation" in line:  # the subject is not the user's
+                    raise Failed(f"NATS refused: {line[5:].strip(chr(39))}", EXIT_REFUSED)
+                raise ConnectionError(line)
+            # +OK, PONG, INFO: nothing to read
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"coorm: {text}\n")
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The command line's light connection reader agrees with the settings every other command uses, and its fast
+batch commands read their options as the full command line does."""
+
+from __future__ import annotations
+
+import getpass
+import json
+
+import pytest
+
+from coorm.cli import fast
+from coorm.shared.connection import Client, CredentialsError
+from coorm.shared.credentials import CredentialStore, new_identity
+from coorm.shared.endpoints import Role
+from coorm.shared.settings import Settings
+
+ME = getpass.getuser()
+
+
+@pytest.fixture
+def clean(monkeypatch, tmp_path):
+    for var in ("COORM_NATS_URL", "COORM_NATS_CREDENTIALS", "COORM_NATS_SEED", "COORM_CREDENTIALS_DIR",
+                "COORM_CONNECT_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("COORM_CONNECTION_FILE", str(tmp_path / "connection.json"))
+    return tmp_path
+
+
+def _agree() -> Client:
+    client, settings = Client(), Settings()
+    assert client.nats_url == settings.nats_url
+    assert client.url_source == settings.source_of("nats_url")
+    assert client.connect_timeout == settings.connect_timeout
+    ident = settings.identity(Role.LAUNCHER)
+    assert (client.user, client.seed) == ((ident.name, ident.seed) if ident else (ME, None))
+    return client
+
+
+def test_the_defaults(clean):
+    assert _agree().seed is None
+
+
+def test_the_connection_file_and_its_credential_store(clean, monkeypatch):
+    store = CredentialStore(clean / "store").init(users=[ME])
+    (clean / "connection.json").write_text(json.dumps({"nats_url": "nats://10.1.2.3:4333",
+                                                       "credentials_dir": str(store.root)}))
+    assert _agree().seed == store.user(ME).seed
+    monkeypatch.setenv("COORM_NATS_URL", "nats://127.0.0.9:1")  # a variable wins over the file
+    monkeypatch.setenv("COORM_CONNECT_TIMEOUT", "0.5")
+    assert _agree().nats_url == "nats://127.0.0.9:1"
+
+
+def test_an_identity_file_or_a_seed_in_the_environment(clean, monkeypatch):
+    ident = new_identity("alice", Role.LAUNCHER)
+    path = clean / "alice.json"
+    path.write_text(ident.to_json())
+    path.chmod(0o600)
+    monkeypatch.setenv("COORM_NATS_CREDENTIALS", str(path))
+    assert _agree().user == "alice"
+    path.chmod(0o644)  # readable by others: refused, as ssh refuses a key
+    with pytest.raises(CredentialsError, match="chmod 600"):
+        Client()
+    monkeypatch.delenv("COORM_NATS_CREDENTIALS")
+    monkeypatch.setenv("COORM_NATS_SEED", ident.seed)
+    assert _agree().seed == ident.seed
+
+
+# -- the fast path's options ------------------------------------------------------------------------
+@pytest.fixture
+def sent(monkeypatch, tmp_path):
+    """What the fast path would send (the request itself is the live tests')."""
+    out: list[dict] = []
+    monkeypatch.setattr(fast, "request", lambda verb, body, service: out.append(body) or {"job": "7"})
+    monkeypatch.chdir(tmp_path)
+    return out
+
+
+def test_batch_options_override_the_directives(sent, tmp_path, capsys):
+    (tmp_path / "job.sh").write_text("#!/bin/sh\n#SBATCH -N 4 -t 30 -J from-script\n#COORM -c c1\necho $1\n")
+    assert fast.run(["batch", "-N2", "--job-name=cli", "-a", "0-3%2", "job.sh", "x", "-N", "9"]) == 0
+    (body,) = sent
+    assert (body["nodes"], body["walltime"], body["name"], body["cluster"], body["array"]) == (2, 1800.0, "cli",
+                                                                                              "c1", "0-3%2")
+    assert body["argv"] == ["x", "-N", "9"] and body["script"].startswith("#!/bin/sh")
+    assert body["cwd"] == str(tmp_path) and capsys.readouterr().out == "Submitted batch job 7\n"
+
+
+def test_submit_no_wait_queues_its_command(sent):
+    assert fast.run(["submit", "--no-wait", "-c", "c0", "-N", "3", "-t", "1h", "--", "sh", "-c", "echo -N"]) == 0
+    (body,) = sent
+    assert (body["argv"], body["nodes"], body["walltime"], body["cluster"]) == (["sh", "-c", "echo -N"], 3,
+                                                                                3600.0, "c0")
+    assert "script" not in body
+
+
+def test_what_the_fast_path_does_not_read_goes_to_the_full_command_line(sent):
+    for argv in (["batch", "--help"], ["batch", "--mem", "4G", "job.sh"], ["submit", "--no-wait", "--bogus", "--",
+                                                                          "true"]):
+        with pytest.raises(fast.Fallback):
+            fast.run(argv)
+    assert fast.run(["status"]) is None and fast.run(["submit", "--", "true"]) is None
+    assert sent == []
+
+
+def test_bad_values_are_refused_with_exit_2_before_anything_is_sent(sent):
+    with pytest.raises(fast.Failed) as e:
+        fast.run(["batch", "-t", "soon", "--wrap", "true"])
+    assert e.value.code == 2 and "walltime" in str(e.value)
+    with pytest.raises(fast.Failed) as e:
+        fast.run(["batch", "--array", "0-3%0", "--wrap", "true"])
+    assert e.value.code == 2
+    with pytest.raises(fast.Failed):
+        fast.run(["batch", "--wrap", "true", "job.sh"])  # both
+    assert sent == []
