@@ -17,6 +17,7 @@ from coorm.shared.events import (
     ErrorCode,
     HoldReleased,
     NodeDown,
+    NodeDrain,
     PolicyDecision,
     PolicyEvent,
     RegisterNodes,
@@ -35,14 +36,15 @@ class CoupledCores:
     def now(self) -> float:
         return self.policy.now
 
-    def handle(self, event: PolicyEvent | RegisterNodes | NodeDown, *, pass_now: bool = True) -> list[Decision]:
+    def handle(self, event: PolicyEvent | RegisterNodes | NodeDown | NodeDrain, *, pass_now: bool = True
+               ) -> list[Decision]:
         """Feed a policy event (open, submit, done, close, tick) and return every decision it caused,
         the allocator's included. ``pass_now=False``: see :meth:`PolicyCore.handle`."""
         if isinstance(event, Done) and event.released:
             why = self.allocator.check_release(event.request, event.released)
             if why is not None and event.request in self.policy.requests:
                 return [Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.BAD_RELEASE, reason=why)]
-        if isinstance(event, (RegisterNodes, NodeDown)):
+        if isinstance(event, (RegisterNodes, NodeDown, NodeDrain)):
             return self._node_event(event, pass_now)
         return self._feed(self.policy.handle(event, pass_now=pass_now), event.at)
 
@@ -59,7 +61,7 @@ class CoupledCores:
         times = [t for t in (self.policy.next_wakeup(), self.allocator.next_wakeup()) if t is not None]
         return min(times) if times else None
 
-    def _node_event(self, event: RegisterNodes | NodeDown, pass_now: bool = True) -> list[Decision]:
+    def _node_event(self, event: RegisterNodes | NodeDown | NodeDrain, pass_now: bool = True) -> list[Decision]:
         out: list[Decision] = []
         for d in self.allocator.handle(event):
             out.append(d)

@@ -256,6 +256,15 @@ class NodeDown(_Event):
     node: Identifier
 
 
+class NodeDrain(_Event):
+    """An operator drains a node (``drain``: running work finishes, nothing new starts on it) or resumes it."""
+
+    kind: Literal["node_drain"] = "node_drain"
+    node: Identifier
+    drain: bool = True
+    reason: str = Field(default="", max_length=256)
+
+
 class NodesAssigned(_Decision):
     """``startNotify``: ``request`` may use ``nodes``; ``kept`` of them come from its NEXT predecessor."""
 
@@ -298,6 +307,6 @@ class CapacityChanged(_Decision):
 
 
 # what the allocator core takes and gives, and what the coupled cores give
-AllocatorEvent = StartRequest | EndRequest | HoldReleased | RegisterNodes | NodeDown | Tick
+AllocatorEvent = StartRequest | EndRequest | HoldReleased | RegisterNodes | NodeDown | NodeDrain | Tick
 AllocatorOutput = NodesAssigned | NodesFreed | CapacityChanged
 Decision = PolicyDecision | AllocatorOutput

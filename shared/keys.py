@@ -13,6 +13,7 @@ INCARNATION = f"{PREFIX}:policy:incarnation"  # this state's id: decision ids st
 EVENT_SEQ = f"{PREFIX}:policy:seq"  # counter: stimulus ids stay unique across leaders
 APP_SEQ = f"{PREFIX}:policy:apps"  # counter: application ids
 NODES = f"{PREFIX}:nodes"  # hash node -> node record
+NODE_DRAINS = f"{PREFIX}:nodes:drain"  # hash node -> why an operator drained it (coorm node drain)
 
 
 def requests_of(app: str) -> str:

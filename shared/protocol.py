@@ -432,11 +432,13 @@ class ViewsQuery(_Msg):
 
 
 class NodesEvent(_Msg):
-    """node allocator -> policy engine: an agent's nodes came up (``register``) or went down."""
+    """node allocator -> policy engine: an agent's nodes came up (``register``) or went down; an operator
+    (``coorm node drain``, with the services' identity) drains nodes or resumes them."""
 
-    kind: Literal["register", "down"]
+    kind: Literal["register", "down", "drain", "resume"]
     cluster: Identifier
     nodes: list[Identifier] = Field(min_length=1)
+    reason: str = Field(default="", max_length=256)
 
 
 # -- queries (coorm status, apps, requests, estimate) --------------------------------------------------

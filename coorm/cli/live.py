@@ -382,20 +382,69 @@ def show_nodes(as_json: bool) -> None:
 
     settings = _settings()
     try:
-        raw = _redis(settings).hgetall(keys.NODES)
+        r = _redis(settings)
+        raw = r.hgetall(keys.NODES)
+        drains = r.hgetall(keys.NODE_DRAINS)
     except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
         raise _failure(e, settings) from None
+    for n, why in drains.items():  # the operator's drain: it shows whatever the agent's state
+        if n in raw:
+            rec = json.loads(raw[n])
+            busy = rec.get("request")
+            raw[n] = json.dumps({**rec, "state": f"{rec['state']}+draining" if busy else "drained", "reason": why})
     nodes = sorted(((n, json.loads(v)) for n, v in raw.items()), key=lambda x: (x[1]["cluster"], _natural(x[0])))
     if as_json:
         print(json.dumps({n: rec for n, rec in nodes}, indent=2))
         return
     t = Table(title=f"{len(nodes)} nodes")
-    for col in ("node", "cluster", "state", "agent", "cores", "memory (MB)", "app", "request"):
+    for col in ("node", "cluster", "state", "agent", "cores", "memory (MB)", "app", "request", "reason"):
         t.add_column(col)
     for n, rec in nodes:
         t.add_row(n, rec["cluster"], rec["state"], rec["agent"], str(rec["cores"]), str(rec["memory_mb"]),
-                  rec.get("app") or "", rec.get("request") or "")
+                  rec.get("app") or "", rec.get("request") or "", rec.get("reason") or "")
     Console().print(t)
+
+
+def node_drain(nodes: list[str], reason: str, *, drain: bool) -> None:
+    """``coorm node drain/resume``: an operator's command (it needs the services' identity, which only the
+    operator's credential store holds: NATS lets no user publish on the subject)."""
+    from coorm.shared import bus, keys, subjects
+    from coorm.shared.endpoints import Role
+    from coorm.shared.protocol import Ack, NodesEvent
+
+    settings = _settings()
+    try:
+        raw = _redis(settings).hgetall(keys.NODES)
+    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+        raise _failure(e, settings) from None
+    clusters: dict[str, list[str]] = {}
+    for n in nodes:
+        if n not in raw:
+            err.print(f"[red]no node {n!r}[/red]")
+            raise typer.Exit(2)
+        clusters.setdefault(json.loads(raw[n])["cluster"], []).append(n)
+    ident = settings.identity(Role.SERVICE)
+    if ident is None:
+        err.print("[red]draining nodes is the operator's: this account has not the services' identity[/red]")
+        raise typer.Exit(2)
+
+    async def send() -> None:
+        nc = await bus.connect_client(settings.nats_url, "coorm-node", timeout=settings.connect_timeout,
+                                      reconnect_window=settings.reconnect_window,
+                                      source=settings.source_of("nats_url"), identity=ident)
+        try:
+            for cluster, ns in clusters.items():
+                await bus.call(nc, subjects.NODES_EVENT, NodesEvent(kind="drain" if drain else "resume",
+                                                                    cluster=cluster, nodes=ns, reason=reason), Ack,
+                               timeout=10)
+        finally:
+            await bus.shutdown(nc)
+
+    try:
+        asyncio.run(send())
+    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
+        raise _failure(e, settings) from None
+    print(f"{'drained' if drain else 'resumed'}: {', '.join(nodes)}")
 
 
 def _natural(s: str):

@@ -296,6 +296,27 @@ def history(
     show_history(user, since, state or None, as_json)
 
 
+node_app = typer.Typer(help="Operators: drain nodes, resume them.", no_args_is_help=True)
+app.add_typer(node_app, name="node")
+
+
+@node_app.command("drain")
+def node_drain(nodes: list[str] = typer.Argument(..., help="node ids"),
+               reason: str = typer.Option(..., "--reason", "-r", help="why (shown by coorm nodes)")) -> None:
+    """What runs on the nodes finishes; nothing new starts there (the operator's identity: the services')."""
+    from coorm.cli.live import node_drain as run
+
+    run(nodes, reason, drain=True)
+
+
+@node_app.command("resume")
+def node_resume(nodes: list[str] = typer.Argument(..., help="node ids")) -> None:
+    """Drained nodes take work again."""
+    from coorm.cli.live import node_drain as run
+
+    run(nodes, "", drain=False)
+
+
 show_app = typer.Typer(help="Details of one thing.", no_args_is_help=True)
 app.add_typer(show_app, name="show")
 

@@ -28,6 +28,7 @@ from coorm.shared.events import (
     EndRequest,
     HoldReleased,
     NodeDown,
+    NodeDrain,
     NodesAssigned,
     NodesFreed,
     RegisterNodes,
@@ -36,7 +37,7 @@ from coorm.shared.events import (
 )
 from coorm.shared.requests import RequestType
 
-FREE, ALLOCATED, HELD, PARKED, DOWN = "free", "allocated", "held", "parked", "down"
+FREE, ALLOCATED, HELD, PARKED, DOWN, DRAINED = "free", "allocated", "held", "parked", "down", "drained"
 
 
 class AllocationError(RuntimeError):
@@ -51,6 +52,7 @@ class Node:
     state: str = FREE
     owner: str | None = None  # request id when allocated or parked (predecessor id)
     held_until: float = 0.0
+    drain: str | None = None  # an operator's reason: what runs finishes, then the node is DRAINED, not free
 
 
 class NodeAllocator:
@@ -68,7 +70,9 @@ class NodeAllocator:
 
     # -- queries ------------------------------------------------------------------------------------
     def up(self, cluster: str) -> int:
-        return sum(1 for n in self.nodes.values() if n.cluster == cluster and n.state != DOWN)
+        """The nodes the policy may plan with: not down, not drained nor draining (a draining node's running
+        work is already counted; it will not be given again)."""
+        return sum(1 for n in self.nodes.values() if n.cluster == cluster and n.state != DOWN and n.drain is None)
 
     def free_count(self, cluster: str) -> int:
         return len(self._free.get(cluster, ()))
@@ -98,6 +102,8 @@ class NodeAllocator:
             out.extend(self._register(event))
         elif isinstance(event, NodeDown):
             out.extend(self._down(event))
+        elif isinstance(event, NodeDrain):
+            out.extend(self._drain(event))
         elif not isinstance(event, Tick):
             raise TypeError(f"the allocator does not handle {type(event).__name__}")
         if self.validate:
@@ -109,6 +115,9 @@ class NodeAllocator:
 
     # -- internals ----------------------------------------------------------------------------------
     def _to_free(self, node: Node) -> None:
+        if node.drain is not None:
+            node.state, node.owner = DRAINED, None
+            return
         node.state, node.owner = FREE, None
         bisect.insort(self._free.setdefault(node.cluster, []), (node.order, node.id))
 
@@ -174,6 +183,27 @@ class NodeAllocator:
         node.state, node.owner = DOWN, None
         return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=node.cluster, up=self.up(node.cluster),
                                 lost_requests=lost, lost_held=lost_held)]
+
+    def _drain(self, ev: NodeDrain) -> list[AllocatorOutput]:
+        node = self.nodes.get(ev.node)
+        if node is None or (node.drain is not None) == ev.drain:
+            return []
+        lost_held = 0
+        if ev.drain:
+            node.drain = ev.reason or "drained"
+            if node.state == FREE:
+                self._free[node.cluster].remove((node.order, node.id))
+                node.state = DRAINED
+            elif node.state == HELD:  # the hold loses it, as when a held node goes down
+                lost_held = 1
+                node.state = DRAINED
+                self._held = [(t, n) for t, n in self._held if n != node.id]
+        else:
+            node.drain = None
+            if node.state == DRAINED:
+                self._to_free(node)
+        return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=node.cluster, up=self.up(node.cluster),
+                                lost_held=lost_held)]
 
     def _start(self, ev: StartRequest) -> list[AllocatorOutput]:
         if ev.type is RequestType.PRE_ALLOCATION:

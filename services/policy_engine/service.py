@@ -55,6 +55,7 @@ from coorm.shared.events import (
     EndRequest,
     ErrorCode,
     NodeDown,
+    NodeDrain,
     NodesAssigned,
     NodesFreed,
     OpenSession,
@@ -91,7 +92,8 @@ from coorm.shared.settings import Settings
 log = structlog.get_logger("coorm.policy_engine")
 
 LoggedEvent = Annotated[
-    OpenSession | CloseSession | Submit | Done | Tick | RegisterNodes | NodeDown, Field(discriminator="kind")
+    OpenSession | CloseSession | Submit | Done | Tick | RegisterNodes | NodeDown | NodeDrain,
+    Field(discriminator="kind")
 ]
 _EVENTS = TypeAdapter(LoggedEvent)
 _BATCH = 256  # events logged in one Redis round trip at most
@@ -561,9 +563,19 @@ class PolicyEngine:
         if msg.kind == "register":
             await self.apply(lambda at, sid: RegisterNodes(at=at, stimulus_id=sid, cluster=msg.cluster,
                                                            nodes=tuple(msg.nodes)))
-        else:
+        elif msg.kind == "down":
             for node in msg.nodes:
                 await self.apply(lambda at, sid, node=node: NodeDown(at=at, stimulus_id=sid, node=node))
+        else:
+            drain = msg.kind == "drain"
+            for node in msg.nodes:
+                await self.apply(lambda at, sid, node=node: NodeDrain(at=at, stimulus_id=sid, node=node, drain=drain,
+                                                                      reason=msg.reason))
+            # what coorm nodes shows (the cores' state is the truth: the event log has it)
+            if drain:
+                await self.redis.hset(keys.NODE_DRAINS, mapping={n: msg.reason or "drained" for n in msg.nodes})
+            else:
+                await self.redis.hdel(keys.NODE_DRAINS, *msg.nodes)
         return Ack()
 
     async def _on_views_query(self, msg: ViewsQuery, raw: Msg) -> ViewsEpoch:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coorm.services.node_allocator.core import AllocationError, NodeAllocator
-from coorm.shared.events import EndReason, EndRequest, NodeDown, RegisterNodes, StartRequest, Tick
+from coorm.shared.events import EndReason, EndRequest, NodeDown, NodeDrain, RegisterNodes, StartRequest, Tick
 from coorm.shared.requests import RequestType
 
 NP = RequestType.NON_PREEMPTIBLE
@@ -94,3 +94,36 @@ def test_next_successor_smaller_than_what_is_left_frees_the_surplus_at_once(allo
     alloc.handle(start("other", 7))  # a start earlier in the same batch can use them
     out = alloc.handle(start("r2", 1, carry_from="r1", carried=1))
     assert out[-1].nodes == ("n0",) and out[-1].kept == ("n0",)
+
+
+def test_a_drained_node_finishes_its_work_and_is_never_given_again_until_resumed(alloc):
+    alloc.handle(start("r1", 2))
+    busy, idle = alloc.nodes_of("r1")[0], "n7"
+    (cap,) = alloc.handle(NodeDrain(at=1.0, node=busy, reason="bad DIMM"))
+    assert cap.up == 7  # planned without it from now on; its running work goes on
+    (cap,) = alloc.handle(NodeDrain(at=1.0, node=idle, reason="maintenance"))
+    assert cap.up == 6 and alloc.free_count("c0") == 5
+    assert alloc.nodes_of("r1")[0] == busy and alloc.nodes[busy].state == "allocated"
+    alloc.handle(end("r1", 2, at=2.0))
+    assert alloc.nodes[busy].state == "drained" and alloc.free_count("c0") == 6
+    alloc.handle(start("r2", 6, at=3.0))
+    assert not {busy, idle} & set(alloc.nodes_of("r2"))
+    with pytest.raises(AllocationError):
+        alloc.handle(start("r3", 1, at=3.0))
+    # down and up again, it stays drained; resumed, it is free
+    alloc.handle(NodeDown(at=4.0, node=busy))
+    alloc.handle(RegisterNodes(at=5.0, cluster="c0", nodes=(busy,)))
+    assert alloc.nodes[busy].state == "drained"
+    (cap,) = alloc.handle(NodeDrain(at=6.0, node=busy, drain=False))
+    assert cap.up == 7 and alloc.nodes_of("r2") and alloc.free_count("c0") == 1
+    assert alloc.handle(NodeDrain(at=6.0, node=busy, drain=False)) == []  # twice: nothing more
+
+
+def test_draining_a_held_node_takes_it_from_the_hold(alloc):
+    alloc.handle(start("r1", 2))
+    alloc.handle(end("r1", 2, at=1.0, hold=2, until=10.0))
+    held = [n.id for n in alloc.nodes.values() if n.state == "held"]
+    (cap,) = alloc.handle(NodeDrain(at=2.0, node=held[0], reason="x"))
+    assert cap.lost_held == 1 and alloc.nodes[held[0]].state == "drained"
+    alloc.handle(Tick(at=11.0))
+    assert alloc.nodes[held[0]].state == "drained" and alloc.nodes[held[1]].state == "free"

@@ -18,12 +18,14 @@ from coorm.shared.credentials import CredentialStore
 from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import (
+    Ack,
     BatchControl,
     BatchControlReply,
     BatchQuery,
     BatchQueryReply,
     BatchSubmit,
     BatchSubmitReply,
+    NodesEvent,
     StatusQuery,
     StatusReply,
 )
@@ -305,3 +307,38 @@ async def test_a_full_cluster_queues_jobs_which_start_as_nodes_free(stack, nc, t
     spans = sorted((r.started, r.ended) for r in recs)
     for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False):
         assert s2 >= e1 - 0.05  # c1 has 2 nodes: one 2-node job at a time
+
+
+# ==================================================================================================
+# operators: drain and resume
+# ==================================================================================================
+async def test_a_drained_node_finishes_its_job_then_takes_no_more_until_resumed(stack, nc, tmp_path):
+    gate = tmp_path / "gate"
+    first = await submit(nc, tmp_path, argv=["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                         nodes=1, cluster="c1")
+    await until_state(nc, first, "running")
+    (busy,) = (await query(nc, jobs=[first])).jobs[0].node_ids
+    operator = await bus.connect(stack.settings.nats_url, "operator", stack.settings.identity(Role.SERVICE))
+    try:
+        await bus.call(operator, subjects.NODES_EVENT, NodesEvent(kind="drain", cluster="c1", nodes=[busy],
+                                                                  reason="bad DIMM"), Ack, timeout=10)
+        gate.touch()
+        (rec,) = await ended(nc, first)
+        assert rec.state == "completed"  # its running job finished
+        # c1 has 2 nodes, one drained: a 2-node job waits, 1-node jobs run on the other one only
+        both = await submit(nc, tmp_path, argv=["true"], nodes=2, cluster="c1")
+        ones = [await submit(nc, tmp_path, argv=["true"], cluster="c1") for _ in range(3)]
+        for j in ones:
+            (r,) = await ended(nc, j)
+            assert r.state == "completed" and busy not in r.node_ids
+        assert await state_of(nc, both) == "queued"
+        await bus.call(operator, subjects.NODES_EVENT, NodesEvent(kind="resume", cluster="c1", nodes=[busy]), Ack,
+                       timeout=10)
+        (r,) = await ended(nc, both)
+        assert r.state == "completed" and busy in r.node_ids
+    finally:
+        await bus.shutdown(operator)
+    # a user may not drain: NATS refuses the subject to a launcher
+    with pytest.raises(Exception):  # noqa: B017,PT011 - a permissions violation, or no reply
+        await bus.call(nc, subjects.NODES_EVENT, NodesEvent(kind="drain", cluster="c1", nodes=[busy]), Ack,
+                       timeout=2)
