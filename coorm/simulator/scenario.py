@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from coorm.launchers import amr_model
 from coorm.launchers.base import ClusterProps, Launcher
 from coorm.services.policy_engine.core import PolicySettings
 from coorm.simulator.trace import read_swf
@@ -66,6 +67,7 @@ class MoldableApp(_App):
     cluster: str | None = None
     configs: list[tuple[int, float]] = Field(min_length=1)
     adaptation_delay: float = Field(default=0.0, ge=0)
+    runtime_fraction: float = Field(default=1.0, gt=0, le=1)
 
 
 class CemApp(_App):
@@ -90,6 +92,12 @@ class AmrApp(_App):
     static: bool = False
     seed: int = 0
     steps: int = Field(default=1000, ge=1)
+    # the working set and the launcher's margins (CooRMv2 §IV-B; defaults: the paper's 3.16 TiB, 4 GiB a node)
+    smax_mib: float = Field(default=amr_model.SMAX_MIB, gt=0)
+    mem_per_node_mib: float | None = Field(default=amr_model.MEM_PER_NODE_MIB, gt=0)
+    safety_factor: float = Field(default=2.0, gt=0)
+    update_allowance: float = Field(default=10.0, ge=0)
+    duration_margin: float = Field(default=60.0, ge=0)
 
 
 class NextApp(_App):
@@ -182,7 +190,8 @@ def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) 
     if isinstance(spec, MoldableApp):
         from coorm.launchers.moldable import MoldableLauncher
 
-        return MoldableLauncher(app_id, cluster, list(spec.configs), adaptation_delay=spec.adaptation_delay)
+        return MoldableLauncher(app_id, cluster, list(spec.configs), adaptation_delay=spec.adaptation_delay,
+                                runtime_fraction=spec.runtime_fraction)
     if isinstance(spec, CemApp):
         from coorm.launchers.cem import CEMLauncher
 
@@ -196,7 +205,9 @@ def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) 
 
         return AMRLauncher(app_id, cluster, overcommit=spec.overcommit, target_efficiency=spec.target_efficiency,
                            announce_interval=spec.announce_interval, static=spec.static, seed=spec.seed,
-                           steps=spec.steps)
+                           steps=spec.steps, smax_mib=spec.smax_mib, mem_per_node_mib=spec.mem_per_node_mib,
+                           safety_factor=spec.safety_factor, update_allowance=spec.update_allowance,
+                           duration_margin=spec.duration_margin)
     if isinstance(spec, NextApp):
         from coorm.launchers.next_chain import NextChainLauncher
 
