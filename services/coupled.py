@@ -23,6 +23,7 @@ from coorm.shared.events import (
     RegisterNodes,
     Rejected,
     StartRequest,
+    Submit,
     Tick,
 )
 
@@ -44,6 +45,13 @@ class CoupledCores:
             why = self.allocator.check_release(event.request, event.released)
             if why is not None and event.request in self.policy.requests:
                 return [Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.BAD_RELEASE, reason=why)]
+        if isinstance(event, Submit) and not self.policy.settings.oversize_waits:
+            sizes = self.allocator.sizes()
+            for spec in event.requests:
+                if spec.cluster in sizes and spec.nodes > sizes[spec.cluster]:
+                    return [Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.TOO_LARGE,
+                                     reason=f"request {spec.id}: {spec.nodes} nodes, cluster {spec.cluster} has "
+                                            f"{sizes[spec.cluster]}; it could never start")]
         if isinstance(event, (RegisterNodes, NodeDown, NodeDrain)):
             return self._node_event(event, pass_now)
         return self._feed(self.policy.handle(event, pass_now=pass_now), event.at)

@@ -265,7 +265,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         kind=Kind.REQUEST, request=RequestMsg, reply=Ack, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="request",
         errors=(*_BUS, *_SESSION, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.DUPLICATE,
-                ErrorCode.BAD_RELATION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED),
+                ErrorCode.BAD_RELATION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED,
+                ErrorCode.TOO_LARGE),
         description=(
             "Add a batch of requests, accepted or refused as a whole. Each names its type, cluster, number of "
             "nodes, duration (seconds; absent only for a preemptible request: unbounded) and may relate to "
@@ -798,5 +799,6 @@ ERROR_MEANINGS: Mapping[ErrorCode, str] = {
                           "not theirs to write): nothing was started",
     ErrorCode.UNKNOWN_JOB: "the batch queue has no job with that id (ended jobs leave it after five minutes: "
                            "``coorm history`` has them)",
-    ErrorCode.TOO_LARGE: "a batch job asks for more nodes than its cluster has, up or down: it could never start",
+    ErrorCode.TOO_LARGE: "a request (or a batch job) asks for more nodes than its cluster has, up or down: it could "
+                         "never start (unless the operator lets such requests wait: ``COORM_OVERSIZE_WAITS``)",
 }

@@ -449,6 +449,8 @@ class StatusQuery(_Msg):
 
     offset: int = Field(default=0, ge=0)
     limit: int = Field(default=1000, ge=0, le=5000)
+    # only these applications' (and their requests'): the batch queue asks for its queued jobs' start times
+    apps: list[Identifier] | None = Field(default=None, max_length=5000)
 
 
 class ClusterStatus(_Msg):

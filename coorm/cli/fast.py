@@ -20,6 +20,7 @@ import sys
 import time
 
 EXIT_REFUSED, EXIT_UNREACHABLE = 2, 3
+RETRY_NO_RESPONDERS = 10.0  # seconds past the connect timeout a request nobody serves is sent again
 
 # coorm batch's options: the value-taking ones (as in #COORM directives), and the flags
 _VALUED = {"-N", "--nodes", "-t", "--time", "-J", "--job-name", "-o", "--output", "-e", "--error", "-a", "--array",
@@ -293,8 +294,17 @@ def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | Non
             raise Failed(f"CooRM at {redact(url)} refused the credentials of launcher {client.user!r} (revoked or "
                          "rotated? ask the operator for new ones: coorm user add --rotate)", EXIT_REFUSED)
         sock.settimeout(10.0)
-        conn.send(f"SUB {inbox} 1\r\nPUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
-        return conn.reply()
+        conn.send(f"SUB {inbox} 1\r\n".encode())
+        delay = 0.05
+        while True:
+            conn.send(f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
+            data = conn.reply()
+            # no one serves it (a service restarting): nothing was taken, so it is sent again for a while, as
+            # the SDK does for a policy engine's take-over
+            if data is not None or time.monotonic() + delay > deadline + RETRY_NO_RESPONDERS:
+                return data
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
     except TimeoutError:
         raise Failed(f"CooRM at {where} did not answer in time", EXIT_UNREACHABLE) from None
     except (OSError, ValueError):

@@ -62,6 +62,8 @@ from coorm.shared.protocol import (
     BatchSubmit,
     BatchSubmitReply,
     SessionOpenReply,
+    StatusQuery,
+    StatusReply,
 )
 from coorm.shared.settings import Settings
 
@@ -361,11 +363,28 @@ class BatchService:
                     and (msg.user is None or j.user == msg.user) and (states is None or j.state.value in states)]
             live.sort(key=lambda j: (j.seq, j.task or 0))
             page = [self._info(j) for j in live[msg.offset:msg.offset + msg.limit]]
+            await self._estimate(page)
             return BatchQueryReply(now=now, jobs=page, total=len(live))
         jobs = [j for j in jobs if (msg.user is None or j.user == msg.user)
                 and (msg.states is None or j.state in msg.states)]
         jobs.sort(key=lambda j: (_seq(j.id), j.task or 0))
         return BatchQueryReply(now=now, jobs=jobs[msg.offset:msg.offset + msg.limit], total=len(jobs))
+
+    async def _estimate(self, jobs: list[BatchJob]) -> None:
+        """When the RMS plans to start each queued job now (its request's start in the schedule): the
+        ``Resources`` reason's time. Left out if the policy engine does not answer."""
+        queued = {j.app: j for j in jobs if j.state == JobState.QUEUED.value and j.app}
+        if not queued:
+            return
+        try:
+            st = await bus.call(self.nc, subjects.QUERY_STATUS, StatusQuery(apps=list(queued), limit=5000),
+                                StatusReply, timeout=2)
+        except Exception as e:  # noqa: BLE001 - the queue is shown without the estimates
+            log.warning("no start estimates: the policy engine did not answer", error=repr(e))
+            return
+        for r in st.requests:
+            if r.state == "waiting" and r.app in queued:
+                queued[r.app].start_estimate = r.start
 
     def _info(self, j: Job) -> BatchJob:
         r = self.records[j.id]

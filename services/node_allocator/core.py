@@ -74,6 +74,13 @@ class NodeAllocator:
         work is already counted; it will not be given again)."""
         return sum(1 for n in self.nodes.values() if n.cluster == cluster and n.state != DOWN and n.drain is None)
 
+    def sizes(self) -> dict[str, int]:
+        """Every cluster's registered nodes, whatever their state: what the largest request could have."""
+        out: dict[str, int] = {}
+        for n in self.nodes.values():
+            out[n.cluster] = out.get(n.cluster, 0) + 1
+        return out
+
     def free_count(self, cluster: str) -> int:
         return len(self._free.get(cluster, ()))
 

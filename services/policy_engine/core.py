@@ -73,6 +73,9 @@ class PolicySettings(BaseModel):
     # at most this many passes in any re-scheduling interval: the first ones of a quiet period run at once
     # (a request on an idle system starts without waiting for the interval), a burst is coalesced
     pass_burst: int = Field(default=1, ge=1)
+    # a request for more nodes than its cluster has, up or down, waits (CooRM's papers: nodes may come);
+    # False: it is refused (too_large), as users of a production cluster expect
+    oversize_waits: bool = True
 
 
 class CommandError(Exception):

@@ -125,7 +125,8 @@ return app
 
 def policy_settings(s: Settings) -> PolicySettings:
     return PolicySettings(fair_start=s.fair_start, reschedule_interval=s.reschedule_interval,
-                          preempt_grace=s.preempt_grace, preemptible=s.preemptible, pass_burst=s.pass_burst)
+                          preempt_grace=s.preempt_grace, preemptible=s.preemptible, pass_burst=s.pass_burst,
+                          oversize_waits=s.oversize_waits)
 
 
 def session_subjects(app: str) -> SessionSubjects:
@@ -586,7 +587,8 @@ class PolicyEngine:
                           full=True, more=bool(policy.schedule) and msg.offset + msg.limit < len(policy.apps))
 
     async def _on_status(self, msg: StatusQuery, raw: Msg) -> StatusReply:
-        return status_of(self.cores, self.sessions, self.instance, msg.offset, msg.limit)
+        return status_of(self.cores, self.sessions, self.instance, msg.offset, msg.limit,
+                         set(msg.apps) if msg.apps is not None else None)
 
     # ============================================================================================
     # time

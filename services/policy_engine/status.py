@@ -13,9 +13,10 @@ def _t(x: float) -> float | None:
 
 
 def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str, offset: int = 0,
-              limit: int | None = None) -> StatusReply:
-    """The status; of the applications and requests, those from ``offset`` (``limit`` of each at most),
-    in a fixed order (applications by priority, requests by submission)."""
+              limit: int | None = None, only: set[str] | None = None) -> StatusReply:
+    """The status; of the applications and requests (``only`` these applications' when given), those from
+    ``offset`` (``limit`` of each at most), in a fixed order (applications by priority, requests by
+    submission). The counts are the whole system's."""
     policy, alloc = cores.policy, cores.allocator
     requests: list[RequestStatus] = []
     running_np: dict[str, int] = {}
@@ -23,6 +24,7 @@ def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str, offse
     pa_size: dict[str, int] = {}
     pa_used: dict[str, int] = {}
     per_app: dict[str, list[int]] = {}
+    waiting = total = 0
     for r in policy.requests.values():
         if r.state is RequestState.ENDED:
             continue
@@ -40,6 +42,10 @@ def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str, offse
                 running_np[r.cluster] = running_np.get(r.cluster, 0) + len(ids)
                 if r.container is not None:
                     pa_used[r.cluster] = pa_used.get(r.cluster, 0) + r.nodes
+        total += 1
+        waiting += not started
+        if only is not None and r.app not in only:
+            continue
         requests.append(RequestStatus(
             app=r.app, request=r.id, type=r.type.value, cluster=r.cluster, nodes=r.nodes, state=r.state.value,
             submitted=r.submitted_at, start=_t(r.start), end=_t(r.end) if started else None,
@@ -58,12 +64,13 @@ def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str, offse
                                       preemptible=pre, held=held, idle=rest - reserved))
     apps = []
     for a in policy.apps.values():
+        if only is not None and a.id not in only:
+            continue
         s = sessions.get(a.id, {})
         w, running, n = per_app.get(a.id, [0, 0, 0])
         apps.append(AppStatus(app=a.id, user=s.get("user", a.user), name=s.get("name", a.name),
                               kind=s.get("kind", a.kind), opened=a.opened_at, waiting=w, running=running, nodes=n))
     end = None if limit is None else offset + limit
-    waiting = sum(1 for r in requests if r.state == "waiting")
     return StatusReply(now=cores.now, epoch=policy.epoch, leader=leader, clusters=clusters, apps=apps[offset:end],
                        requests=requests[offset:end], total_apps=len(apps), total_requests=len(requests),
-                       waiting=waiting, running=len(requests) - waiting)
+                       waiting=waiting, running=total - waiting)

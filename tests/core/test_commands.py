@@ -143,3 +143,17 @@ def test_cycle_inside_a_submit_is_refused_by_the_core(d):
 def test_good_input_is_acknowledged(d):
     out = d.submit(2.0, "a", rq("a3", "c1", 2, 50))
     assert [x.kind for x in out][0] == "accepted" and out[0].requests == ("a3",)
+
+
+def test_a_request_larger_than_its_cluster_is_refused_unless_the_operator_lets_it_wait():
+    d = Driver({"c0": 8}, oversize_waits=False)
+    d.open(0.0, "a")
+    d.node_down(0.5, "c0n7")  # down nodes count: a request for all 8 may wait for it to come back
+    _rejected(d, Submit(at=1.0, app="a", requests=[rq("ok", "c0", 1, 10), rq("big", "c0", 9, 10)]), "too_large",
+              "c0 has 8")
+    d.submit(1.0, "a", rq("all", "c0", 8, 10))
+    assert d.policy.requests["all"].state.value == "waiting"
+    patient = Driver({"c0": 8})  # the papers' default: it waits
+    patient.open(0.0, "a")
+    patient.submit(0.0, "a", rq("big", "c0", 9, 10))
+    assert patient.policy.requests["big"].state.value == "waiting"

@@ -544,7 +544,7 @@ def test_the_dockerfile_copies_what_the_package_needs():
     packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert packages <= copied, f"packages not copied into the image: {sorted(packages - copied)}"
     assert {"pyproject.toml", project["project"]["readme"]} <= copied
-    assert project["project"]["scripts"]["coorm"] == "coorm.cli.main:main"
+    assert project["project"]["scripts"]["coorm"] == "coorm.cli.fast:main"
 
 
 @pytest.mark.slow

@@ -28,8 +28,8 @@ COORM = [sys.executable, "-m", "coorm.cli.main"]
 # every child, in the order they are killed: "leader" and "standby" are the policy engines leading and
 # standing by at the moment of the kill (the standby is killed last among the engines: by then the first
 # leader's successor leads and the restarted first leader stands by)
-ORDER = ("leader", "node-allocator", "view-publisher", "accounting", "celery-worker", "agent-c0", "standby",
-         "valkey", "nats-server")
+ORDER = ("leader", "node-allocator", "view-publisher", "accounting", "batch", "celery-worker", "agent-c0",
+         "standby", "valkey", "nats-server")
 ENGINES = ("policy-engine", "policy-engine-standby")
 SERVERS = ("valkey", "nats-server")
 
@@ -62,6 +62,22 @@ def _pids(work) -> dict[str, int]:
 def _job(env, *command: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*COORM, "submit", "-c", "c0", "-N", "2", "-t", "1m", "--", *command], env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def _batch_job(env, work) -> subprocess.CompletedProcess:
+    """A batch job, queued and run to its end: the history says completed (or the job's failure)."""
+    r = subprocess.run([*COORM, "submit", "--no-wait", "-c", "c0", "-N", "1", "-t", "1m", "--", "true"], env=env,
+                       capture_output=True, text=True, timeout=60, cwd=work)
+    if r.returncode != 0:
+        return r
+    job = r.stdout.split()[-1]
+
+    def ended():
+        out = subprocess.run([*COORM, "history", "--json"], env=env, capture_output=True, text=True, timeout=30)
+        return [x for x in json.loads(out.stdout or "[]") if x["id"] == job]
+
+    (rec,) = wait_for(ended, 60, f"batch job {job} to end")
+    return subprocess.CompletedProcess(r.args, 0 if rec["state"] == "completed" else 1, json.dumps(rec), "")
 
 
 def _urls(env) -> dict[str, str]:
@@ -122,8 +138,8 @@ def test_every_child_killed_comes_back_and_jobs_run_again(up):
             wait_for(lambda name=name: _listens(urls["redis_url" if name == "valkey" else "nats_url"]), 30,
                      f"{name} to listen again")
         back[role] = round(time.monotonic() - t0, 2)
-        # serving: a job submitted now runs to its end
-        r = _job(env, "sh", "-c", "exit 0")
+        # serving: a job submitted now runs to its end (the batch service: a batch job)
+        r = _batch_job(env, work) if name == "batch" else _job(env, "sh", "-c", "exit 0")
         serving[role] = round(time.monotonic() - t0, 2)
         assert r.returncode == 0, (role, r.stderr)
         assert new != old and proc.poll() is None

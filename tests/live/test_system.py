@@ -155,11 +155,16 @@ async def test_status_partitions_the_nodes_while_applications_run(stack):
     settings = stack.settings
     a = await Session.open(settings, kind="amr", name="nea")
     p = await Session.open(settings, kind="psa", name="psa")
+    w = await Session.open(settings, kind="moldable", name="waits", preemptive_views=False)  # may re-select
     try:
         await a.request(rq("pa", "c0", 10, 600, type="pre-allocation"), rq("in", "c0", 3, 300),
                         rq("x", "c1", 2, 300))
         await a.wait_start("in", 10)
+        await a.wait_start("x", 10)
+        await w.request(rq("all", "c1", 8, 600))  # waits behind x
         await p.wait_views()
+        while p.views.preemptive["c0"].value_at(p.now) != 13:  # (a view from before a's requests started)
+            await next_of(p, ViewsChanged)
         await p.request(rq("m", "c0", p.views.preemptive["c0"].value_at(p.now), type="preemptible"))
         m = await p.wait_start("m", 10)
         await a.done("x")
@@ -168,10 +173,11 @@ async def test_status_partitions_the_nodes_while_applications_run(stack):
         for c in st.clusters:
             assert c.non_preemptible + c.pre_allocated_unused + c.preemptible + c.held + c.idle == c.up
         assert by["c0"].non_preemptible == 3 and by["c0"].preemptible == len(m.nodes) == 13
-        assert by["c1"].held == 2  # x's nodes, for fair-start
+        assert by["c1"].held == 2  # x's nodes, for fair-start: an application waits that may re-select
     finally:
         await a.close()
         await p.close()
+        await w.close()
 
 
 @pytest.mark.parametrize("stack", [{"reschedule_interval": 0.0, "fair_start": 0.0}], indirect=True)
