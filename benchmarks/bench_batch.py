@@ -19,7 +19,7 @@ Tests (``--tests``, default all but queued10k):
 * backfill   -- ``make_workload(200, 64, 5, 42)``: 200 jobs queued in the workload's order, then let go at once
   (Slurm: its partition DOWN, then UP; CooRM: ``coorm batch -H``, then ``coorm release -n TAG``); makespan and
   waits against the ideal conservative backfill of ``bench.sim_conservative``. A job's start and end are the
-  first and last ``date`` its output file holds (CooRM runs a batch script on every node of the job);
+  first and last ``date`` its output file holds;
 * queued10k  -- 10,000 held jobs (an array of 9,900 + 100 singles): the wall time of ``coorm queue``
   (``squeue``) and the whole system's RSS, then everything cancelled.
 
