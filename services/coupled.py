@@ -46,15 +46,22 @@ class CoupledCores:
             if why is not None and event.request in self.policy.requests:
                 return [Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.BAD_RELEASE, reason=why)]
         if isinstance(event, Submit) and not self.policy.settings.oversize_waits:
-            sizes = self.allocator.sizes()
-            for spec in event.requests:
-                if spec.cluster in sizes and spec.nodes > sizes[spec.cluster]:
-                    return [Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.TOO_LARGE,
-                                     reason=f"request {spec.id}: {spec.nodes} nodes, cluster {spec.cluster} has "
-                                            f"{sizes[spec.cluster]}; it could never start")]
+            too_large = self._too_large(event)
+            if too_large is not None:
+                return [too_large]
         if isinstance(event, (RegisterNodes, NodeDown, NodeDrain)):
             return self._node_event(event, pass_now)
         return self._feed(self.policy.handle(event, pass_now=pass_now), event.at)
+
+    def _too_large(self, event: Submit) -> Rejected | None:
+        """A request for more nodes than its cluster has, up or down, could never start: refused."""
+        sizes = self.allocator.sizes()
+        for spec in event.requests:
+            if spec.cluster in sizes and spec.nodes > sizes[spec.cluster]:
+                return Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.TOO_LARGE,
+                                reason=f"request {spec.id}: {spec.nodes} nodes, cluster {spec.cluster} has "
+                                       f"{sizes[spec.cluster]}; it could never start")
+        return None
 
     def register(self, at: float, cluster: str, nodes: list[str]) -> list[Decision]:
         return self.handle(RegisterNodes(at=at, cluster=cluster, nodes=tuple(nodes)))

@@ -21,7 +21,7 @@ import pickle
 import types
 from dataclasses import dataclass
 
-FORMAT = "3"  # 3: fair-start holds name the applications they wait for; passes come in bursts
+FORMAT = "4"  # 4: nodes may be drained; the policy may refuse oversized requests (3: holds, pass bursts)
 
 # KEYS: lease, snapshot, event log; ARGV: instance, state, last entry id, format, events, first id to keep.
 # Only the leader writes (a deposed leader must not replace its successor's snapshot nor trim its log).

@@ -152,16 +152,6 @@ def test_a_job_runs_where_it_was_submitted_with_the_submitter_s_environment(up):
     assert r.stdout.split() == [str(tmp), "forty-two"]
 
 
-def test_ctrl_c_stops_everything_and_removes_the_connection_file(up):
-    proc, env, tmp, conn = up
-    os.killpg(proc.pid, signal.SIGINT)
-    proc.wait(60)
-    assert proc.returncode == 0
-    assert not conn.exists()
-    left = subprocess.run(["pgrep", "-f", str(tmp / "work")], capture_output=True, text=True).stdout.split()
-    assert left == []
-
-
 def test_a_job_script_with_sbatch_directives_an_array_and_a_dependency(up):
     """coorm batch as a Slurm user writes it: directives at the top, arguments after the script, an array
     whose tasks read their index, a job that waits for the array; then queue, cancel and history."""
@@ -200,3 +190,13 @@ def test_a_job_script_with_sbatch_directives_an_array_and_a_dependency(up):
     # a job larger than its cluster is refused at once, with exit 2
     r = _run(env, "batch", "-N", "9", "-c", "c0", "--wrap", "true", cwd=work)
     assert r.returncode == 2 and "c0 has 4" in r.stderr, r.stderr
+
+
+def test_ctrl_c_stops_everything_and_removes_the_connection_file(up):
+    proc, env, tmp, conn = up
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(60)
+    assert proc.returncode == 0
+    assert not conn.exists()
+    left = subprocess.run(["pgrep", "-f", str(tmp / "work")], capture_output=True, text=True).stdout.split()
+    assert left == []
