@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from coorm.shared import subjects
-from coorm.shared.connection import redact
+from coorm.shared.connection import redact, refused_text, unreachable_text
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import DeadLetter, ErrorBody, ErrorReply
 from coorm.shared.requests import Identifier
@@ -65,12 +65,7 @@ class Unreachable(Exception):
 
     def __init__(self, url: str, source: str, seconds: float, *, lost: bool = False) -> None:
         self.url, self.source, self.seconds, self.lost = url, source, seconds, lost
-        where = f"{redact(url)} (from {source})" if source else redact(url)
-        if lost:
-            text = f"lost CooRM at {where} and could not reach it again within {seconds:g} s"
-        else:
-            text = f"cannot reach CooRM at {where} within {seconds:g} s: is it running? Start one with 'coorm up'"
-        super().__init__(text)
+        super().__init__(unreachable_text(url, source, seconds, lost=lost))
 
 
 class Refused(Exception):
@@ -78,13 +73,7 @@ class Refused(Exception):
 
     def __init__(self, url: str, identity: Identity | None) -> None:
         self.url, self.identity = url, identity
-        if identity is None:
-            text = (f"CooRM at {redact(url)} wants credentials and this process has none: set "
-                    "COORM_NATS_CREDENTIALS to your identity file (an operator issues it: coorm user add NAME)")
-        else:
-            text = (f"CooRM at {redact(url)} refused the credentials of {identity.role.value} {identity.name!r} "
-                    "(revoked or rotated? ask the operator for new ones: coorm user add --rotate)")
-        super().__init__(text)
+        super().__init__(refused_text(url, None if identity is None else (identity.role.value, identity.name)))
 
 
 

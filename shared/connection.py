@@ -52,6 +52,23 @@ def redact(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
+def unreachable_text(url: str, source: str, seconds: float, *, lost: bool = False) -> str:
+    """What a client says when CooRM cannot be reached (every client: the SDK and both command lines)."""
+    where = f"{redact(url)} (from {source})" if source else redact(url)
+    if lost:
+        return f"lost CooRM at {where} and could not reach it again within {seconds:g} s"
+    return f"cannot reach CooRM at {where} within {seconds:g} s: is it running? Start one with 'coorm up'"
+
+
+def refused_text(url: str, who: tuple[str, str] | None) -> str:
+    """What a client says when NATS refuses it: no credentials (``who`` None), or these (role, name)."""
+    if who is None:
+        return (f"CooRM at {redact(url)} wants credentials and this process has none: set "
+                "COORM_NATS_CREDENTIALS to your identity file (an operator issues it: coorm user add NAME)")
+    return (f"CooRM at {redact(url)} refused the credentials of {who[0]} {who[1]!r} "
+            "(revoked or rotated? ask the operator for new ones: coorm user add --rotate)")
+
+
 def read_secret(path: Path) -> str:
     """A secret file's text, refused if others than its owner may read it (as ssh refuses a key)."""
     try:

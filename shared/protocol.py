@@ -507,8 +507,7 @@ class StatusReply(_Msg):
 
 
 # -- the batch queue (coorm batch, submit --no-wait, cancel, hold, release, queue, history) ------------
-BATCH_STATES = ("held", "blocked", "eligible", "queued", "running", "completed", "failed", "timeout", "cancelled",
-                "node_fail")
+# the batch queue's JobState values (services.batch.core; a test checks they agree)
 BatchState = Literal["held", "blocked", "eligible", "queued", "running", "completed", "failed", "timeout",
                      "cancelled", "node_fail"]
 _PATH = Field(default=None, min_length=1, max_length=4096, pattern=r"^[^\x00]+$")

@@ -13,41 +13,22 @@ from pathlib import Path
 import typer
 
 from coorm.cli.live import _connect, _failure, _fmt_time, _human, _line, _settings
-from coorm.shared.settings import Settings
 
 # what squeue users read in the ST column
 SHORT_STATE = {"held": "PD", "blocked": "PD", "eligible": "PD", "queued": "PD", "running": "R", "completed": "CD",
                "failed": "F", "timeout": "TO", "cancelled": "CA", "node_fail": "NF"}
 
 
-async def _call(settings: Settings, subject: str, message, reply):
-    from coorm.shared import bus
+def _send(subject_of, body: dict) -> dict:
+    """One request to the batch service on the user's subject (the fast path's transport: one for every batch
+    command); its failures as every client command says them (exit 3 or 2)."""
+    from coorm.cli import fast
 
-    nc = await _connect(settings)
     try:
-        return await bus.call(nc, subject, message, reply, timeout=10)
-    finally:
-        await bus.shutdown(nc)
-
-
-def _request(subject_of, message, reply):
-    """One request to the batch service; its failures as every client command says them (exit 3 or 2)."""
-    settings = _settings()
-    try:
-        return asyncio.run(_call(settings, subject_of(settings), message, reply))
-    except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
-        raise _failure(e, settings) from None
-
-
-def _user(settings: Settings) -> str:
-    from coorm.shared.endpoints import Role
-
-    ident = settings.identity(Role.LAUNCHER)
-    if ident is not None:
-        return ident.name
-    import getpass
-
-    return getpass.getuser()
+        return fast.request(subject_of, body, "the batch service")
+    except fast.Failed as e:
+        _line(str(e))
+        raise typer.Exit(e.code) from None
 
 
 # ================================================================================================
@@ -106,10 +87,14 @@ def _one_line(e: Exception) -> str:
 # ================================================================================================
 def control(verb: str, jobs: list[str], name: str | None, states: list[str] | None, user: str | None) -> None:
     from coorm.shared import subjects
+    from coorm.shared.connection import Client, CredentialsError
     from coorm.shared.protocol import BatchControl, BatchControlReply
 
-    settings = _settings()
-    me = _user(settings)
+    try:
+        me = Client().user
+    except CredentialsError as e:
+        _line(str(e))
+        raise typer.Exit(2) from None
     if user is not None and user != me:
         _line(f"only {me}'s own jobs can be changed from this account (not {user}'s)")
         raise typer.Exit(2)
@@ -124,7 +109,7 @@ def control(verb: str, jobs: list[str], name: str | None, states: list[str] | No
         raise typer.Exit(2) from None
     if not jobs and name is None and msg.states is None:
         msg = BatchControl(states=list(SHORT_STATE))  # --user ME: every job of mine
-    reply = _request(lambda _s: subject(me), msg, BatchControlReply)
+    reply = BatchControlReply.model_validate(_send(subject, msg.model_dump(mode="json")))
     past = {"cancel": "cancelled", "hold": "held", "release": "released"}[verb]
     if reply.jobs:
         print(f"{past} {len(reply.jobs)} job{'s' if len(reply.jobs) != 1 else ''}: {_ids(reply.jobs)}")

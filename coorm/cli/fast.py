@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 EXIT_REFUSED, EXIT_UNREACHABLE = 2, 3
 RETRY_NO_RESPONDERS = 10.0  # seconds past the connect timeout a request nobody serves is sent again
@@ -189,7 +190,9 @@ def submit_job(opts, *, argv: list[str], script: str | None, default_name: str, 
                "cluster": opts.cluster, "name": (opts.name or default_name)[:128], "output": opts.output,
                "error": opts.error, "open_mode": open_mode, "array": opts.array, "dependency": opts.dependency,
                "hold": bool(opts.hold), "env": env, "cwd": cwd}
-    reply = request("batch.submit", {k: v for k, v in message.items() if v is not None}, "the batch service")
+    from coorm.shared import subjects
+
+    reply = request(subjects.batch_submit, {k: v for k, v in message.items() if v is not None}, "the batch service")
     print(f"Submitted batch job {reply['job']}")
     return 0
 
@@ -197,9 +200,9 @@ def submit_job(opts, *, argv: list[str], script: str | None, default_name: str, 
 # ================================================================================================
 # one request over NATS's text protocol
 # ================================================================================================
-def request(verb: str, body: dict, service: str) -> dict:
-    """``coorm.v1.<verb>.<user>`` with ``body``; the reply, or :class:`Failed` as the full command line
-    words it."""
+def request(subject_of: Callable[[str], str], body: dict, service: str) -> dict:
+    """``body`` on the user's subject ``subject_of(user)``; the reply, or :class:`Failed` as the full command
+    line words it."""
     from coorm.shared.connection import Client, CredentialsError, redact
 
     try:
@@ -209,7 +212,7 @@ def request(verb: str, body: dict, service: str) -> dict:
     url = client.nats_url
     where = f"{redact(url)} (from {client.url_source})"
     payload = json.dumps(body).encode()
-    subject = f"coorm.v1.{verb}.{client.user}"
+    subject = subject_of(client.user)
     if "," in url or not url.startswith("nats://"):
         data = _via_nats_py(subject, payload)  # several servers, TLS, websockets: nats-py's
     else:
@@ -257,17 +260,18 @@ def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
 def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | None:
     from urllib.parse import urlsplit
 
-    from coorm.shared.connection import redact
+    from coorm.shared import subjects
+    from coorm.shared.connection import refused_text, unreachable_text
 
     url = client.nats_url
     parts = urlsplit(url)
+    unreachable = Failed(unreachable_text(url, client.url_source, client.connect_timeout), EXIT_UNREACHABLE)
     deadline = time.monotonic() + client.connect_timeout
     try:
         sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222),
                                         timeout=client.connect_timeout)
     except OSError:
-        raise Failed(f"cannot reach CooRM at {where} within {client.connect_timeout:g} s: is it running? Start one "
-                     "with 'coorm up'", EXIT_UNREACHABLE) from None
+        raise unreachable from None
     try:
         conn = _Conn(sock)
         info = json.loads(conn.expect("INFO ")[5:])
@@ -282,17 +286,13 @@ def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | Non
 
             kp = nkeys.from_seed(client.seed.encode())
             hello |= {"nkey": kp.public_key.decode(), "sig": base64.b64encode(kp.sign(info["nonce"].encode())).decode()}
-        inbox = f"_INBOX.u.{client.user}.{os.urandom(8).hex()}"
+        inbox = f"{subjects.inbox_user(client.user)}.{os.urandom(8).hex()}"
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         conn.send(f"CONNECT {json.dumps(hello)}\r\nPING\r\n".encode())
         line = conn.line()
         if line.startswith("-ERR"):
-            if client.seed is None:
-                raise Failed(f"CooRM at {redact(url)} wants credentials and this process has none: set "
-                             "COORM_NATS_CREDENTIALS to your identity file (an operator issues it: coorm user add "
-                             "NAME)", EXIT_REFUSED)
-            raise Failed(f"CooRM at {redact(url)} refused the credentials of launcher {client.user!r} (revoked or "
-                         "rotated? ask the operator for new ones: coorm user add --rotate)", EXIT_REFUSED)
+            who = None if client.seed is None else ("launcher", client.user)
+            raise Failed(refused_text(url, who), EXIT_REFUSED)
         sock.settimeout(10.0)
         conn.send(f"SUB {inbox} 1\r\n".encode())
         delay = 0.05
@@ -308,8 +308,7 @@ def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | Non
     except TimeoutError:
         raise Failed(f"CooRM at {where} did not answer in time", EXIT_UNREACHABLE) from None
     except (OSError, ValueError):
-        raise Failed(f"cannot reach CooRM at {where} within {client.connect_timeout:g} s: is it running? Start one "
-                     "with 'coorm up'", EXIT_UNREACHABLE) from None
+        raise unreachable from None
     finally:
         sock.close()
 

@@ -315,34 +315,26 @@ class BatchService:
                 and (msg.states is None or self.core.jobs[i].state.value in msg.states)]
 
     async def _on_cancel(self, msg: BatchControl, raw: Msg) -> BatchControlReply:
-        user = subjects.user_of(raw.subject)
-        async with self._lock:
-            ids = self._select(user, msg)
-            done, actions = self.core.cancel(ids, self.clock())
-            await self._flush()
-        self._act(actions)
-        log.info("cancelled", user=user, jobs=len(done))
-        changed = set(done)
-        return BatchControlReply(jobs=done, unchanged=[i for i in ids if i not in changed])
+        return await self._control("cancel", msg, raw, self.core.cancel)
 
     async def _on_hold(self, msg: BatchControl, raw: Msg) -> BatchControlReply:
-        user = subjects.user_of(raw.subject)
-        async with self._lock:
-            ids = self._select(user, msg)
-            held = self.core.hold(ids)
-            await self._flush()
-        changed = set(held)
-        return BatchControlReply(jobs=held, unchanged=[i for i in ids if i not in changed])
+        return await self._control("hold", msg, raw, lambda ids, _now: (self.core.hold(ids), []))
 
     async def _on_release(self, msg: BatchControl, raw: Msg) -> BatchControlReply:
+        return await self._control("release", msg, raw, self.core.release)
+
+    async def _control(self, verb: str, msg: BatchControl, raw: Msg, change) -> BatchControlReply:
+        """A user's command on their jobs: ``change(ids, now)`` returns the jobs it changed and what the
+        shell must do; the others the user named are ``unchanged``."""
         user = subjects.user_of(raw.subject)
         async with self._lock:
             ids = self._select(user, msg)
-            released, actions = self.core.release(ids, self.clock())
+            changed, actions = change(ids, self.clock())
             await self._flush()
         self._act(actions)
-        changed = set(released)
-        return BatchControlReply(jobs=released, unchanged=[i for i in ids if i not in changed])
+        log.info(verb, user=user, jobs=len(changed))
+        done = set(changed)
+        return BatchControlReply(jobs=changed, unchanged=[i for i in ids if i not in done])
 
     async def _on_query(self, msg: BatchQuery, raw: Msg) -> BatchQueryReply:
         assert self.redis is not None

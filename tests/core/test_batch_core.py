@@ -129,6 +129,15 @@ def test_dependencies_must_name_known_jobs_of_the_same_user():
     assert sorted(core.jobs) == ["1"]
 
 
+def test_the_wire_names_the_states_of_the_table():
+    import typing
+
+    from coorm.cli.batch import SHORT_STATE
+    from coorm.shared.protocol import BatchState
+
+    assert set(typing.get_args(BatchState)) == {s.value for s in JobState} == set(SHORT_STATE)
+
+
 def test_a_change_the_table_does_not_list_is_refused():
     core = BatchCore()
     core.submit([job(1)], 0.0, hold=True)

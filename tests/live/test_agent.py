@@ -52,6 +52,7 @@ from coorm.shared.protocol import (
 )
 from coorm.shared.settings import Settings
 from tests.live.roles import ME, Roles
+from tests.live.test_security import _until_admitted
 
 # the live part's applications are this test user's (an agent launches for the subject's user only)
 A1, A2, A3 = (subjects.app_id(ME, i) for i in (1, 2, 3))
@@ -978,22 +979,7 @@ def other_identity(servers):
     store = CredentialStore(servers.credentials)
     ident = store.add_user(OTHER)
     assert store.reload_nats(), "nats-server did not write its pid file"
-
-    async def admitted() -> None:  # the reload is asynchronous: the user is known once a connection works
-        deadline = time.monotonic() + WAIT
-        while True:
-            try:
-                c = await nats.connect(servers.nats_url, nkeys_seed_str=ident.seed, inbox_prefix=ident.inbox_prefix,
-                                       allow_reconnect=False, connect_timeout=1)
-            except (nats.errors.Error, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)  # polling the server's reload: it says nothing when it is done
-                continue
-            await c.close()
-            return
-
-    asyncio.run(admitted())
+    asyncio.run(_until_admitted(servers.nats_url, ident))  # the reload is asynchronous
     return ident
 
 
