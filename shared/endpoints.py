@@ -91,6 +91,10 @@ WILDCARDS: Mapping[str, str] = {USER: "*", "<app>": "*", NODE: "*", REQUEST: ">"
 # where each connection gets its replies (and JetStream its deliveries): its own prefix (subjects.inbox_*)
 INBOXES: Mapping[str, str] = {"service": subjects.INBOX_SERVICE + ".>", "agent": subjects.INBOX_AGENT + ".>"}
 JETSTREAM = "$JS.>"  # the JetStream API, acknowledgements and flow control
+# where a responder may publish its replies besides allow_responses: nats-server forgets the replies a
+# responder owes whenever it reloads its users (``coorm user add``), so a request in flight across a reload
+# would never be answered under allow_responses alone
+REPLIES = "_INBOX.>"
 
 
 class Role(StrEnum):
@@ -737,6 +741,8 @@ def permissions(role: Role, user: str | None = None) -> Permissions:
             else:
                 subscribe.add(nats_pattern(e.subscribe_as or e.subject, user))
                 responses = responses or e.reply is not None
+    if responses:
+        publish.add(REPLIES)
     return Permissions(frozenset(publish), frozenset(subscribe), responses)
 
 

@@ -464,7 +464,8 @@ def _permissions() -> list[str]:
         "grants), and an application's id is `<user>.a<N>`. Each identity reads replies (and JetStream's "
         "deliveries) on its own inbox prefix only (a client MUST connect with it: nats-py's "
         "`inbox_prefix`); `$JS.>` is the JetStream API. *Replies* means the identity answers the requests "
-        "it receives (`allow_responses`: one reply to each request's reply subject, nothing else).",
+        "it receives (`allow_responses`, and publishes on `_INBOX.>` because nats-server forgets the replies "
+        "owed when it reloads its users: a request in flight across `coorm user add` is still answered).",
         "",
         "| identity | publishes | subscribes | replies |",
         "| --- | --- | --- | --- |",

@@ -202,6 +202,32 @@ async def test_a_rotated_identity_replaces_the_old_one(tmp_path):
         s.stop()
 
 
+async def test_a_request_in_flight_across_a_reload_of_the_users_is_answered(tmp_path):
+    """``coorm user add`` reloads nats-server while the services answer requests: the server forgets then
+    the replies a responder owes (allow_responses alone), so a request received before the reload and
+    answered after it must still reach its user -- the responders may publish on the inboxes."""
+    s = NatsWithStore(tmp_path, users=("alice",))
+    s.start()
+    service = alice = None
+    try:
+        service = await connect(s.url, s.identity("service"))
+        alice = await connect(s.url, s.identity("alice"))
+        received: asyncio.Queue = asyncio.Queue()
+        await service.subscribe(subjects.SESSION_OPEN_ANY, cb=received.put)
+        await service.flush(timeout=int(TIMEOUT))
+        asking = asyncio.create_task(alice.request(subjects.session_open("alice"), b"{}", timeout=TIMEOUT))
+        msg = await asyncio.wait_for(received.get(), TIMEOUT)
+        s.store.add_user("carol")  # a change of users: the server re-reads every client's permissions
+        await asyncio.to_thread(s.reload)
+        await msg.respond(b"pong")
+        assert (await asking).data == b"pong"
+    finally:
+        for c in (alice, service):
+            if c is not None:
+                await c.close()
+        s.stop()
+
+
 # ================================================================================================
 # the system, each part as its own identity
 # ================================================================================================
