@@ -115,6 +115,24 @@ return 0
 """
 
 
+# the events of a batch appended to the log, and the counter set, only by the lease's holder: a leader that
+# lost its lease without knowing it yet (its renewal not due) must not append to a log a new leader replays.
+# KEYS: lease, log, counter; ARGV: instance, counter, then per event its JSON and "1" when its pass is
+# deferred (a replay runs the passes where the leader ran them). The entries' ids, or nil for not the holder.
+_APPEND = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return nil end
+local ids = {}
+for i = 3, #ARGV, 2 do
+  if ARGV[i + 1] == '1' then
+    ids[#ids + 1] = redis.call('xadd', KEYS[2], '*', 'e', ARGV[i], 'd', '1')
+  else
+    ids[#ids + 1] = redis.call('xadd', KEYS[2], '*', 'e', ARGV[i])
+  end
+end
+redis.call('set', KEYS[3], ARGV[2])
+return ids
+"""
+
 # a new application id (subjects.app_id: ARGV[2] is its prefix) and its session's record, in one round trip
 _NEW_SESSION = """
 local app = ARGV[2] .. redis.call('incr', KEYS[1])
@@ -303,9 +321,12 @@ class PolicyEngine:
             await self._publish(event, out)
         now = clock()
         self.last_seen = {app: now for app in self.cores.policy.apps}
-        for app in list(self.sessions):
-            if app not in self.cores.policy.apps:
-                del self.sessions[app]
+        # records of opens that were never logged (a leader stepped down between the record and the event)
+        stale = [app for app in self.sessions if app not in self.cores.policy.apps]
+        for app in stale:
+            del self.sessions[app]
+        if stale:
+            await self.redis.hdel(keys.SESSIONS, *stale)
 
     # ============================================================================================
     # the one way in
@@ -313,6 +334,11 @@ class PolicyEngine:
     async def apply(self, make) -> list:
         """Stamp, log, apply and publish one event; ``make(at, stimulus_id)`` builds it. Events that arrive
         together are logged in one Redis round trip (:meth:`_sequencer`), then applied one by one."""
+        if not self.leader.is_set():
+            # a handler that was awaiting Redis when this leader stepped down: its event is refused, not
+            # kept in the queue for a later term (which would apply it after rebuilding its state without
+            # it -- an open answered whose session the new term does not know)
+            raise bus.WireError(ErrorCode.UNAVAILABLE, "the policy engine is changing leader: retry")
         fut = asyncio.get_running_loop().create_future()
         self._inbox.put_nowait((make, fut))
         return await fut
@@ -345,12 +371,13 @@ class PolicyEngine:
         # the events of a batch are applied with one pass, after the last: the log says which were
         # deferred ("d"), so that a replay runs the passes where this leader ran them
         last = len(events) - 1
-        async with self.redis.pipeline(transaction=True) as pipe:  # the counter never lags the log
-            for i, event in enumerate(events):
-                pipe.xadd(keys.EVENT_LOG, {"e": event.model_dump_json(), **({"d": "1"} if i < last else {})})
-            pipe.set(keys.EVENT_SEQ, self._seq)
-            ids = await pipe.execute()
-        self._last_entry = ids[len(events) - 1]
+        args: list[str] = [self.instance, str(self._seq)]
+        for i, event in enumerate(events):
+            args += [event.model_dump_json(), "1" if i < last else ""]
+        ids = await self.redis.eval(_APPEND, 3, keys.POLICY_LEASE, keys.EVENT_LOG, keys.EVENT_SEQ, *args)
+        if not ids:
+            raise RuntimeError("the lease is another's: not logged")
+        self._last_entry = ids[-1]
         policy = self.cores.policy
         for i, (event, (_, fut)) in enumerate(zip(events, batch, strict=True)):
             epoch, t0 = policy.epoch, time.perf_counter()
@@ -531,6 +558,8 @@ class PolicyEngine:
         # the session's record goes first: a leader that replays the open finds the token
         app = await self.redis.eval(_NEW_SESSION, 2, keys.APP_SEQ, keys.SESSIONS, json.dumps(record),
                                     subjects.app_id_prefix(user))
+        if not self.leader.is_set():  # stepped down meanwhile (the record is dropped at the next restore)
+            raise bus.WireError(ErrorCode.UNAVAILABLE, "the policy engine is changing leader: retry")
         self.sessions[app] = record
         self.last_seen[app] = clock()
         out = await self.apply(lambda at, sid: OpenSession(at=at, stimulus_id=sid, app=app, user=user,

@@ -334,6 +334,68 @@ async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, 
 
 
 # ==================================================================================================
+# a leader that lost its lease: it logs nothing more, and keeps nothing for a later term
+# ==================================================================================================
+def _lease_taken(settings: Settings):
+    """Another instance's lease, as if it had taken over while this leader's renewal was not yet due."""
+    import redis
+
+    from coorm.shared import keys
+
+    r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    r.set(keys.POLICY_LEASE, "another", px=60_000)
+    return r
+
+
+@pytest.mark.parametrize("stack", [{"clusters": {"c0": 4}, "leader_lease": 1.0}], indirect=True)
+async def test_a_leader_whose_lease_another_took_appends_nothing_to_the_log(stack):
+    from coorm.shared import keys
+
+    engine = stack.engine
+    async with await Session.open(stack.settings, kind="rigid") as app:
+        r = _lease_taken(stack.settings)
+        try:
+            logged = r.get(keys.EVENT_SEQ)
+            entries = r.xlen(keys.EVENT_LOG)
+            # the SDK retries `unavailable` and no responders: its request waits for a leader
+            asking = asyncio.create_task(app.request(rq("r", "c0", 1, 60)))
+            await wait_until(lambda: not engine.leader.is_set(), timeout=10, what="the leader to step down")
+            assert (r.get(keys.EVENT_SEQ), r.xlen(keys.EVENT_LOG)) == (logged, entries)
+            assert not asking.done()
+            r.delete(keys.POLICY_LEASE)  # the other instance is gone: this one leads again
+            (rid,) = await asyncio.wait_for(asking, 30)
+            await app.wait_start(rid, 10)
+            assert "r" in engine.cores.policy.requests
+        finally:
+            r.close()
+
+
+@pytest.mark.parametrize("stack", [{"clusters": {"c0": 4}, "leader_lease": 1.0}], indirect=True)
+async def test_an_event_offered_after_the_leader_stepped_down_is_refused_not_kept_for_a_later_term(stack):
+    """A handler that was awaiting Redis while its leader stepped down (a session's record being written):
+    its event is refused at once, not applied by the next term after the state was rebuilt without it."""
+    from coorm.shared import keys
+    from coorm.shared.events import ErrorCode, OpenSession
+
+    engine = stack.engine
+    r = _lease_taken(stack.settings)
+    try:
+        await wait_until(lambda: not engine.leader.is_set(), timeout=10, what="the leader to step down")
+        late = engine.apply(lambda at, sid: OpenSession(at=at, stimulus_id=sid, app="late.a1", user="late"))
+        with pytest.raises(bus.WireError) as e:
+            await asyncio.wait_for(late, 5)
+        assert e.value.code is ErrorCode.UNAVAILABLE
+        r.delete(keys.POLICY_LEASE)
+        await asyncio.wait_for(engine.leader.wait(), 10)
+        async with await Session.open(stack.settings, kind="rigid") as app:  # the next term works
+            (rid,) = await app.request(rq("r", "c0", 1, 60))
+            await app.wait_start(rid, 10)
+        assert "late.a1" not in engine.cores.policy.apps
+    finally:
+        r.close()
+
+
+# ==================================================================================================
 # output and exit codes reach the launcher
 # ==================================================================================================
 async def test_output_and_exit_code_reach_the_application(stack):
