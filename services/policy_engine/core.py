@@ -429,6 +429,12 @@ class PolicyCore:
             app.requests.pop(r.id, None)
             app.preemptible.pop(r.id, None)
         self.ended[r.id] = (r.app, reason, at)
+        if not was_started and r.related_how is Relation.NEXT and r.related_to is not None:
+            # a successor that never started: its predecessor may be followed again (an evolving
+            # application revises a growth it over-asked for)
+            pred = self.requests.get(r.related_to)
+            if pred is not None and pred.successor == r.id:
+                pred.successor = None
         self._pending_ends.append(r)
         self._tell(r.id, "ended", reason.value)
         if r.is_preallocation and was_started and app is not None:

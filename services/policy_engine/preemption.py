@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from coorm.services.policy_engine.schedule import PreemptibleDemand, Schedule, interval_hash
+from coorm.services.policy_engine.schedule import PreemptibleDemand, Schedule, interval_hash, name_hash
 from coorm.services.policy_engine.shares import preemptive_share
 from coorm.services.policy_engine.state import Request, RequestState
 from coorm.shared.events import PreemptionDeadline
@@ -71,7 +71,7 @@ def collect_demands(core: PolicyCore, sched: Schedule) -> None:
         for item in items:
             sig += interval_hash(c, item)
     sched.demands = per_cluster
-    sched.p_signature = (sig + hash(tuple(sorted(sched.up.items())))) & ((1 << 64) - 1)
+    sched.p_signature = (sig + hash(tuple((name_hash(c), n) for c, n in sorted(sched.up.items())))) & ((1 << 64) - 1)
 
 
 def _capacity_now(core: PolicyCore, sched: Schedule, cluster: str) -> int:

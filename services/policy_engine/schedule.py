@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from functools import lru_cache
+from hashlib import blake2b
 
 from coorm.services.policy_engine.shares import preemptive_share
 from coorm.shared.stepfn import INF, StepFunction
@@ -24,8 +26,16 @@ Interval = tuple[float, float, int]  # begin, end, nodes
 _MASK = (1 << 64) - 1
 
 
+@lru_cache(maxsize=65_536)
+def name_hash(name: str) -> int:
+    """A name's hash, the same in every process: Python salts ``hash(str)`` per process
+    (``PYTHONHASHSEED``), and a standby that restores a snapshot must compare its views' signatures with
+    those the writer computed. (Numbers and tuples of numbers hash alike everywhere.)"""
+    return int.from_bytes(blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
 def interval_hash(cluster: str, item: Interval) -> int:
-    return hash((cluster, item)) & _MASK
+    return hash((name_hash(cluster), item)) & _MASK
 
 
 @dataclass(slots=True)

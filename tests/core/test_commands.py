@@ -157,3 +157,19 @@ def test_a_request_larger_than_its_cluster_is_refused_unless_the_operator_lets_i
     patient.open(0.0, "a")
     patient.submit(0.0, "a", rq("big", "c0", 9, 10))
     assert patient.policy.requests["big"].state.value == "waiting"
+
+
+def test_a_growth_cancelled_before_it_started_can_be_asked_again(d):
+    """An evolving application over-asked: it cancels its waiting NEXT request and asks for less; the
+    running request takes the new successor (it was refused with "already has a NEXT successor")."""
+    d.submit(2.0, "a", rq("a1g", "c0", 8, 100, to="a1", how="NEXT"))
+    assert d.policy.requests["a1g"].state.value == "waiting"  # a2 holds the other nodes preemptibly
+    d.done(2.0, "a", "a1g")
+    assert d.ended("a1g") is not None and not d.ended("a1g").started
+    out = d.submit(2.0, "a", rq("a1h", "c0", 6, 100, to="a1", how="NEXT"))
+    assert [x.kind for x in out][:1] == ["accepted"], out
+    d.done(3.0, "a", "a2")  # its preemptible nodes go back: the growth to 6 fits
+    d.done(3.0, "a", "a1")
+    d.run_until(20.0)
+    start = d.started("a1h")
+    assert start is not None and start.carry_from == "a1" and start.carried == 4

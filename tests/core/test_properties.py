@@ -1054,7 +1054,7 @@ def test_applications_with_the_same_view_key_see_the_same_non_preemptive_views(d
     for app in drv.policy.apps:
         by_key[sched.np_view_key(app)].append(app)
     for apps in by_key.values():
-        for c in drv.policy.clusters:
+        for c in sched.up:  # (a cluster registered after the last pass is not in it yet, as for the engine)
             first = sched.np_view(apps[0], c).to_wire()
             for other in apps[1:]:
                 assert sched.np_view(other, c).to_wire() == first, (apps[0], other, c)
