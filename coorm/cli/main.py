@@ -44,44 +44,119 @@ def story(nodes: int = typer.Option(32, min=24, help="nodes of the cluster")) ->
 @app.command()
 def simulate(
     scenario: Path = typer.Argument(..., exists=True, dir_okay=False, help="scenario YAML file"),
-    out: Path = typer.Option(Path("out"), "--out", help="folder for summary.json and the plots"),
+    out: Path = typer.Option(Path("out"), "--out", help="folder for summary.json, metrics.json and the plots"),
     validate: bool = typer.Option(False, help="check the cores' invariants after every event (slower)"),
+    jobs_csv: Path | None = typer.Option(None, "--jobs-csv", help="write one row per job (SWF-like CSV) here"),
+    arrivals: str | None = typer.Option(None, "--arrivals", help="a trace's jobs arrive at its submit times "
+                                        "('trace') or SECONDS apart ('spaced:SECONDS'); default: the scenario's "
+                                        "arrival_interval if it sets one, else 'trace'"),
+    oversize: str = typer.Option("skip", "--oversize", help="trace jobs larger than the platform: skip (with a "
+                                 "warning), cap (to the biggest cluster, with a warning) or refuse (the RMS "
+                                 "refuses them, too_large)"),
+    warmup: str = typer.Option("0", "--warmup", help="leave out of the metrics the first N jobs, or the jobs "
+                               "submitted in the first Ns (e.g. 3600s)"),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="runs with seeds SEED, SEED+1...: the mean of each "
+                               "metric with its 95 % confidence interval"),
+    seed: int | None = typer.Option(None, "--seed", help="the first run's seed (default: the scenario's)"),
+    malleable_fraction: float = typer.Option(0.0, "--malleable-fraction", min=0.0, max=1.0, help="make this "
+                                             "fraction of a trace's jobs malleable (the PSA launcher)"),
+    evolving_fraction: float = typer.Option(0.0, "--evolving-fraction", min=0.0, max=1.0, help="make this "
+                                            "fraction of a trace's jobs evolving (the NEXT-chain launcher)"),
+    as_json: bool = typer.Option(False, "--json", help="print metrics.json instead of the tables"),
 ) -> None:
-    """Run SCENARIO in virtual time through the real cores and launchers; write summary.json and PNGs."""
+    """Run SCENARIO in virtual time through the real cores and launchers; write summary.json, metrics.json
+    and PNGs (and a CSV of the jobs); print the standard metrics (wait, bounded slowdown, turnaround,
+    utilisation, makespan, per user)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    from coorm.simulator.run import run_scenario
+    from coorm.simulator.metrics import Warmup
+    from coorm.simulator.replay import ReplayError, ReplayOptions
     from coorm.simulator.scenario import load
 
-    console = Console()
+    console = Console(stderr=as_json)
     try:
         spec = load(scenario)
     except Exception as e:  # a readable refusal, not a traceback
         console.print(f"[red]invalid scenario {scenario}:[/red] {e}")
         raise typer.Exit(2) from None
+    try:
+        options = ReplayOptions(arrivals=arrivals, oversize=oversize, malleable_fraction=malleable_fraction,
+                                evolving_fraction=evolving_fraction, seed=seed)
+        warm = Warmup.parse(warmup)
+    except ValueError as e:
+        console.print(f"[red]invalid option:[/red] {e}")
+        raise typer.Exit(2) from None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("simulating", total=None, state="")
 
-        def progress(sim) -> None:
+        def progress(sim, run: str = "") -> None:
             done = sum(1 for lau in sim.launchers.values() if lau.finished)
-            bar.update(task, state=f"t={sim.now:,.0f}s, {done}/{len(sim.launchers)} apps done")
+            bar.update(task, state=f"{run}t={sim.now:,.0f}s, {done}/{len(sim.launchers)} apps done")
 
-        summary = run_scenario(spec, out, progress=progress, validate=validate)
-    table = Table(title=f"{scenario.name}: {len(summary['apps'])} applications")
-    for col in ("app", "kind", "submitted", "started", "ended", "NP node·s", "P node·s", "waste"):
-        table.add_column(col, justify="right" if col not in ("app", "kind") else "left")
-    for a in summary["apps"][:40]:
-        ns = a["node_seconds"]
-        table.add_row(a["name"], a["kind"], f"{a['submitted']:g}", "-" if a["started"] is None else f"{a['started']:g}",
-                      "-" if a["ended"] is None else f"{a['ended']:g}", f"{ns['non_preemptible']:,.0f}",
-                      f"{ns['preemptible']:,.0f}", f"{a['waste']:,.0f}")
-    console.print(table)
+        try:
+            if repeat > 1:
+                from coorm.simulator.run import run_repeats
+
+                doc = run_repeats(spec, repeat, seed=seed, out=out, options=options, warmup=warm,
+                                  jobs_csv=jobs_csv, validate=validate,
+                                  progress=lambda i, k, sim: progress(sim, f"run {i + 1}/{k}: "))
+                summary = None
+            else:
+                from coorm.simulator.run import run_scenario
+
+                summary = run_scenario(spec, out, progress=progress, validate=validate, options=options,
+                                       warmup=warm, jobs_csv=jobs_csv)
+                doc = json.loads((out / "metrics.json").read_text())
+        except ReplayError as e:  # an option the workload cannot meet (fractions larger than its rigid jobs)
+            console.print(f"[red]cannot replay {scenario}:[/red] {e}")
+            raise typer.Exit(2) from None
+    _simulate_report(console, scenario, summary, doc, out, jobs_csv, as_json)
+
+
+def _simulate_report(console: Console, scenario: Path, summary: dict | None, doc: dict, out: Path,
+                     jobs_csv: Path | None, as_json: bool) -> None:
+    from rich.table import Table
+
+    from coorm.simulator.report import aggregate_table, metrics_table, users_table
+
+    first = doc["runs"][0]["metrics"]
+    if first["oversize"]:
+        how = doc["replay"]["oversize"]
+        done = {"skip": "skipped", "cap": "capped to the biggest cluster", "refuse": "refused by the RMS"}[how]
+        Console(stderr=True).print(f"[yellow]warning:[/yellow] {first['oversize']:,} of {first['jobs']:,} jobs are "
+                                   f"larger than the platform: {done} (--oversize skip|cap|refuse)")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    if summary is None:
+        console.print(aggregate_table(doc["aggregate"], len(doc["runs"])))
+        trace = f"arrivals {doc['replay']['arrivals']}; " if doc["replay"]["arrivals"] else ""
+        console.print(f"seeds {', '.join(str(s) for s in doc['seeds'])}; {trace}warm-up {doc['warmup']}")
+        console.print(f"wrote {out / 'metrics.json'}, {out}/seed-*/summary.json"
+                      + (f", {jobs_csv}" if jobs_csv else ""))
+        return
+    if len(summary["apps"]) <= 20:
+        table = Table(title=f"{scenario.name}: {len(summary['apps'])} applications")
+        for col in ("app", "kind", "submitted", "started", "ended", "NP node·s", "P node·s", "waste"):
+            table.add_column(col, justify="right" if col not in ("app", "kind") else "left")
+        for a in summary["apps"]:
+            ns = a["node_seconds"]
+            table.add_row(a["name"], a["kind"], f"{a['submitted']:g}",
+                          "-" if a["started"] is None else f"{a['started']:g}",
+                          "-" if a["ended"] is None else f"{a['ended']:g}", f"{ns['non_preemptible']:,.0f}",
+                          f"{ns['preemptible']:,.0f}", f"{a['waste']:,.0f}")
+        console.print(table)
+    console.print(metrics_table(first, title=f"{scenario.name}: metrics"))
+    trace = f"arrivals {doc['replay']['arrivals']}, " if doc["replay"]["arrivals"] else ""
+    console.print(f"{trace}warm-up {doc['warmup']}, seed {doc['seeds'][0]}")
+    if set(first["per_user"]) - {"-"}:
+        console.print(users_table(first))
     t = summary["totals"]
-    console.print(f"makespan {t['makespan']:,.0f} s, utilisation {t['utilisation']:.1%}, {t['messages']:,} messages "
-                  f"({t['bytes']:,} bytes), {t['passes']:,} passes, scheduling CPU {t['scheduling_cpu_s']:.2f} s")
-    console.print(f"wrote {out / 'summary.json'}, {out / 'utilisation.png'}, {out / 'allocations.png'}")
+    console.print(f"{t['messages']:,} messages ({t['bytes']:,} bytes), {t['passes']:,} passes, scheduling CPU "
+                  f"{t['scheduling_cpu_s']:.2f} s")
+    console.print(f"wrote {out / 'summary.json'}, {out / 'metrics.json'}, {out / 'utilisation.png'}, "
+                  f"{out / 'allocations.png'}" + (f", {jobs_csv}" if jobs_csv else ""))
 
 
 EXPERIMENTS = ("coorm_fig6", "coorm_fig7", "coormv2_fig3_4", "coormv2_fig9", "coormv2_fig10", "coormv2_fig11")

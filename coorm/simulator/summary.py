@@ -1,10 +1,20 @@
-"""``summary.json``: per application and in total, from a simulation's result (format in README)."""
+"""``summary.json``: per application and in total, from a simulation's result (format in README); and the
+per-job records (:func:`job_records`) the metrics and the jobs CSV (:func:`write_jobs_csv`) are made of."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coorm.simulator.engine import Result
+from coorm.simulator.metrics import JobRecord, job_usage
+
+if TYPE_CHECKING:
+    from coorm.simulator.replay import Planned
 
 TYPES = ("pre-allocation", "non-preemptible", "preemptible")
 KEYS = {"pre-allocation": "pre_allocation", "non-preemptible": "non_preemptible", "preemptible": "preemptible"}
@@ -61,3 +71,104 @@ def summarize(result: Result) -> dict:
             "waste": round(sum(a["waste"] for a in apps), 3),
         },
     }
+
+
+# ======================================================================================================
+# per job
+# ======================================================================================================
+_REFUSED = re.compile(r"^request (\S+)\.\d+:")
+
+
+def refused_apps(result: Result) -> set[str]:
+    """The applications whose request the policy core refused as larger than its cluster (too_large)."""
+    out = set()
+    for _, code, reason in result.rejections:
+        m = _REFUSED.match(reason)
+        if code == "too_large" and m:
+            out.add(m.group(1))
+    return out
+
+
+def _state(result: Result, p: Planned, refused: set[str]) -> str:
+    rec = result.apps.get(p.app)
+    if p.launcher is None:
+        return "skipped"
+    if p.app in refused:
+        return "refused"
+    if rec is None or rec.started is None:
+        return "waiting"  # never started (the run stopped first)
+    if rec.ended is None:
+        return "unfinished"
+    if rec.end_reason != "finished":
+        return str(rec.end_reason)  # its session was ended by the RMS: violation, session_closed...
+    launcher = result.launchers.get(p.app)
+    if launcher is not None and launcher.kind == "rigid" and getattr(launcher, "runtime", 0) >= getattr(
+            launcher, "duration", float("inf")):
+        return "timeout"  # it needed its whole walltime: the RMS ended it there
+    return "completed"
+
+
+def job_records(result: Result, planned: Sequence[Planned]) -> list[JobRecord]:
+    """One record per planned job (skipped ones included), from a run's result."""
+    segments: dict[str, list[tuple[float, float, int]]] = {}
+    for r in result.requests:
+        if r.type != "pre-allocation":
+            end = r.end if r.end is not None else result.now
+            segments.setdefault(r.app, []).append((r.start, end, r.nodes))
+    refused = refused_apps(result)
+    out = []
+    for p in planned:
+        rec = result.apps.get(p.app)
+        launcher = p.launcher
+        out.append(JobRecord(
+            app=p.app, seq=p.seq, submit=p.at,
+            start=None if rec is None else rec.started,
+            end=None if rec is None or rec.started is None else rec.ended,
+            segments=tuple(sorted(segments.get(p.app, ()))),
+            state=_state(result, p, refused),
+            job=p.job, user=p.user,
+            kind="-" if launcher is None else launcher.kind,
+            nodes_requested=p.nodes, oversize=p.oversize,
+            background=launcher is not None and launcher.background and p.oversize != "refused",
+        ))
+    return out
+
+
+CSV_COLUMNS = ("seed", "app", "job", "user", "kind", "submit", "start", "end", "wait", "run_time", "turnaround",
+               "nodes_requested", "nodes_min", "nodes_max", "node_seconds", "bounded_slowdown", "state",
+               "oversize", "measured")
+
+
+def _num(x: float | int | None) -> str:
+    if x is None:
+        return ""
+    if isinstance(x, int) or float(x).is_integer():
+        return str(int(x))
+    return repr(round(float(x), 6))
+
+
+def job_rows(records: Sequence[JobRecord], seed: int, measured: set[str]) -> list[dict[str, str]]:
+    """The jobs CSV's rows (:data:`CSV_COLUMNS`): times in seconds of virtual time, an empty cell for
+    what does not apply (a job that never started has no wait)."""
+    rows = []
+    for j in records:
+        lo, hi, ns = job_usage(j)
+        started = j.start is not None
+        rows.append({
+            "seed": str(seed), "app": j.app, "job": j.job, "user": j.user, "kind": j.kind,
+            "submit": _num(j.submit), "start": _num(j.start), "end": _num(j.end), "wait": _num(j.wait),
+            "run_time": _num(j.run_time), "turnaround": _num(j.turnaround),
+            "nodes_requested": _num(j.nodes_requested),
+            "nodes_min": _num(lo) if started else "", "nodes_max": _num(hi) if started else "",
+            "node_seconds": _num(ns) if started else "", "bounded_slowdown": _num(j.bounded_slowdown),
+            "state": j.state, "oversize": j.oversize, "measured": "1" if j.app in measured else "0",
+        })
+    return rows
+
+
+def write_jobs_csv(path: Path, rows: Sequence[dict[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)

@@ -2,7 +2,8 @@
 
 A job's node count is its processor count divided by the machine's cores per node (from the header's
 MaxProcs / MaxNodes), rounded up; its walltime is the user's requested time (its run time when unknown)
-and its run time never exceeds it (the batch system killed it there).
+and its run time never exceeds it (the batch system killed it there). ``submit`` is the log's own submit
+time (seconds since its header's start time), ``user`` its user number (-1: unknown).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class TraceJob:
     runtime: float
     walltime: float
     nodes: int
+    user: int = -1
 
 
 def _header(lines: list[str]) -> dict[str, str]:
@@ -49,11 +51,12 @@ def read_swf(path: str | Path, *, skip: int = 0, count: int | None = None) -> tu
                 continue
             requested = float(fields[8])
             walltime = requested if requested > 0 else runtime
-            jobs.append(TraceJob(int(fields[0]), float(fields[1]), min(runtime, walltime), walltime, procs))
+            user = int(fields[11]) if len(fields) > 11 else -1
+            jobs.append(TraceJob(int(fields[0]), float(fields[1]), min(runtime, walltime), walltime, procs, user))
     head = _header(comments)
     try:
         cores = max(1, int(head["MaxProcs"]) // int(head["MaxNodes"]))
     except (KeyError, ValueError, ZeroDivisionError):
         cores = 1
     picked = jobs[skip : None if count is None else skip + count]
-    return [TraceJob(j.id, j.submit, j.runtime, j.walltime, math.ceil(j.nodes / cores)) for j in picked], cores
+    return [TraceJob(j.id, j.submit, j.runtime, j.walltime, math.ceil(j.nodes / cores), j.user) for j in picked], cores
