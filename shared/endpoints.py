@@ -275,8 +275,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "Add a batch of requests, accepted or refused as a whole. Each names its type, cluster, number of "
             "nodes, duration (seconds; absent only for a preemptible request: unbounded) and may relate to "
             "another request of the same application (``COALLOC``: start together; ``NEXT``: start at its end "
-            "and take its nodes over). Request ids are the application's, unique for the life of the system "
-            "(the SDK prefixes them with the application id). The ``Ack`` lists the ids accepted."),
+            "and take its nodes over). Request ids are the application's: prefixed with its id (as the SDK "
+            "does), they are unique for the life of the system; the RMS refuses only an id a request of an "
+            "open session has (it forgets a session's ids when it closes). The ``Ack`` lists the ids accepted."),
         example={"token": _TOKEN, "requests": [
             {"id": "alice.a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16, "duration": 3600.0},
             {"id": "alice.a7.extra", "type": "preemptible", "cluster": "c0", "nodes": 8, "related_to": "alice.a7.run",
@@ -781,7 +782,9 @@ ERROR_MEANINGS: Mapping[ErrorCode, str] = {
     ErrorCode.UNKNOWN_CLUSTER: "a request names a cluster the RMS does not know",
     ErrorCode.UNKNOWN_REQUEST: "no request with that id",
     ErrorCode.NOT_YOURS: "the request belongs to another application",
-    ErrorCode.DUPLICATE: "the id is already used (request ids are unique for the life of the system)",
+    ErrorCode.DUPLICATE: "the id is already used by a request of an open session (prefix request ids with the "
+                         "application's id, as the SDK's ``<app>.<n>`` do: application ids are never reused, so "
+                         "such ids are unique for the life of the system)",
     ErrorCode.BAD_RELATION: "a relation the policy refuses: NEXT after a request of another type or cluster, a "
                             "second NEXT successor, a non-preemptible request co-allocated with a preemptible one",
     ErrorCode.BAD_RELEASE: "``released`` names a node twice, nodes the request does not hold, or more nodes than "

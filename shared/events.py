@@ -177,6 +177,7 @@ class EndRequest(_Decision):
     started: bool
     reason: EndReason
     at: float
+    started_at: float | None = None  # when it started (None: it never did)
     successor: str | None = None
     carried: int = 0  # nodes the successor keeps; the others are freed now
     released: tuple[str, ...] = ()

@@ -72,7 +72,8 @@ FIELD_NOTES: Mapping[str, str] = {
     "Authenticated.token": "the session token",
     "RequestMsg.token": "the session token",
     "RequestMsg.requests": f"the batch, accepted or refused as a whole (at most {MAX_BATCH})",
-    "RequestSpec.id": "the request id, unique for the life of the system",
+    "RequestSpec.id": "the request id: `<app>.<name>` (unique for the life of the system); others must be "
+                      "unique among the open sessions' requests",
     "RequestSpec.type": "how the RMS may treat it",
     "RequestSpec.nodes": "how many nodes",
     "RequestSpec.duration": "seconds; null: unbounded (preemptible only)",

@@ -28,6 +28,7 @@ predecessor's end and its successor's start in the same batch. Nothing here read
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -61,6 +62,12 @@ from coorm.shared.requests import Relation, RequestBatch, RequestSpec, RequestTy
 from coorm.shared.stepfn import INF, Profile
 
 WAITING, STARTED, ENDED = RequestState.WAITING, RequestState.STARTED, RequestState.ENDED
+
+# what the core keeps of requests is bounded, so that a year of a busy cluster fits in memory and in a
+# snapshot (the whole history is in the event log and in accounting): a request's story keeps its first
+# line and its last ones; the stories of the last ENDED_STORIES ended requests are kept, older ones go
+STORY_LINES = 32
+ENDED_STORIES = 10_000
 
 
 class PolicySettings(BaseModel):
@@ -116,6 +123,7 @@ class PolicyCore:
         self.schedule: Schedule | None = None
         self._signatures: dict[str, tuple[int, int]] = {}
         self.stories: dict[str, list[tuple[float, str, str]]] = {}
+        self._ended_stories: deque[str] = deque()  # the ended requests whose stories are kept, oldest first
 
     # ============================================================================================
     # public API
@@ -345,7 +353,10 @@ class PolicyCore:
     # state transitions
     # ============================================================================================
     def _tell(self, rid: str, what: str, detail: str = "") -> None:
-        self.stories.setdefault(rid, []).append((self.now, what, detail))
+        story = self.stories.setdefault(rid, [])
+        story.append((self.now, what, detail))
+        if len(story) > STORY_LINES:
+            del story[1]  # the first line (submitted) and the latest ones
 
     def _carry_potential(self, r: Request) -> int:
         succ = self.requests.get(r.successor) if r.successor else None
@@ -429,6 +440,8 @@ class PolicyCore:
             app.requests.pop(r.id, None)
             app.preemptible.pop(r.id, None)
         self.ended[r.id] = (r.app, reason, at)
+        if app is not None:
+            app.ended.append(r.id)
         if not was_started and r.related_how is Relation.NEXT and r.related_to is not None:
             # a successor that never started: its predecessor may be followed again (an evolving
             # application revises a growth it over-asked for)
@@ -437,6 +450,9 @@ class PolicyCore:
                 pred.successor = None
         self._pending_ends.append(r)
         self._tell(r.id, "ended", reason.value)
+        self._ended_stories.append(r.id)
+        while len(self._ended_stories) > ENDED_STORIES:
+            self.stories.pop(self._ended_stories.popleft(), None)
         if r.is_preallocation and was_started and app is not None:
             for inner in [i for i in app.requests.values() if i.container == r.id]:
                 self._end(inner, EndReason.CONTAINER_ENDED, at)
@@ -447,6 +463,10 @@ class PolicyCore:
             if r.state is not ENDED:
                 self._end(r, end_reason if r.state is STARTED else EndReason.CANCELLED, self.now)
         del self.apps[app.id]
+        # its request ids are no longer anyone's: a request naming one of them is unknown from now on
+        # (the SDK's ids, ``<app>.<n>``, are never used again: application ids never are)
+        for rid in app.ended:
+            self.ended.pop(rid, None)
         self._order.remove((app.opened_at, app.seq, app.id))
         self._pending_sessions.append((app.id, reason))
         self.dirty = True
@@ -494,10 +514,13 @@ class PolicyCore:
         # decisions leave in causal order: what ended, then what started in view of it; a violator killed
         # at the end of an iteration (possibly right after one of its requests started) gets its ends in
         # the next iteration, after those starts
-        decisions: list[PolicyDecision] = [
-            HoldReleased(stimulus_id=stimulus, request=h.request, cluster=h.cluster) for h in self.released_holds]
-        self.released_holds = []
+        decisions: list[PolicyDecision] = []
         while True:
+            # holds ended early -- by a command, or by a violator's session ended in the last iteration --
+            # reach the allocator before any start that counts their nodes as free
+            decisions.extend(HoldReleased(stimulus_id=stimulus, request=h.request, cluster=h.cluster)
+                             for h in self.released_holds)
+            self.released_holds = []
             self._expire()
             placer, containers_of = self._place_all()
             schedule = self._schedule(placer)
@@ -736,6 +759,7 @@ class PolicyCore:
                     started=started,
                     reason=r.end_reason,
                     at=r.end if started else self.now,
+                    started_at=r.start if started else None,
                     successor=succ,
                     carried=carried,
                     released=r.released,

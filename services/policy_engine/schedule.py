@@ -26,7 +26,7 @@ Interval = tuple[float, float, int]  # begin, end, nodes
 _MASK = (1 << 64) - 1
 
 
-@lru_cache(maxsize=65_536)
+@lru_cache(maxsize=1024)  # the clusters and the applications of the moment; bounded, as the core's state
 def name_hash(name: str) -> int:
     """A name's hash, the same in every process: Python salts ``hash(str)`` per process
     (``PYTHONHASHSEED``), and a standby that restores a snapshot must compare its views' signatures with

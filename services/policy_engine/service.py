@@ -450,7 +450,7 @@ class PolicyEngine:
         if isinstance(d, EndRequest):
             return self._life(LifecycleKind.ENDED, d.at, d.app, request=d.request, type=d.type.value,
                               cluster=d.cluster, nodes=d.nodes, reason=d.reason.value,
-                              started_at=self._started_at(d.request) if d.started else None)
+                              started_at=d.started_at)
         if isinstance(d, PreemptionDeadline):
             return self._life(LifecycleKind.PREEMPTION, at, d.app, cluster=d.cluster, allowed=d.allowed,
                               deadline=d.deadline)
@@ -464,10 +464,6 @@ class PolicyEngine:
     def _submitted_at(self, request: str) -> float | None:
         r = self.cores.policy.requests.get(request)
         return None if r is None else r.submitted_at
-
-    def _started_at(self, request: str) -> float | None:
-        story = self.cores.policy.stories.get(request, [])
-        return next((t for t, what, _ in story if what == "started"), None)
 
     def _life(self, kind: LifecycleKind, at: float, app: str, **kw) -> Lifecycle:
         s = self.sessions.get(app, {})

@@ -21,7 +21,9 @@ import pickle
 import types
 from dataclasses import dataclass
 
-FORMAT = "4"  # 4: nodes may be drained; the policy may refuse oversized requests (3: holds, pass bursts)
+# 5: bounded state (an application keeps its ended ids, the core the last ended requests' stories);
+# 4: drains, oversize refusals
+FORMAT = "5"
 
 # KEYS: lease, snapshot, event log; ARGV: instance, state, last entry id, format, events, first id to keep.
 # Only the leader writes (a deposed leader must not replace its successor's snapshot nor trim its log).

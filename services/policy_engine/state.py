@@ -72,6 +72,8 @@ class App:
     preemptible: dict[str, Request] = field(default_factory=dict)
     # cluster -> time by which preemptible nodes above the preemptive view must be released
     deadlines: dict[str, float] = field(default_factory=dict)
+    # its ended requests (the core's ``ended`` entries for them go when the session does)
+    ended: list[str] = field(default_factory=list)
 
     @property
     def priority(self) -> tuple[float, int]:

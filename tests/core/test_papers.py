@@ -493,3 +493,25 @@ def test_a_next_predecessor_done_after_its_end_in_the_same_batch_ends_as_done_at
     d._record(d.cores.handle(Done(at=6.0, app="a1", request="r2")))
     assert d.started("r3").at == 6.0
     assert d.ended("r2").reason == "done" and d.ended("r2").at == 6.0
+
+
+def test_a_hold_released_by_a_violators_end_reaches_the_allocator_before_the_starts_it_allows():
+    """Found by the bounded-state run (100,000 requests): the only application a fair-start hold waited
+    for was killed for a protocol violation in a pass; the hold ended with it, and the same pass started
+    requests on those nodes -- which the allocator still held (it was told in the next pass)."""
+    d = Driver({"c0": 6}, fair_start=10.0, preempt_grace=2.0)
+    for a in ("w", "x", "y", "z"):
+        d.open(0.0, a)
+    d.submit(0.0, "x", rq("x1", "c0", 2, 100))
+    # w holds 4 nodes preemptibly and waits to re-select (w1): x1's early end is held for it
+    d.submit(0.0, "w", rq("p", "c0", 4, None, type="preemptible"), rq("w1", "c0", 6, 100))
+    d.done(1.0, "x", "x1")
+    assert [h.awaiting for h in d.policy.holds] == [frozenset({"w"})]
+    d.submit(1.5, "y", rq("y1", "c0", 4, 5))  # due, blocked by p: w must release by 3.5, and does not
+    d.submit(1.6, "z", rq("z1", "c0", 2, 3))  # fits only once the hold is gone
+    d.run_until(5.0)
+    assert d.of("session_ended", app="w")
+    released = d.decisions.index(d.of("hold_released", request="x1")[0])
+    assert d.decisions.index(d.started("z1")) > released
+    assert d.started("y1").at == d.started("z1").at == 3.5
+    assert set(d.nodes_of("y1")) | set(d.nodes_of("z1")) == {f"c0n{i}" for i in range(6)}

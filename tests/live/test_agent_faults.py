@@ -19,8 +19,9 @@ from tests.live.test_system import _settings, next_of, rq
 
 
 @pytest.fixture
-async def stack(servers, redis_url):
-    async with LocalStack(_settings(servers, agent_timeout=1.0), {"c0": 2}) as s:
+async def stack(servers, redis_url, request):
+    kw = {"agent_timeout": 1.0, **getattr(request, "param", {})}
+    async with LocalStack(_settings(servers, **kw), {"c0": 2}) as s:
         yield s
 
 
@@ -85,6 +86,9 @@ async def test_an_agent_stopped_past_its_timeout_kills_what_ran_for_the_ended_al
         await _stop(agent)
 
 
+# the restarted agent must register within the agent timeout: a Python process starting on a loaded
+# machine may take seconds
+@pytest.mark.parametrize("stack", [{"agent_timeout": 15.0}], indirect=True)
 async def test_a_restarted_agent_gets_its_nodes_assignments_from_the_allocator(stack, tmp_path):
     """SIGKILL the agent and start another (same id): within the agent timeout the nodes never went down,
     the request still runs. The new agent kills and reports what its predecessor left, and the allocator's
