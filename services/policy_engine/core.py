@@ -33,7 +33,8 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from coorm.services.policy_engine import preemption
+from coorm.services.policy_engine import lifecycle, preemption
+from coorm.services.policy_engine.lifecycle import Phase
 from coorm.services.policy_engine.placement import Container, Placer
 from coorm.services.policy_engine.schedule import Schedule, interval_hash
 from coorm.services.policy_engine.shares import FILLING, POLICIES
@@ -330,6 +331,7 @@ class PolicyCore:
             r.released = tuple(ev.released)
             r.done_at = self.now
             r.end = min(r.end, self.now)
+            self._hand_over(r)
         else:
             r.released = tuple(ev.released)
             self._hold_on_done(r)
@@ -428,12 +430,15 @@ class PolicyCore:
                 else:
                     self.holds[i] = Hold(h.cluster, h.begin, h.until, h.nodes - take, True, h.request, h.awaiting)
 
+    def _move(self, r: Request, transition: str) -> None:
+        """The one way a request's phase changes: a transition of its lifecycle table."""
+        r.phase = lifecycle.target(r.phase, transition, r.id, self.stories.get(r.id, ()))
+
     def _end(self, r: Request, reason: EndReason, at: float) -> None:
         was_started = r.state is STARTED
-        r.state = ENDED
+        self._move(r, "end" if was_started else "cancel")
         r.end_reason = reason
         r.end = at if was_started else r.end
-        r.blocked = False
         self.requests.pop(r.id, None)
         app = self.apps.get(r.app)
         if app is not None:
@@ -484,10 +489,19 @@ class PolicyCore:
         due = [r for r in self.requests.values() if r.state is STARTED and r.end <= now]
         # a request inside a pre-allocation that ends with it reached its own walltime
         for r in sorted(due, key=lambda r: (r.end, r.is_preallocation, r.seq)):
-            if r.state is STARTED and self._successor_waiting(r) is None:
-                # (state: it may have ended as a container's inner request meanwhile)
+            if r.state is not STARTED:
+                continue  # it ended as a container's inner request meanwhile
+            if self._successor_waiting(r) is None:
                 self._end(r, *self._natural_end(r))
+            else:
+                self._hand_over(r)
         self.holds = [h for h in self.holds if h.until > now]
+
+    def _hand_over(self, r: Request) -> None:
+        """``r`` keeps running past its end (or its done) for its waiting NEXT successor."""
+        if r.phase is Phase.RUNNING:
+            self._move(r, "hand over")
+            self._tell(r.id, "handing over", f"to {r.successor}")
 
     def _successor_waiting(self, r: Request) -> Request | None:
         """The waiting NEXT successor that will take ``r``'s nodes over. Until it starts -- it may wait
@@ -657,7 +671,7 @@ class PolicyCore:
                     if got is None:
                         if not r.blocked:
                             self._tell(r.id, "blocked", "nodes still held preemptibly")
-                        r.blocked = True
+                            self._move(r, "block")
                         # what is free stays set aside for it: later (lower-priority) starts do not take it
                         aside = min(r.nodes, max(free[r.cluster], 0))
                         free[r.cluster] -= aside
@@ -700,10 +714,9 @@ class PolicyCore:
         return None
 
     def _start(self, r: Request, stimulus: str) -> StartRequest:
-        r.state = STARTED
+        self._move(r, "start")
         r.start = self.now
         r.end = self.now + r.duration
-        r.blocked = False
         r.container = r.placed_in
         carry_from, carried = None, 0
         running = self._running_predecessor(r)

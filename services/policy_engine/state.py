@@ -1,6 +1,7 @@
 """What the policy core remembers between events: applications (sessions) and their requests.
 
-Plain mutable objects with slots; only :mod:`coorm.services.policy_engine.core` changes them.
+Plain mutable objects with slots; only :mod:`coorm.services.policy_engine.core` changes them (a request's
+phase only through its lifecycle table, :mod:`coorm.services.policy_engine.lifecycle`).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from coorm.services.policy_engine.lifecycle import Phase
 from coorm.shared.events import EndReason
 from coorm.shared.requests import Relation, RequestType
 from coorm.shared.stepfn import INF
@@ -17,6 +19,11 @@ class RequestState(StrEnum):
     WAITING = "waiting"
     STARTED = "started"
     ENDED = "ended"
+
+
+_STATE = {Phase.WAITING: RequestState.WAITING, Phase.BLOCKED: RequestState.WAITING,
+          Phase.RUNNING: RequestState.STARTED, Phase.HANDING_OVER: RequestState.STARTED,
+          Phase.ENDED: RequestState.ENDED}
 
 
 @dataclass(slots=True, eq=False)
@@ -31,7 +38,8 @@ class Request:
     related_how: Relation
     submitted_at: float
     seq: int
-    state: RequestState = RequestState.WAITING
+    # where it is in its life (services/policy_engine/lifecycle.py: changed only by the core's moves)
+    phase: Phase = Phase.WAITING
     start: float = INF  # scheduled start while waiting, actual start once started
     end: float = INF  # planned end once started, actual end once ended
     container: str | None = None  # the explicit pre-allocation a started request runs inside
@@ -40,7 +48,16 @@ class Request:
     released: tuple[str, ...] = ()  # node IDs named in done
     done_at: float | None = None  # done, but kept running until its NEXT successor takes its nodes over
     end_reason: EndReason | None = None
-    blocked: bool = False  # due, but its nodes are still held preemptibly
+
+    @property
+    def state(self) -> RequestState:
+        """Its phase as the services and the wire see it: waiting (or blocked), started (or handing
+        over), ended."""
+        return _STATE[self.phase]
+
+    @property
+    def blocked(self) -> bool:
+        return self.phase is Phase.BLOCKED
 
     @property
     def preemptible(self) -> bool:
