@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -84,6 +85,19 @@ class PolicySettings(BaseModel):
     # a request for more nodes than its cluster has, up or down, waits (CooRM's papers: nodes may come);
     # False: it is refused (too_large), as users of a production cluster expect
     oversize_waits: bool = True
+
+
+@dataclass(slots=True)
+class PassContext:
+    """What one pass works out as it goes (never kept between passes, nor in a snapshot): the placement,
+    the base reservations, each application's position in the placement log and signature there, and the
+    waiting requests placed at now, in priority then submission order."""
+
+    placer: Placer
+    base: dict[str, list[tuple[float, float, int]]]
+    marks: dict[str, int] = field(default_factory=dict)
+    np_signatures: dict[str, int] = field(default_factory=dict)
+    due: list[Request] = field(default_factory=list)
 
 
 class CommandError(Exception):
@@ -536,13 +550,17 @@ class PolicyCore:
                              for h in self.released_holds)
             self.released_holds = []
             self._expire()
-            placer, containers_of = self._place_all()
-            schedule = self._schedule(placer)
-            started = self._start_due(placer, containers_of, schedule, stimulus)
+            ctx = self._place_all()
+            schedule = self._schedule(ctx)
+            started = self._start_due(ctx, schedule, stimulus)
             schedule.settle({s.request for s in started})
             decisions.extend(self._end_decisions(stimulus))
             decisions.extend(started)
             deadlines, violators = preemption.enforce(self, schedule, stimulus)
+            for d in deadlines:
+                for r in self.apps[d.app].preemptible.values():
+                    if r.state is STARTED and r.cluster == d.cluster:
+                        self._tell(r.id, "preempt", f"release {d.held - d.allowed} nodes by {d.deadline}")
             decisions.extend(deadlines)
             if not violators:
                 break
@@ -583,7 +601,7 @@ class PolicyCore:
             base[h.cluster].append((h.begin, h.until, h.nodes))
         return base
 
-    def _place_all(self) -> tuple[Placer, dict[str, dict[str, list[Container]]]]:
+    def _place_all(self) -> PassContext:
         now = self.now
         base = self._base()
         profiles = {c: Profile(now, up) for c, up in self.clusters.items()}
@@ -601,16 +619,12 @@ class PolicyCore:
         for h in self.holds:
             if h.physical:
                 placer.np_usage[h.cluster].append((h.begin, h.until, h.nodes))
-        self._base_items = base
-        self._marks: dict[str, int] = {}
-        self._np_sigs: dict[str, int] = {}
-        containers_of: dict[str, dict[str, list[Container]]] = {}
+        ctx = PassContext(placer, base)
         lookup = self.requests.get
-        self._due: list[Request] = []
-        due = self._due  # waiting requests placed at now, in priority then submission order
+        due = ctx.due
         for app in self.priority_order():
-            self._marks[app.id] = len(placer.log)
-            self._np_sigs[app.id] = placer.signature
+            ctx.marks[app.id] = len(placer.log)
+            ctx.np_signatures[app.id] = placer.signature
             waiting = []
             containers: dict[str, list[Container]] = {}
             for r in app.requests.values():
@@ -625,29 +639,28 @@ class PolicyCore:
                     pl.request.start = pl.start
                     pl.request.placed_in = pl.container.request.id if pl.container else None
                 due.extend(r for r in waiting if r.start <= now)
-            containers_of[app.id] = containers
-        self._np_sigs["\x00final"] = placer.signature
-        return placer, containers_of
+        ctx.np_signatures["\x00final"] = placer.signature
+        return ctx
 
-    def _schedule(self, placer: Placer) -> Schedule:
+    def _schedule(self, ctx: PassContext) -> Schedule:
+        placer = ctx.placer
         sched = Schedule(
             epoch=self.epoch + 1,
             now=self.now,
             policy=self.settings.preemptible,
             up=dict(self.clusters),
-            base=self._base_items,
+            base=ctx.base,
             log=placer.log,
             log_ids=placer.log_ids,
-            marks=self._marks,
-            np_signature=self._np_sigs,
+            marks=ctx.marks,
+            np_signature=ctx.np_signatures,
             np_usage=placer.np_usage,
             priorities={a.id: a.priority for a in self.apps.values()},
         )
         preemption.collect_demands(self, sched)
         return sched
 
-    def _start_due(self, placer: Placer, containers_of: dict[str, dict[str, list[Container]]], schedule: Schedule,
-                   stimulus: str) -> list[StartRequest]:
+    def _start_due(self, ctx: PassContext, schedule: Schedule, stimulus: str) -> list[StartRequest]:
         # a predecessor kept past its end for a successor that is not due now ends first: its nodes are
         # free for this pass's starts
         now = self.now
@@ -664,7 +677,7 @@ class PolicyCore:
                 free[h.cluster] -= h.nodes
         starts: list[StartRequest] = []
         waiting_for_nodes: list[tuple[Request, int]] = []  # (request, free nodes set aside for it)
-        for r in self._due:
+        for r in ctx.due:
             if r.state is WAITING:
                 if not r.is_preallocation:
                     got = self._fits(r, free)
@@ -687,7 +700,7 @@ class PolicyCore:
             else:
                 free[r.cluster] -= aside
         self._end_overdue()
-        starts.extend(preemption.start_preemptible(self, schedule, free, stimulus))
+        starts.extend(self._start(r, stimulus) for r in preemption.due_preemptible(self, schedule, free))
         return starts
 
     def _fits(self, r: Request, free: dict[str, int]) -> int | None:

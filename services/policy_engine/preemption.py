@@ -22,7 +22,6 @@ from coorm.shared.requests import Relation
 
 if TYPE_CHECKING:
     from coorm.services.policy_engine.core import PolicyCore
-    from coorm.shared.events import StartRequest
 from coorm.shared.stepfn import INF
 
 STARTED, WAITING = RequestState.STARTED, RequestState.WAITING
@@ -103,8 +102,10 @@ def _wants_now(core: PolicyCore, sched: Schedule, cluster: str) -> list[tuple[st
     return out
 
 
-def start_preemptible(core: PolicyCore, sched: Schedule, free: dict[str, int], stimulus: str) -> list[StartRequest]:
-    starts: list[StartRequest] = []
+def due_preemptible(core: PolicyCore, sched: Schedule, free: dict[str, int]) -> list[Request]:
+    """The waiting preemptible requests that start now: each fits in its application's preemptive view
+    and in the nodes still free (taken from ``free``), in priority order."""
+    starts: list[Request] = []
     policy = core.settings.preemptible
     for cluster in sched.demands:
         capacity = _capacity_now(core, sched, cluster)
@@ -119,7 +120,7 @@ def start_preemptible(core: PolicyCore, sched: Schedule, free: dict[str, int], s
                     break
                 held += r.nodes
                 free[cluster] -= r.nodes
-                starts.append(core._start(r, stimulus))
+                starts.append(r)
     return starts
 
 
@@ -148,9 +149,6 @@ def enforce(core: PolicyCore, sched: Schedule, stimulus: str) -> tuple[list[Pree
             if deadline is None:
                 deadline = now + grace
                 app.deadlines[cluster] = deadline
-                for r in app.requests.values():
-                    if r.preemptible and r.state is STARTED and r.cluster == cluster:
-                        core._tell(r.id, "preempt", f"release {held - view} nodes by {deadline}")
                 decisions.append(
                     PreemptionDeadline(
                         stimulus_id=stimulus, app=app_id, cluster=cluster, held=held, allowed=view, deadline=deadline
