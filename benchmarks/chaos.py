@@ -37,12 +37,14 @@ from coorm.cli.up import Up, parse_clusters  # noqa: E402
 from coorm.launchers.live import LiveRunner  # noqa: E402
 from coorm.launchers.rigid import RigidLauncher  # noqa: E402
 from coorm.launchers.sdk import Exited, Session  # noqa: E402
-from coorm.shared import bus  # noqa: E402
+from coorm.shared import bus, subjects  # noqa: E402
+from coorm.shared.endpoints import Role  # noqa: E402
+from coorm.shared.protocol import BatchQuery, BatchQueryReply  # noqa: E402
 from coorm.shared.settings import Settings  # noqa: E402
 
 LEADER, STANDBY = "policy engine (leader)", "policy engine (standby)"
-VICTIMS = (LEADER, "node-allocator", "view-publisher", "accounting", "celery-worker", "agent-c0", STANDBY,
-           "valkey", "nats-server")
+VICTIMS = (LEADER, "node-allocator", "view-publisher", "accounting", "celery-worker", "agent-c0", "batch",
+           STANDBY, "valkey", "nats-server")
 ENV = {"COORM_RESCHEDULE_INTERVAL": "0.05", "COORM_FAIR_START": "0", "COORM_KILL_GRACE": "0.5",
        "COORM_AGENT_TIMEOUT": "5", "COORM_SESSION_TIMEOUT": "15", "COORM_LAUNCHER_HEARTBEAT": "1"}
 
@@ -72,6 +74,8 @@ class Outcome:
             return self.code != self.expected and self.code < 124
         if self.via == "psa":  # it runs no command: 0 once its tasks are done, 2 if it gave up on a refusal
             return self.code != (2 if self.refused else 0)
+        if self.via == "batch":  # completed or failed: its command's code; cut short by the RMS: never 0
+            return self.code == 0 if self.ended_by_rms else self.code != self.expected
         if self.killed or self.ended_by_rms:
             return self.code == 0
         return self.code != self.expected
@@ -159,6 +163,45 @@ async def cli_app(env: dict[str, str], i: int, rng: random.Random, deadline: flo
     return out
 
 
+async def batch_app(settings: Settings, env: dict[str, str], cwd: Path, name: str, cluster: str, nodes: int,
+                    sleep: float, code: int, deadline: float) -> Outcome:
+    """A batch job submitted as a user does (``coorm batch --wrap``, the command's fast path), then followed
+    in the queue and the history until it ends: its exit code and state, as ``coorm history`` shows them."""
+    out = Outcome(name, "batch", code)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "coorm.cli.fast", "batch", "-p", cluster, "-N", str(nodes), "-t", "5",
+        "-o", "/dev/null", "--wrap", f"sleep {sleep:.2f}; exit {code}",
+        env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    stdout, err = await proc.communicate()
+    words = stdout.decode().split()
+    if proc.returncode != 0 or words[:3] != ["Submitted", "batch", "job"]:
+        out.error = f"submission failed ({proc.returncode}): {err.decode(errors='replace').strip()[-200:]}"
+        return out
+    job, out.accepted = words[3], True
+    nc = None
+    while time.monotonic() < deadline:
+        try:
+            if nc is None or nc.is_closed:
+                nc = await bus.connect_client(settings.nats_url, out.name, timeout=2.0, reconnect_window=30.0,
+                                              identity=settings.identity(Role.LAUNCHER))
+            reply = await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(ended=True, since=0.0, jobs=[job]),
+                                   BatchQueryReply, timeout=5)
+        except Exception:  # noqa: BLE001 - a server or the batch service restarting: ask again
+            reply = None
+        if reply is not None and reply.jobs:
+            rec = reply.jobs[0]
+            out.started, out.code = rec.started is not None, rec.exit_code
+            if rec.state not in ("completed", "failed"):
+                out.ended_by_rms = rec.state
+            break
+        await asyncio.sleep(0.5)  # polling the history: the service tells no one of an end
+    else:
+        out.error, out.detail = "hung", f"job {job} never ended"
+    if nc is not None:
+        await bus.shutdown(nc)
+    return out
+
+
 async def sample_double_bookings(settings: Settings, stop: asyncio.Event, seen: list[str]) -> int:
     """Snapshots of the RMS's status through the run: a node in two started requests at once."""
     from coorm.cli.live import _status
@@ -181,8 +224,12 @@ async def sample_double_bookings(settings: Settings, stop: asyncio.Event, seen: 
     return samples
 
 
-async def probe(settings: Settings, k: int) -> bool:
-    """A one-node job of ``true``, through the SDK: True once it ran to its end with 0."""
+async def probe(settings: Settings, k: int, env: dict[str, str], cwd: Path, batch: bool) -> bool:
+    """A one-node job of ``true``, through the SDK (or ``batch``: the batch queue): True once it ran to its
+    end with 0."""
+    if batch:
+        out = await batch_app(settings, env, cwd, f"probe{k}", "c0", 1, 0.0, 0, time.monotonic() + 20)
+        return out.error is None and out.code == 0
     try:
         session = await Session.open(settings, kind="rigid", name=f"probe{k}", preemptive_views=False)
         result = await asyncio.wait_for(LiveRunner(session, RigidLauncher(session.app, "c0", 1, 60.0),
@@ -209,7 +256,8 @@ def engine(up: Up, leading: bool) -> str:
     raise RuntimeError("no policy engine in that role now")
 
 
-async def kill_in_turn(up: Up, settings: Settings, victims: tuple[str, ...], pause: float) -> dict[str, float]:
+async def kill_in_turn(up: Up, settings: Settings, victims: tuple[str, ...], pause: float, env: dict[str, str],
+                       cwd: Path) -> dict[str, float]:
     recovery: dict[str, float] = {}
     for k, victim in enumerate(victims):
         await asyncio.sleep(pause)  # the workload runs a while between two kills
@@ -218,7 +266,7 @@ async def kill_in_turn(up: Up, settings: Settings, victims: tuple[str, ...], pau
         assert pid is not None
         t0 = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        while not await probe(settings, k):
+        while not await probe(settings, k, env, cwd, batch=victim == "batch"):
             if time.monotonic() - t0 > 60:
                 recovery[victim] = float("inf")
                 break
@@ -228,7 +276,7 @@ async def kill_in_turn(up: Up, settings: Settings, victims: tuple[str, ...], pau
 
 
 async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: tuple[str, ...], seed: int,
-                workdir: Path | None = None) -> dict:
+                workdir: Path | None = None, batch_share: float = 0.2) -> dict:
     rng = random.Random(seed)
     up = Up(clusters, workdir, env=ENV, write_connection=False)
     settings = await asyncio.to_thread(up.start, 120)
@@ -250,14 +298,20 @@ async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: 
         deadline = time.monotonic() + pause * (len(victims) + 2) + 180
         tasks = [asyncio.create_task(psa_app(settings, c, 4 * n, deadline)) for c, n in clusters.items()]
         killer = None
+        jobs_dir = up.workdir / "batch-jobs"
+        jobs_dir.mkdir(exist_ok=True)
         for i in range(apps):
-            if rng.random() < cli_share:
+            x = rng.random()
+            if x < cli_share:
                 tasks.append(asyncio.create_task(cli_app(env, i, rng, deadline)))
+            elif x < cli_share + batch_share:
+                job = (rng.choice(["c0", "c1"]), rng.randint(1, 2), rng.uniform(0.5, 4.0), rng.randint(0, 3))
+                tasks.append(asyncio.create_task(batch_app(settings, env, jobs_dir, f"batch{i}", *job, deadline)))
             else:
                 tasks.append(asyncio.create_task(sdk_app(settings, i, rng, deadline)))
             await asyncio.sleep(rng.expovariate(apps / (pause * len(victims))))  # arrivals through the kills
             if i == apps // 10:
-                killer = asyncio.create_task(kill_in_turn(up, settings, victims, pause))
+                killer = asyncio.create_task(kill_in_turn(up, settings, victims, pause, env, jobs_dir))
         outcomes: list[Outcome] = await asyncio.gather(*tasks)
         assert killer is not None
         recovery = await killer
@@ -272,6 +326,7 @@ async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: 
     wrong = [o for o in outcomes if o.wrong_code()]
     return {"apps": len(outcomes), "sdk": sum(o.via == "sdk" for o in outcomes),
             "cli": sum(o.via == "cli" for o in outcomes), "psa": sum(o.via == "psa" for o in outcomes),
+            "batch": sum(o.via == "batch" for o in outcomes),
             "killed_apps": sum(o.killed or bool(o.ended_by_rms) for o in outcomes),
             "lost": [o.name for o in lost], "hung": [f"{o.name} {o.detail}" for o in hung],
             "untold": [f"{o.name}: {o.error}" for o in untold], "wrong": [
@@ -283,8 +338,8 @@ async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: 
 
 
 def report(r: dict) -> str:
-    lines = [f"{r['apps']} applications ({r['sdk']} SDK rigid jobs, {r['cli']} coorm submit jobs, {r['psa']} "
-             "parameter-sweep applications), "
+    lines = [f"{r['apps']} applications ({r['sdk']} SDK rigid jobs, {r['cli']} coorm submit jobs, {r['batch']} "
+             f"batch jobs, {r['psa']} parameter-sweep applications), "
              f"{r['exits']} process exits seen by the SDK ones, {r['killed_apps']} cut short by a kill",
              "", "| check | count |", "| --- | --- |",
              f"| accepted requests lost | {len(r['lost'])} |",

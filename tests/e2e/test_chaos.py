@@ -1,5 +1,6 @@
-"""The chaos run (``benchmarks/chaos.py``) at a reduced size: a mixed live workload on a supervised
-``coorm up`` while each kind of process is SIGKILLed in turn; nothing accepted is lost, no application hangs
+"""The chaos run (``benchmarks/chaos.py``) at a reduced size: a mixed live workload (SDK jobs, ``coorm
+submit`` and ``coorm batch`` jobs, malleable applications) on a supervised ``coorm up`` while each kind of
+process is SIGKILLed in turn, the batch service included; nothing accepted is lost, no application hangs
 or goes untold, no node is held by two started requests, no exit code is wrong, and every killed process is
 back (a job runs again) within a minute."""
 
@@ -24,6 +25,6 @@ def test_chaos_nothing_lost_hung_double_booked_or_misreported(tmp_path):
     r = asyncio.run(chaos.chaos({"c0": 8, "c1": 8}, apps=40, cli_share=0.1, victims=chaos.VICTIMS, seed=3,
                                 workdir=tmp_path / "work"))
     print("\n" + chaos.report(r))
-    assert (r["apps"], r["psa"]) == (42, 2) and r["samples"] > 20
+    assert (r["apps"], r["psa"]) == (42, 2) and r["batch"] >= 4 and r["samples"] > 20
     assert (r["lost"], r["hung"], r["untold"], r["wrong"], r["double_bookings"]) == ([], [], [], [], [])
     assert set(r["recovery"]) == set(chaos.VICTIMS) and all(t < 60 for t in r["recovery"].values()), r["recovery"]

@@ -342,3 +342,64 @@ async def test_a_drained_node_finishes_its_job_then_takes_no_more_until_resumed(
     with pytest.raises(Exception):  # noqa: B017,PT011 - a permissions violation, or no reply
         await bus.call(nc, subjects.NODES_EVENT, NodesEvent(kind="drain", cluster="c1", nodes=[busy]), Ack,
                        timeout=2)
+
+
+async def _until_served(conn) -> None:
+    """Until a batch service process that is starting answers a query."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            await query(conn, jobs=["1"])
+            return
+        except Exception:
+            assert time.monotonic() < deadline, "the batch service never answered"
+            await asyncio.sleep(0.1)  # polling a process that is starting
+
+
+async def test_a_batch_service_killed_mid_job_loses_nothing(servers, redis_url, tmp_path):
+    """The batch service as a real process, SIGKILLed (no goodbye) with a job running, one queued behind it
+    and one waiting on a dependency; another process takes them up from Redis: each ends as its command
+    says, the running one's processes were never lost."""
+    import signal
+    import subprocess
+    import sys
+
+    settings = Settings(nats_url=servers.nats_url, redis_url=servers.redis_url, reschedule_interval=0.05,
+                        fair_start=0.0, kill_grace=0.3, launcher_heartbeat=0.2, session_timeout=10.0,
+                        agent_heartbeat=0.2, agent_timeout=2.0)
+    env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
+               COORM_LAUNCHER_HEARTBEAT="0.2", COORM_SESSION_TIMEOUT="10",
+               COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
+
+    def service() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "coorm.cli.main", "service", "batch"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    procs = [service()]
+    async with LocalStack(settings, {"c0": 4, "c1": 2}) as stack:
+        conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
+        try:
+            gate = tmp_path / "gate"
+            await _until_served(conn)
+            running = await submit(conn, tmp_path, nodes=4, cluster="c0",
+                                   argv=["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 4"])
+            queued = await submit(conn, tmp_path, nodes=4, cluster="c0", argv=["sh", "-c", "exit 3"])
+            after = await submit(conn, tmp_path, argv=["true"], dependency=f"afterany:{queued}")
+            await until_state(conn, running, "running")
+            os.killpg(procs[0].pid, signal.SIGKILL)
+            procs[0].wait()
+            gate.touch()
+            procs.append(service())
+            await _until_served(conn)
+            (rec,) = await ended(conn, running)
+            assert (rec.state, rec.exit_code) == ("failed", 4)
+            (rec,) = await ended(conn, queued)
+            assert (rec.state, rec.exit_code) == ("failed", 3)
+            (rec,) = await ended(conn, after)
+            assert (rec.state, rec.exit_code) == ("completed", 0)
+        finally:
+            await bus.shutdown(conn)
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
