@@ -7,6 +7,8 @@ live system does the same through NATS subjects. Still pure: time is passed in w
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from coorm.services.node_allocator.core import NodeAllocator
 from coorm.services.policy_engine.core import PolicyCore, PolicySettings
 from coorm.shared.events import (
@@ -26,6 +28,9 @@ from coorm.shared.events import (
     Submit,
     Tick,
 )
+
+if TYPE_CHECKING:
+    from coorm.shared.protocol import StatusReply
 
 
 class CoupledCores:
@@ -71,6 +76,13 @@ class CoupledCores:
 
     def tick(self, at: float) -> list[Decision]:
         return self.handle(Tick(at=at))
+
+    def status(self, sessions: dict[str, dict[str, object]], leader: str, offset: int = 0, limit: int | None = None,
+               only: set[str] | None = None) -> StatusReply:
+        """What ``coorm status``, ``apps`` and ``requests`` show (:mod:`.policy_engine.status`)."""
+        from coorm.services.policy_engine.status import status_of
+
+        return status_of(self, sessions, leader, offset, limit, only)
 
     def next_wakeup(self) -> float | None:
         times = [t for t in (self.policy.next_wakeup(), self.allocator.next_wakeup()) if t is not None]

@@ -61,7 +61,9 @@ from coorm.shared.events import (
     ViewsChanged,
 )
 from coorm.shared.requests import Relation, RequestBatch, RequestSpec, RequestType
-from coorm.shared.stepfn import INF, Profile
+from coorm.shared.stepfn import INF, Profile, StepFunction
+
+Step = tuple[float, int]  # a view's step on the wire: from this time on, this many nodes
 
 WAITING, STARTED, ENDED = RequestState.WAITING, RequestState.STARTED, RequestState.ENDED
 
@@ -98,6 +100,10 @@ class PassContext:
     marks: dict[str, int] = field(default_factory=dict)
     np_signatures: dict[str, int] = field(default_factory=dict)
     due: list[Request] = field(default_factory=list)
+
+
+def _steps(view: StepFunction) -> list[Step]:
+    return list(zip(view.times, view.values, strict=True))
 
 
 class CommandError(Exception):
@@ -828,6 +834,46 @@ class PolicyCore:
             for d in app.deadlines.values():
                 t = min(t, d)
         return min(t, preemption.next_change(self, schedule))
+
+    # ============================================================================================
+    # queries: what the services read of the core (nothing else of it is theirs to read)
+    # ============================================================================================
+    def has_app(self, app_id: str) -> bool:
+        return app_id in self.apps
+
+    def app_ids(self) -> list[str]:
+        """The open sessions, in the order they opened."""
+        return list(self.apps)
+
+    def submitted_at(self, request_id: str) -> float | None:
+        r = self.requests.get(request_id)
+        return None if r is None else r.submitted_at
+
+    def has_views(self) -> bool:
+        """Whether a pass has run: views exist from the first one on."""
+        return self.schedule is not None
+
+    def views_of(self, app_id: str, clusters: Iterable[str] | None, preemptive: bool,
+                 memo: dict[tuple[int, str], list[Step]] | None = None
+                 ) -> dict[str, tuple[list[Step], list[Step] | None]]:
+        """The application's views as of the last pass, per cluster (of ``clusters``, None: all), as wire
+        steps: (non-preemptive, preemptive or None). ``memo`` shares the non-preemptive views between the
+        applications that see the same ones (with a thousand idle launchers, most do)."""
+        sched = self.schedule
+        if sched is None:
+            return {}
+        memo = {} if memo is None else memo
+        allowed = None if clusters is None else set(clusters)
+        key = sched.np_view_key(app_id)
+        out: dict[str, tuple[list[Step], list[Step] | None]] = {}
+        for c in self.clusters:
+            if (allowed is not None and c not in allowed) or c not in sched.up:
+                continue  # (a cluster registered since the last pass has views from the next one)
+            np = memo.get((key, c))
+            if np is None:
+                np = memo[key, c] = _steps(sched.np_view(app_id, c))
+            out[c] = (np, _steps(sched.p_view(app_id, c)) if preemptive else None)
+        return out
 
     # convenience for callers and tests --------------------------------------------------------------
     def held_preemptibly(self, app_id: str, cluster: str) -> int:

@@ -42,7 +42,6 @@ from coorm.services.policy_engine import observe
 from coorm.services.policy_engine.core import PolicySettings
 from coorm.services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
 from coorm.services.policy_engine.snapshot import Snapshot
-from coorm.services.policy_engine.status import status_of
 from coorm.services.policy_engine.view_pacing import ViewPacer
 from coorm.services.runtime import clock, ensure_streams, redis_client
 from coorm.shared import bus, keys, metrics, subjects
@@ -320,9 +319,9 @@ class PolicyEngine:
         for event, out in tail:
             await self._publish(event, out)
         now = clock()
-        self.last_seen = {app: now for app in self.cores.policy.apps}
+        self.last_seen = {app: now for app in self.cores.policy.app_ids()}
         # records of opens that were never logged (a leader stepped down between the record and the event)
-        stale = [app for app in self.sessions if app not in self.cores.policy.apps]
+        stale = [app for app in self.sessions if not self.cores.policy.has_app(app)]
         for app in stale:
             del self.sessions[app]
         if stale:
@@ -462,8 +461,7 @@ class PolicyEngine:
         return self.sessions.get(app, {}).get("kind") or "unknown"
 
     def _submitted_at(self, request: str) -> float | None:
-        r = self.cores.policy.requests.get(request)
-        return None if r is None else r.submitted_at
+        return self.cores.policy.submitted_at(request)
 
     def _life(self, kind: LifecycleKind, at: float, app: str, **kw) -> Lifecycle:
         s = self.sessions.get(app, {})
@@ -494,7 +492,7 @@ class PolicyEngine:
         """The views of ``apps`` (every application if ``full``) as they stand, in messages of at most
         ``_VIEWS_PER_MESSAGE`` applications; the first also names the ``closed`` sessions."""
         policy = self.cores.policy
-        wanted = [a for a in (policy.apps if full else apps) if a in policy.apps] if policy.schedule else []
+        wanted = [a for a in (policy.app_ids() if full else apps) if policy.has_app(a)] if policy.has_views() else []
         chunks = [wanted[i:i + _VIEWS_PER_MESSAGE] for i in range(0, len(wanted), _VIEWS_PER_MESSAGE)] or [[]]
         memo: dict = {}
         return [ViewsEpoch(epoch=policy.epoch, now=self.cores.now,
@@ -505,23 +503,9 @@ class PolicyEngine:
     def _app_views(self, app: str, memo: dict | None = None) -> dict[str, AppViews]:
         """The application's views of the clusters of its filter. ``memo`` shares the non-preemptive views
         between the applications that see the same ones (with a thousand idle launchers, most do)."""
-        policy = self.cores.policy
-        sched = policy.schedule
-        memo = {} if memo is None else memo
         flt = self.sessions.get(app, {}).get("filter", {})
-        wants_p = flt.get("preemptive_views", True)
-        allowed = flt.get("clusters")
-        key = sched.np_view_key(app)
-        out = {}
-        for c in policy.clusters:
-            if (allowed is not None and c not in allowed) or c not in sched.up:
-                continue  # (a cluster registered since the last pass has views from the next one)
-            np = memo.get((key, c))
-            if np is None:
-                np = memo[key, c] = [tuple(x) for x in sched.np_view(app, c).to_wire()]
-            out[c] = AppViews(non_preemptive=np,
-                              preemptive=[tuple(x) for x in sched.p_view(app, c).to_wire()] if wants_p else None)
-        return out
+        views = self.cores.policy.views_of(app, flt.get("clusters"), flt.get("preemptive_views", True), memo)
+        return {c: AppViews(non_preemptive=np, preemptive=p) for c, (np, p) in views.items()}
 
     # ============================================================================================
     # handlers
@@ -606,13 +590,14 @@ class PolicyEngine:
 
     async def _on_views_query(self, msg: ViewsQuery, raw: Msg) -> ViewsEpoch:
         policy = self.cores.policy
-        apps = list(policy.apps)[msg.offset:msg.offset + msg.limit] if policy.schedule else []
+        every = policy.app_ids() if policy.has_views() else []
+        apps = every[msg.offset:msg.offset + msg.limit]
         memo: dict = {}
         return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views={a: self._app_views(a, memo) for a in apps},
-                          full=True, more=bool(policy.schedule) and msg.offset + msg.limit < len(policy.apps))
+                          full=True, more=msg.offset + msg.limit < len(every))
 
     async def _on_status(self, msg: StatusQuery, raw: Msg) -> StatusReply:
-        return status_of(self.cores, self.sessions, self.instance, msg.offset, msg.limit,
+        return self.cores.status(self.sessions, self.instance, msg.offset, msg.limit,
                          set(msg.apps) if msg.apps is not None else None)
 
     # ============================================================================================
@@ -634,7 +619,7 @@ class PolicyEngine:
     async def _gauges_loop(self) -> None:
         """The metrics' gauges, from a status read once a second (a scrape never touches the cores)."""
         while True:
-            observe.status(status_of(self.cores, self.sessions, self.instance))
+            observe.status(self.cores.status(self.sessions, self.instance))
             await asyncio.sleep(1.0)  # a sampling period, not a synchronisation
 
     async def _reaper_loop(self) -> None:
@@ -644,7 +629,7 @@ class PolicyEngine:
             await asyncio.sleep(min(1.0, timeout / 4))  # a periodic scan, not a synchronisation
             now = clock()
             for app, seen in list(self.last_seen.items()):
-                if now - seen > timeout and app in self.cores.policy.apps:
+                if now - seen > timeout and self.cores.policy.has_app(app):
                     log.info("reaping silent session", app=app, silent_for=round(now - seen, 1))
                     self.last_seen.pop(app, None)
                     await self.apply(lambda at, sid, app=app: CloseSession(
