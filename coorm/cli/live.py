@@ -17,14 +17,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from coorm.launchers.kinds import BY_NAME
 from coorm.shared.settings import Settings
 from coorm.shared.when import parse_walltime  # noqa: F401 - (the command line's, re-exported)
 
 err = Console(stderr=True)
 
 SERVICES = ("policy-engine", "node-allocator", "view-publisher", "accounting", "batch")
-KINDS = ("rigid", "moldable", "cem", "psa", "amr", "next")
-PREEMPTIVE_KINDS = ("psa",)  # the shipped launchers that follow a preemptive view
 
 
 # ================================================================================================
@@ -263,9 +262,9 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
     from coorm.simulator.scenario import make_launcher
 
     try:
-        session = await Session.open(settings, kind=app_spec.kind, name=name or app_spec.kind,
-                                     preemptive_views=app_spec.kind in PREEMPTIVE_KINDS,
-                                     views=app_spec.kind != "rigid")
+        kind = BY_NAME[app_spec.kind]
+        session = await Session.open(settings, kind=kind.name, name=name or kind.name,
+                                     preemptive_views=kind.preemptive_views, views=kind.live_views)
     except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
         raise _failure(e, settings) from None
     props = await session.cluster_props()
@@ -276,7 +275,7 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
     default = sorted(props.nodes)[0]
     launcher = make_launcher(session.app, app_spec, default, props)
     err.print(f"[bold]{session.app}[/bold]: {app_spec.kind} launcher running (Ctrl-C ends the session)")
-    ends_work = app_spec.kind in ("rigid", "moldable", "cem") and bool(command)
+    ends_work = BY_NAME[app_spec.kind].command_is_work and bool(command)
     runner = LiveRunner(session, launcher, command=command or None, command_ends_work=ends_work,
                         on_output=lambda o: sys.stdout.write(o.data), **_where_and_how())
     try:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import statistics
 
+from coorm.launchers.kinds import NAMES as SHIPPED_KINDS
 from coorm.shared import metrics as m
 from coorm.shared.events import EndRequest, PreemptionDeadline, StartRequest
 from coorm.shared.protocol import StatusReply
 from coorm.shared.requests import RequestType
 
 _TYPES = tuple(t.value for t in RequestType)
-SHIPPED_KINDS = ("rigid", "moldable", "cem", "psa", "amr", "next")
 
 
 def init() -> None:
