@@ -27,8 +27,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = [
     "ArraySpec",
@@ -57,8 +56,7 @@ class ScriptError(ValueError):
     """A refusal: a one-line message naming the line and/or the option at fault."""
 
 
-@dataclass(frozen=True)
-class JobOptions:
+class JobOptions(NamedTuple):
     """What a script's directives or a command line ask for. ``None`` means "not given", so that options
     from several sources can be layered with :meth:`merged`."""
 
@@ -76,8 +74,7 @@ class JobOptions:
 
     def merged(self, override: JobOptions) -> JobOptions:
         """These options with every field ``override`` gives replacing ours."""
-        given = {f.name: getattr(override, f.name) for f in fields(override) if getattr(override, f.name) is not None}
-        return replace(self, **given)
+        return self._replace(**{k: v for k, v in override._asdict().items() if v is not None})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,8 +318,7 @@ def parse_script(text: str) -> tuple[JobOptions, list[str]]:
 # ---------------------------------------------------------------------------------------------------------------
 # --array
 
-@dataclass(frozen=True)
-class ArraySpec:
+class ArraySpec(NamedTuple):
     indices: tuple[int, ...]  # sorted, unique
     max_running: int | None  # the '%N' throttle
 
@@ -378,14 +374,12 @@ def parse_array(text: str, *, max_tasks: int = 100_000) -> ArraySpec:
 # ---------------------------------------------------------------------------------------------------------------
 # --dependency
 
-@dataclass(frozen=True)
-class Dependency:
+class Dependency(NamedTuple):
     kind: DependencyKind
     jobs: tuple[str, ...]  # job ids as given: "123" or an array task "123_4"; empty for singleton
 
 
-@dataclass(frozen=True)
-class DependencySpec:
+class DependencySpec(NamedTuple):
     terms: tuple[Dependency, ...]
     any_of: bool  # '?' separated the terms: one satisfied is enough; else all must be (one term: False)
 
@@ -427,8 +421,7 @@ def parse_dependency(text: str) -> DependencySpec:
 # ---------------------------------------------------------------------------------------------------------------
 # --export
 
-@dataclass(frozen=True)
-class ExportSpec:
+class ExportSpec(NamedTuple):
     inherit: bool  # the submitter's whole environment (ALL, the default) or none of it
     names: tuple[str, ...]  # variables taken from the submitter's environment (VAR)
     values: tuple[tuple[str, str], ...]  # VAR=value given explicitly
