@@ -3,27 +3,36 @@
 The policy engine appends every accepted event to the event log and a new leader replays it: without
 snapshots the log grows by every request, ``done`` and tick (millions a day on a busy cluster) and so does a
 take-over's replay. Every ``snapshot_every`` events the leader writes the cores' state as it stands after an
-event (``keys.SNAPSHOT``: the state, the id of that event's log entry, the format) and trims the log up to
-that entry; a new leader loads the snapshot and replays only the entries after it.
+event (``keys.SNAPSHOT``: the state, the id of that event's log entry, the format, the number of events) and
+trims the log up to that entry; a new leader loads the snapshot and replays only the entries after it.
 
-The state is pickled: the cores are plain Python objects, and a snapshot is read only by the same code
-that wrote it. ``FORMAT`` names the shape of that state (the classes and their attributes, recorded by
-``tests/core/test_snapshot.py``): change what the cores keep and that test fails until ``FORMAT`` is
-bumped; a policy engine refuses a snapshot of another format rather than guess (its log is trimmed, so it
-cannot rebuild the state otherwise). Redis is trusted like the event log itself: whoever can write there can
+The state is JSON of an explicit, versioned schema (:mod:`.snapshot_schema`), not a pickle of the objects:
+another version of CooRM -- or a program in another language -- can read it. ``format`` is the schema
+version (the document records it too). A snapshot of an older version is brought to the current one by the
+schema's upgrade functions; one of a newer or unknown version, or a malformed one, is refused with a
+:class:`SnapshotError` that says what to do -- rather than guessed at: the log before it is trimmed, so the
+state cannot be rebuilt otherwise. Redis is trusted like the event log itself: whoever can write there can
 already forge sessions and events."""
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import enum
-import pickle
+import gc
+import json
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-# 5: bounded state (an application keeps its ended ids, the core the last ended requests' stories);
-# 4: drains, oversize refusals
-FORMAT = "5"
+from pydantic import ValidationError
+
+from coorm.services.coupled import CoupledCores
+from coorm.services.policy_engine import snapshot_schema as schema
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared import keys
+
+SCHEMA_VERSION = schema.SCHEMA_VERSION
+FORMAT = str(SCHEMA_VERSION)  # what the ``format`` field holds for a snapshot written now
 
 # KEYS: lease, snapshot, event log; ARGV: instance, state, last entry id, format, events, first id to keep.
 # Only the leader writes (a deposed leader must not replace its successor's snapshot nor trim its log).
@@ -36,22 +45,96 @@ redis.call('xtrim', KEYS[3], 'MINID', ARGV[6])
 return 1
 """
 
+_AFRESH = (f"or start afresh, losing every session and request the snapshot holds: stop every policy engine, "
+           f"delete the snapshot and the event log (redis-cli DEL {keys.SNAPSHOT} {keys.EVENT_LOG}), start again")
+
 
 class SnapshotError(Exception):
     """A snapshot this code cannot load."""
 
 
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic garbage collector off while a snapshot is made or read: they allocate many containers and
+    free none, and the collections their allocations trigger would find nothing (half the read time)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def encode(cores: CoupledCores) -> str:
+    """The cores' state as the compact JSON text of the current schema."""
+    with _no_gc():
+        return json.dumps(schema.dump(cores), separators=(",", ":"), allow_nan=False)
+
+
+def decode(state: str, fmt: str, settings: PolicySettings | None = None, *, validate: bool = False) -> CoupledCores:
+    """Cores rebuilt from a snapshot's ``state`` of schema version ``fmt`` (upgraded first if older)."""
+    version = _version(state, fmt)
+    if version > SCHEMA_VERSION:
+        raise SnapshotError(
+            f"the snapshot is of schema version {version}, written by a newer CooRM; this policy engine reads "
+            f"versions 1 to {SCHEMA_VERSION}: run the newer version (a snapshot is never downgraded), {_AFRESH}")
+    via = f", upgraded to version {SCHEMA_VERSION}" if version < SCHEMA_VERSION else ""
+    try:
+        with _no_gc():
+            if version == SCHEMA_VERSION:
+                doc = schema.SnapshotDoc.model_validate_json(state)  # parsed and checked in one go: the common case
+            else:
+                raw = json.loads(state)
+                if not isinstance(raw, dict) or raw.get("version") != version:
+                    raise _Mismatch(raw.get("version") if isinstance(raw, dict) else None)
+                doc = schema.SnapshotDoc.model_validate(schema.upgrade(raw, version))
+            if doc.version != SCHEMA_VERSION:
+                raise _Mismatch(doc.version)
+            return schema.build(doc, settings, validate=validate)
+    except _Mismatch as e:
+        raise SnapshotError(f"a damaged snapshot: its format says schema version {version}, its state "
+                            f"{e.args[0]!r}; {_AFRESH}") from None
+    except (ValidationError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        detail = f"{e.error_count()} error(s): {_errors(e)}" if isinstance(e, ValidationError) else repr(e)
+        raise SnapshotError(f"a damaged snapshot (schema version {version}{via}): {detail}; {_AFRESH}") from None
+
+
+class _Mismatch(Exception):
+    """The version a snapshot's state records is not the one its format names."""
+
+
+def _version(state: str, fmt: str) -> int:
+    if not fmt.isascii() or not fmt.isdigit() or int(fmt) < 1:
+        raise SnapshotError(f"a snapshot of unknown format {fmt!r}; this policy engine reads schema versions 1 "
+                            f"to {SCHEMA_VERSION}: {_AFRESH}")
+    if state.startswith("gA"):
+        # the formats 1 to 5 of CooRM before the schema: base64 pickles of the cores (protocol 2 and later)
+        raise SnapshotError(
+            f"the snapshot is a pickle (format {fmt}) written by a CooRM that predates versioned snapshots; this "
+            f"policy engine reads JSON snapshots of schema versions 1 to {SCHEMA_VERSION} and cannot read it: to "
+            f"keep its state, let the version that wrote it run until its applications are done, {_AFRESH}")
+    return int(fmt)
+
+
+def _errors(e: ValidationError, limit: int = 3) -> str:
+    parts = []
+    for err in e.errors()[:limit]:
+        loc = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts) + ("; ..." if e.error_count() > limit else "")
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    state: str  # base64 of the pickled cores (the Redis client decodes replies as text)
+    state: str  # JSON of the cores' state (snapshot_schema)
     last: str  # the event log entry the state includes, and every one before it
-    format: str
+    format: str  # the schema version of ``state``
     events: int  # how many events the state includes
 
     @classmethod
-    def of(cls, cores, last: str, events: int) -> Snapshot:
-        return cls(state=base64.b64encode(pickle.dumps(cores, protocol=pickle.HIGHEST_PROTOCOL)).decode(),
-                   last=last, format=FORMAT, events=events)
+    def of(cls, cores: CoupledCores, last: str, events: int) -> Snapshot:
+        return cls(state=encode(cores), last=last, format=FORMAT, events=events)
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> Snapshot | None:
@@ -61,15 +144,12 @@ class Snapshot:
             return cls(state=fields["state"], last=fields["last"], format=fields["format"],
                        events=int(fields["events"]))
         except (KeyError, ValueError) as e:
-            raise SnapshotError(f"a damaged snapshot: {e!r}") from None
+            raise SnapshotError(f"a damaged snapshot: {e!r}; {_AFRESH}") from None
 
-    def cores(self):
-        if self.format != FORMAT:
-            raise SnapshotError(
-                f"the snapshot is of format {self.format}, this policy engine reads format {FORMAT}: run the "
-                "version that wrote it until its applications are done, or start afresh (delete the snapshot "
-                "and the event log)")
-        return pickle.loads(base64.b64decode(self.state))
+    def cores(self, settings: PolicySettings | None = None, *, validate: bool = False) -> CoupledCores:
+        """The cores this snapshot describes, with ``settings`` (the running engine's; the writer's are not
+        kept) and ``validate`` (check the invariants after every event)."""
+        return decode(self.state, self.format, settings, validate=validate)
 
     def script_args(self, instance: str) -> list[str]:
         return [instance, self.state, self.last, self.format, str(self.events), after(self.last)]
@@ -82,8 +162,8 @@ def after(entry_id: str) -> str:
 
 
 def state_shape(root) -> dict[str, list[str]]:
-    """Every class of object reachable from ``root`` and the attributes its instances carry: what a pickle
-    of ``root`` depends on."""
+    """Every class of object reachable from ``root`` and the attributes its instances carry
+    (tests/core/test_snapshot.py compares them with what the schema carries)."""
     shape: dict[str, set[str]] = {}
     seen: set[int] = set()
     stack = [root]

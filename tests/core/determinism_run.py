@@ -142,7 +142,7 @@ def main(argv: list[str]) -> None:
         if mode == "restore":
             snap = Snapshot.from_fields({k: str(v) for k, v in written["snapshot"].items()})
             assert snap is not None
-            cores = snap.cores()
+            cores = snap.cores(SETTINGS)  # (a snapshot does not carry the settings: the engine's own replace them)
             events = events[written["cut"]:]
         else:
             cores = CoupledCores(SETTINGS)
