@@ -41,7 +41,7 @@ from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine import observe
 from coorm.services.policy_engine.core import PolicySettings
 from coorm.services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
-from coorm.services.policy_engine.snapshot import Snapshot
+from coorm.services.policy_engine.snapshot import Snapshot, SnapshotError
 from coorm.services.policy_engine.view_pacing import ViewPacer
 from coorm.services.runtime import clock, ensure_streams, redis_client
 from coorm.shared import bus, keys, metrics, subjects
@@ -642,4 +642,9 @@ async def main(settings: Settings | None = None, stop: asyncio.Event | None = No
     settings = settings or Settings()
     metrics.serve(settings.metrics_port, settings.metrics_addr)
     engine = PolicyEngine(settings)
-    await engine.run(stop or stop_on_signals())
+    try:
+        await engine.run(stop or stop_on_signals())
+    except SnapshotError as e:
+        # the log before the snapshot is trimmed: no state can be rebuilt without it, so stop, saying why
+        log.error("cannot take over: the snapshot in Redis cannot be loaded", error=str(e))
+        raise SystemExit(1) from None

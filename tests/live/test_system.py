@@ -551,3 +551,29 @@ async def test_a_views_query_answers_while_a_new_cluster_waits_for_its_first_pas
         epoch = await bus.call(nc, subjects.VIEWS_QUERY, ViewsQuery(), ViewsEpoch, timeout=5)
         assert epoch.views and all("c0" in per for per in epoch.views.values())
 
+
+
+def test_a_policy_engine_stops_saying_why_when_the_snapshot_cannot_be_loaded(servers, redis_url, tmp_path):
+    """A snapshot of a newer CooRM (or damaged): the engine cannot rebuild the state without it (the log
+    before it is trimmed), so it stops with 1 and says what to do, rather than lead on an empty state."""
+    import subprocess
+    import sys
+
+    import redis
+
+    from coorm.shared import keys
+
+    r = redis.Redis.from_url(servers.redis_url, decode_responses=True)
+    r.hset(keys.SNAPSHOT, mapping={"state": "{}", "last": "5-0", "format": "999", "events": "5"})
+    env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
+               COORM_LEADER_LEASE="1.0", COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
+    try:
+        done = subprocess.run([sys.executable, "-m", "coorm.cli.main", "service", "policy-engine"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        r.delete(keys.SNAPSHOT)
+        r.close()
+    said = done.stdout + done.stderr  # (the services log to standard output)
+    assert done.returncode == 1, said[-2000:]
+    assert "cannot take over" in said and "999" in said and "redis-cli DEL" in said, said[-2000:]
+    assert "Traceback" not in said
