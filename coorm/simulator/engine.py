@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from coorm.launchers.base import Close, ClusterProps, Done, Launcher, Submit, Timer, Views
+from coorm.launchers.delivery import notice
 from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine.core import PolicySettings
 from coorm.shared import events as ev
@@ -207,21 +208,16 @@ class Simulation:
                 record = self.apps.get(d.app)
                 if record is not None and record.started is None and d.type is not RequestType.PRE_ALLOCATION:
                     record.started = d.at
-                if d.type is RequestType.PRE_ALLOCATION:
-                    replies += self._tell(d.app, "on_start", d.request, ())
             elif kind == "assigned":
                 self._count(cdr.start_notify(d.request, list(d.nodes)))
-                replies += self._tell(d.app, "on_start", d.request, d.nodes)
             elif kind == "end":
                 rec = self.requests.get(d.request)
                 if rec is not None:
                     # the nodes stay with the application until the RMS frees them, at this pass (a
                     # done is coalesced; a request handing over to its NEXT successor runs on)
                     rec.end = self.now if d.started else d.at
-                if d.started:
-                    if d.reason.value not in ("done", "next"):
-                        self._count(cdr.close(d.request))  # a kill notification
-                    replies += self._tell(d.app, "on_end", d.request, d.reason.value)
+                if d.started and d.reason.value not in ("done", "next"):
+                    self._count(cdr.close(d.request))  # a kill notification
             elif kind == "session_ended":
                 launcher = self.launchers.get(d.app)
                 record = self.apps.get(d.app)
@@ -232,6 +228,9 @@ class Simulation:
             elif kind == "views":
                 for app in d.apps:
                     replies += self._send_views(app)
+            n = notice(d)  # what the launcher is told of it, as live
+            if n is not None:
+                replies += self._tell(n.app, n.method, *n.args)
         if collect:
             return replies
         for app, command in replies:

@@ -2,7 +2,8 @@
 
 It does what a live shell (or the simulator) does for a launcher: opens its session and answers
 ``listClustersInfo`` with the given properties, builds its views from the policy's schedule after each
-``ViewsChanged``, delivers ``NodesAssigned`` as ``on_start`` and ``EndRequest`` as ``on_end``, turns the
+``ViewsChanged``, delivers starts and ends as the live system does (:func:`coorm.launchers.delivery.notice`,
+the simulator's too), turns the
 launcher's commands into events, and keeps its timers, interleaved with the cores' own wake-ups in virtual
 time. A launcher reacts to a decision before the next decision of the same batch is delivered.
 """
@@ -14,9 +15,10 @@ import math
 
 from coorm.launchers.base import Close, ClusterProps, Launcher, Submit, Timer, Views
 from coorm.launchers.base import Done as DoneCmd
+from coorm.launchers.delivery import notice
 from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine.core import PolicySettings
-from coorm.shared.events import CloseSession, Done, EndRequest, NodesAssigned, OpenSession, Rejected, ViewsChanged
+from coorm.shared.events import CloseSession, Done, OpenSession, Rejected, ViewsChanged
 from coorm.shared.events import Submit as SubmitEvent
 from coorm.shared.requests import RequestSpec
 
@@ -96,11 +98,9 @@ class Harness:
             self.decisions.append(d)
             if isinstance(d, Rejected):
                 self.rejected.append(d)
-            elif isinstance(d, NodesAssigned) and d.app in self.launchers:
-                self._apply(d.app, self.launchers[d.app].on_start(self.now, d.request, d.nodes), self.now)
-            elif isinstance(d, EndRequest) and d.app in self.launchers:
-                self._apply(d.app, self.launchers[d.app].on_end(self.now, d.request, d.reason.value),
-                            self.now)
+            elif (n := notice(d)) is not None:
+                if n.app in self.launchers:
+                    self._apply(n.app, getattr(self.launchers[n.app], n.method)(self.now, *n.args), self.now)
             elif isinstance(d, ViewsChanged):
                 for app in d.apps:
                     launcher = self.launchers.get(app)
