@@ -2,15 +2,17 @@
 the agents know the nodes' new owner (a pre-allocation's with no node IDs), ``killNotify`` on every end of a
 started request -- its own ``done`` and a NEXT hand-over included; nothing for a request that never started.
 One function, so that the simulator and the launchers' test harness deliver what a live launcher receives
-(``services/node_allocator/service.py`` is the live side)."""
+(``services/node_allocator/service.py`` is the live side); and one :class:`ViewDeliverer`, for the views."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from coorm.shared.events import EndRequest, NodesAssigned, StartRequest
 from coorm.shared.requests import RequestType
+from coorm.shared.stepfn import StepFunction
 
 
 @dataclass(frozen=True)
@@ -30,3 +32,36 @@ def notice(d: object) -> Notice | None:
     if isinstance(d, EndRequest) and d.started:
         return Notice(d.app, "on_end", (d.request, d.reason.value))
     return None
+
+
+class ViewDeliverer:
+    """What each application is told of its views (``changeNotify``): per cluster and view type, only a view
+    that changed since it was last told -- the same future seen from a later "now" is no change. The view
+    publisher runs one live; the simulator and the launchers' test harness run one each."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, dict[tuple[str, str], StepFunction]] = {}  # app -> (cluster, type) -> last told
+
+    def changes(self, app: str, views: Mapping[str, tuple[StepFunction, StepFunction | None]]
+                ) -> list[tuple[str, str, StepFunction]]:
+        """Of ``views`` (cluster -> non-preemptive view, preemptive view or None), those to tell ``app``, as
+        (cluster, ``"non_preemptive"`` or ``"preemptive"``, view), clusters in name order; they count as told."""
+        last = self.sent.setdefault(app, {})
+        out = []
+        for cluster in sorted(views):
+            for typ, view in zip(_TYPES, views[cluster], strict=True):
+                if view is None:
+                    continue
+                old = last.get((cluster, typ))
+                if old is not None and old.clip(view.times[0]) == view:
+                    continue
+                last[(cluster, typ)] = view
+                out.append((cluster, typ, view))
+        return out
+
+    def forget(self, app: str) -> None:
+        """``app`` is told everything again from now on (its session ended, or it asked for all its views)."""
+        self.sent.pop(app, None)
+
+
+_TYPES = ("non_preemptive", "preemptive")

@@ -23,12 +23,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from coorm.launchers.base import Close, ClusterProps, Done, Launcher, Submit, Timer, Views
-from coorm.launchers.delivery import notice
+from coorm.launchers.delivery import ViewDeliverer, notice
 from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine.core import PolicySettings
 from coorm.shared import events as ev
 from coorm.shared.requests import RequestType
-from coorm.shared.stepfn import StepFunction
 from coorm.simulator import cdr
 
 
@@ -96,7 +95,7 @@ class Simulation:
         self.messages = 0
         self.bytes = 0
         self.rejections: list[tuple[float, str, str]] = []
-        self._sent: dict[str, dict[tuple[str, str], StepFunction]] = {}
+        self._views = ViewDeliverer()  # what each launcher was told of its views
         self._waiting_arrivals = 0
         self._cpu = 0.0
         for name, n in clusters.items():
@@ -251,8 +250,6 @@ class Simulation:
         if record.started is not None and not launcher.views_after_start:
             return []
         schedule = self.cores.policy.schedule
-        sent = self._sent.setdefault(app, {})
-        changes: list[tuple[str, int]] = []
         np_views, p_views = {}, {}
         t0 = time.process_time()  # views are the RMS's work (the view publisher's): count them
         for c in self.clusters:
@@ -260,17 +257,10 @@ class Simulation:
             if launcher.wants_preemptive:
                 p_views[c] = schedule.p_view(app, c)
         self._cpu += time.process_time() - t0
-        for c in self.clusters:
-            for kind, view in (("np", np_views[c]), ("p", p_views.get(c))):
-                if view is None:
-                    continue
-                old = sent.get((c, kind))
-                if old is None or old.clip(self.now) != view:
-                    changes.append((c, len(view.times)))
-                    sent[(c, kind)] = view
+        changes = self._views.changes(app, {c: (np_views[c], p_views.get(c)) for c in self.clusters})
         if not changes:
             return []
-        self._count(cdr.change_notify(changes))
+        self._count(cdr.change_notify([(c, len(view.times)) for c, _, view in changes]))
         views = Views(self.now, np_views, p_views)
         return [(app, c) for c in launcher.on_views(views)]
 

@@ -3,7 +3,8 @@
 
 The policy engine sends, in paced rounds, the views of the applications whose views changed -- only the
 clusters of each application's filter (:class:`~coorm.shared.protocol.ViewsEpoch`); this service compares them with
-what it last sent each application, per cluster and view type, and sends only the changes. Cluster
+what it last sent each application, per cluster and view type, and sends only the changes
+(:class:`~coorm.launchers.delivery.ViewDeliverer`, the simulator's too). Cluster
 properties come from the agents' registrations (``keys.NODES``) and an optional inventory file (speeds, WAN
 latencies and bandwidths)."""
 
@@ -21,6 +22,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, ConfigDict, Field
 
+from coorm.launchers.delivery import ViewDeliverer
 from coorm.services.runtime import redis_client
 from coorm.shared import bus, keys, metrics, subjects
 from coorm.shared.endpoints import Role
@@ -37,6 +39,7 @@ from coorm.shared.protocol import (
     ViewsQuery,
 )
 from coorm.shared.settings import Settings
+from coorm.shared.stepfn import StepFunction
 
 log = structlog.get_logger("coorm.view_publisher")
 
@@ -72,7 +75,7 @@ class ViewPublisher:
         self.settings = settings
         self.name = name
         self.inventory = Inventory.load(settings.inventory)
-        self.sent: dict[str, dict[tuple[str, str], list]] = {}  # app -> (cluster, type) -> last CAP sent
+        self.told = ViewDeliverer()  # what each application was last told, per cluster and view type
         self.current: dict[str, dict[str, object]] = {}  # app -> cluster -> its latest AppViews
         self.latest_epoch = (0, 0.0)
         self._lock = asyncio.Lock()  # an epoch and a refresh never interleave
@@ -126,7 +129,7 @@ class ViewPublisher:
         async with self._lock:
             self.latest_epoch = (msg.epoch, msg.now)
             for app in msg.closed:
-                self.sent.pop(app, None)
+                self.told.forget(app)
                 self.current.pop(app, None)
             for app, per_cluster in msg.views.items():
                 self.current.setdefault(app, {}).update(per_cluster)
@@ -139,22 +142,18 @@ class ViewPublisher:
         return None
 
     def _changes(self, app: str, per_cluster: dict) -> list[Change]:
-        last = self.sent.setdefault(app, {})
-        changes = []
-        for cluster, v in sorted(per_cluster.items()):
-            for typ, cap in ((ChangeType.NON_PREEMPTIVE, v.non_preemptive), (ChangeType.PREEMPTIVE, v.preemptive)):
-                if cap is None or _same(last.get((cluster, typ)), cap):
-                    continue
-                last[(cluster, typ)] = cap
-                changes.append(Change(cluster=cluster, type=typ, cap=cap))
-        return changes
+        views = {c: (StepFunction.from_wire(v.non_preemptive),
+                     None if v.preemptive is None else StepFunction.from_wire(v.preemptive))
+                 for c, v in per_cluster.items()}
+        return [Change(cluster=c, type=ChangeType(typ), cap=view.to_wire())
+                for c, typ, view in self.told.changes(app, views)]
 
     async def _on_refresh(self, msg: InfoQuery, raw: Msg) -> ChangeNotify:
         """Every current view of the application: a launcher asks once it has subscribed, since the first
         ``changeNotify`` may have gone out before it listened."""
         app = subjects.app_of(raw.subject)
         async with self._lock:
-            self.sent.pop(app, None)
+            self.told.forget(app)
             epoch, now = self.latest_epoch
             changes = self._changes(app, self.current.get(app, {}))
             return ChangeNotify(app=app, epoch=epoch, now=now, changes=changes)
@@ -183,17 +182,6 @@ class ViewPublisher:
                 links.append(known.get(frozenset((a, b))) or Link(
                     a=a, b=b, latency_ms=DEFAULT_LATENCY_MS, bandwidth_mbps=DEFAULT_BANDWIDTH_MBPS))
         return InterClusterInfoReply(links=links)
-
-
-def _same(old: list | None, new: list) -> bool:
-    """Views are step functions from ``now`` on: the same future, re-based at a later ``now``, is no
-    change (the first step's time moves with the clock)."""
-    if old is None:
-        return False
-    if len(old) != len(new):
-        return False
-    return all(a[1] == b[1] for a, b in zip(old, new, strict=True)) and all(
-        a[0] == b[0] for a, b in zip(old[1:], new[1:], strict=True))
 
 
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:

@@ -2,10 +2,10 @@
 
 It does what a live shell (or the simulator) does for a launcher: opens its session and answers
 ``listClustersInfo`` with the given properties, builds its views from the policy's schedule after each
-``ViewsChanged``, delivers starts and ends as the live system does (:func:`coorm.launchers.delivery.notice`,
-the simulator's too), turns the
-launcher's commands into events, and keeps its timers, interleaved with the cores' own wake-ups in virtual
-time. A launcher reacts to a decision before the next decision of the same batch is delivered.
+``ViewsChanged`` and tells it those that changed, delivers starts and ends -- both as the live system does
+(:mod:`coorm.launchers.delivery`, the simulator's too) --, turns the launcher's commands into events, and
+keeps its timers, interleaved with the cores' own wake-ups in virtual time. A launcher reacts to a decision
+before the next decision of the same batch is delivered.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 
 from coorm.launchers.base import Close, ClusterProps, Launcher, Submit, Timer, Views
 from coorm.launchers.base import Done as DoneCmd
-from coorm.launchers.delivery import notice
+from coorm.launchers.delivery import ViewDeliverer, notice
 from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine.core import PolicySettings
 from coorm.shared.events import CloseSession, Done, OpenSession, Rejected, ViewsChanged
@@ -33,6 +33,7 @@ class Harness:
         self.rejected: list[Rejected] = []
         self.decisions: list = []
         self.views_sent: dict[str, list[Views]] = {}
+        self.told = ViewDeliverer()  # as the view publisher: a launcher hears of views that changed
         self.submitted: dict[str, list[RequestSpec]] = {}
         for c, n in sorted(props.nodes.items()):
             self._dispatch(self.cores.register(0.0, c, [f"{c}n{i}" for i in range(n)]))
@@ -107,6 +108,9 @@ class Harness:
                     if launcher is None or launcher.closed:
                         continue
                     views = self.views_of(app)
+                    if not self.told.changes(app, {c: (views.non_preemptive[c], views.preemptive[c])
+                                                   for c in views.non_preemptive}):
+                        continue
                     self.views_sent.setdefault(app, []).append(views)
                     self._apply(app, launcher.on_views(views), self.now)
 
