@@ -27,6 +27,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from coorm.launchers.delivery import notice
 from coorm.services.runtime import clock, ensure_streams, redis_client
 from coorm.shared import bus, keys, metrics, subjects
 from coorm.shared.credentials import Identity, signature_headers
@@ -55,7 +56,6 @@ from coorm.shared.protocol import (
     NodesEvent,
     StartNotify,
 )
-from coorm.shared.requests import RequestType
 from coorm.shared.settings import Settings
 
 # KEYS[1]: the node records; ARGV[1]: fields to merge (JSON); ARGV[2..]: node IDs (those without a record
@@ -173,11 +173,12 @@ class NodeAllocatorService:
             await self._on_decision(m)
 
     async def _act(self, d, pipe) -> None:
+        told = notice(d)  # what the application is told of it (the simulator's and the harness's rule too)
         if isinstance(d, StartRequest):
             self.ends[d.request] = d.end
             if d.carry_from:
                 self.carry[d.request] = d.carry_from
-            if d.type is RequestType.PRE_ALLOCATION:  # no node IDs: the application still learns it started
+            if told is not None:  # a pre-allocation: no node IDs, but the application learns it started
                 await self._notify("start", subjects.notify_start(d.app),
                                    StartNotify(app=d.app, request=d.request, cluster=d.cluster, nodes=[], end=d.end))
                 self._record(pipe, d.app, AllocationRecord(request=d.request, cluster=d.cluster, end=d.end))
@@ -191,7 +192,7 @@ class NodeAllocatorService:
         elif isinstance(d, EndRequest):
             self.ends.pop(d.request, None)
             self.carry.pop(d.request, None)
-            if d.started:  # every end of a started request, its own done and NEXT hand-overs too
+            if told is not None:  # every end of a started request, its own done and NEXT hand-overs too
                 nodes = self.held.get(d.request)
                 if nodes is None:  # assigned before this instance started (so not queued on pipe)
                     nodes = json.loads(await self.redis.hget(keys.allocation(d.request), "nodes") or "[]")
