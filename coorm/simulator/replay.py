@@ -40,7 +40,15 @@ import random
 from dataclasses import dataclass
 
 from coorm.launchers.base import Launcher
-from coorm.simulator.scenario import AmrApp, MoldableApp, NextApp, RigidApp, Scenario, make_launcher
+from coorm.simulator.scenario import (
+    AmrApp,
+    MoldableApp,
+    NextApp,
+    RigidApp,
+    Scenario,
+    make_launcher,
+    trace_job_launcher,
+)
 from coorm.simulator.trace import TraceJob, read_swf
 
 OVERSIZE = ("skip", "cap", "refuse")
@@ -153,8 +161,6 @@ def plan(scenario: Scenario, options: ReplayOptions = ReplayOptions(),
 
 
 def _trace(scenario: Scenario, options: ReplayOptions, jobs: list[TraceJob], start: int) -> list[Planned]:
-    from coorm.launchers.cem import CEMLauncher
-    from coorm.launchers.moldable import MoldableLauncher, amdahl_configs, amdahl_seq_time
     from coorm.launchers.next_chain import NextChainLauncher
     from coorm.launchers.psa import PSALauncher
     from coorm.launchers.rigid import RigidLauncher
@@ -176,21 +182,9 @@ def _trace(scenario: Scenario, options: ReplayOptions, jobs: list[TraceJob], sta
         oversize = "" if job.nodes <= biggest else {"skip": "skipped", "cap": "capped",
                                                     "refuse": "refused"}[options.oversize]
         # the draws of scenario.trace_launchers, taken for every job whatever becomes of it
-        draw = rng.random()
-        launcher: Launcher
-        if draw < t.cem_fraction:
-            launcher = CEMLauncher(app_id)
-        elif draw < t.cem_fraction + t.moldable_fraction:
-            cluster = rng.choice(scenario.clusters)
-            sequential = amdahl_seq_time(nodes, job.runtime, t.serial_fraction)
-            configs = amdahl_configs(cluster.nodes, sequential, t.serial_fraction, speed=cluster.speed)
-            launcher = MoldableLauncher(app_id, cluster.name, configs)
-        else:
-            cluster = rng.choice([c for c in scenario.clusters if c.nodes >= nodes])
-            launcher = RigidLauncher(app_id, cluster.name, nodes, max(math.ceil(job.walltime / cluster.speed), 1),
-                                     max(job.runtime / cluster.speed, 1.0))
-            if not oversize:
-                rigid.append(len(out))
+        launcher = trace_job_launcher(scenario, app_id, job, nodes, rng)
+        if isinstance(launcher, RigidLauncher) and not oversize:
+            rigid.append(len(out))
         if oversize == "refused":  # submitted at its own size to a cluster it cannot fit: the core refuses it
             where = launcher.cluster if isinstance(launcher, RigidLauncher) else biggest_name
             launcher = RigidLauncher(app_id, where, job.nodes, max(math.ceil(job.walltime), 1), max(job.runtime, 1.0))

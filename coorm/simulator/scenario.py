@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from coorm.launchers import amr_model
 from coorm.launchers.base import ClusterProps, Launcher
 from coorm.services.policy_engine.core import PolicySettings
-from coorm.simulator.trace import read_swf
+from coorm.simulator.trace import TraceJob, read_swf
 
 
 class _M(BaseModel):
@@ -218,8 +218,6 @@ def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) 
 def trace_launchers(scenario: Scenario, start: int = 0) -> list[tuple[float, Launcher, str]]:
     """A trace's jobs as rigid (and a fraction moldable, Amdahl speed-up, CooRM §IV-A) applications.
     A rigid job goes to a cluster drawn at random; its run time shrinks with the cluster's speed."""
-    from coorm.launchers.rigid import RigidLauncher
-
     t = scenario.trace
     jobs, _ = read_swf(t.file, skip=t.skip, count=t.jobs)
     rng = random.Random(t.seed)
@@ -229,22 +227,28 @@ def trace_launchers(scenario: Scenario, start: int = 0) -> list[tuple[float, Lau
     for k, job in enumerate(jobs):
         app_id = f"a{start + k + 1}"
         at = k * t.arrival_interval if t.arrival_interval is not None else job.submit - first_submit
-        nodes = min(job.nodes, biggest)
-        draw = rng.random()
-        if draw < t.cem_fraction:
-            from coorm.launchers.cem import CEMLauncher
-
-            launcher: Launcher = CEMLauncher(app_id)
-        elif draw < t.cem_fraction + t.moldable_fraction:
-            from coorm.launchers.moldable import MoldableLauncher, amdahl_configs, amdahl_seq_time
-
-            cluster = rng.choice(scenario.clusters)
-            sequential = amdahl_seq_time(nodes, job.runtime, t.serial_fraction)
-            configs = amdahl_configs(cluster.nodes, sequential, t.serial_fraction, speed=cluster.speed)
-            launcher = MoldableLauncher(app_id, cluster.name, configs)
-        else:
-            cluster = rng.choice([c for c in scenario.clusters if c.nodes >= nodes])
-            launcher = RigidLauncher(app_id, cluster.name, nodes, max(math.ceil(job.walltime / cluster.speed), 1),
-                                     max(job.runtime / cluster.speed, 1.0))
-        out.append((at, launcher, f"job{job.id}"))
+        out.append((at, trace_job_launcher(scenario, app_id, job, min(job.nodes, biggest), rng), f"job{job.id}"))
     return out
+
+
+def trace_job_launcher(scenario: Scenario, app_id: str, job: TraceJob, nodes: int, rng: random.Random) -> Launcher:
+    """One trace job's launcher, ``nodes`` its size on the platform: CEM, moldable or rigid as the trace's
+    fractions draw it (one draw per job, then the cluster's)."""
+    from coorm.launchers.rigid import RigidLauncher
+
+    t = scenario.trace
+    draw = rng.random()
+    if draw < t.cem_fraction:
+        from coorm.launchers.cem import CEMLauncher
+
+        return CEMLauncher(app_id)
+    if draw < t.cem_fraction + t.moldable_fraction:
+        from coorm.launchers.moldable import MoldableLauncher, amdahl_configs, amdahl_seq_time
+
+        cluster = rng.choice(scenario.clusters)
+        sequential = amdahl_seq_time(nodes, job.runtime, t.serial_fraction)
+        configs = amdahl_configs(cluster.nodes, sequential, t.serial_fraction, speed=cluster.speed)
+        return MoldableLauncher(app_id, cluster.name, configs)
+    cluster = rng.choice([c for c in scenario.clusters if c.nodes >= nodes])
+    return RigidLauncher(app_id, cluster.name, nodes, max(math.ceil(job.walltime / cluster.speed), 1),
+                         max(job.runtime / cluster.speed, 1.0))
