@@ -140,6 +140,11 @@ return app
 """
 
 
+def _changing_leader() -> bus.WireError:
+    """What is answered while no term leads here: the SDK retries it."""
+    return bus.WireError(ErrorCode.UNAVAILABLE, "the policy engine is changing leader: retry")
+
+
 def policy_settings(s: Settings) -> PolicySettings:
     return PolicySettings(fair_start=s.fair_start, reschedule_interval=s.reschedule_interval,
                           preempt_grace=s.preempt_grace, preemptible=s.preemptible, pass_burst=s.pass_burst,
@@ -283,7 +288,7 @@ class PolicyEngine:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
             self._subs = []
-            self._fail_pending(bus.WireError(ErrorCode.UNAVAILABLE, "the policy engine is changing leader: retry"))
+            self._fail_pending(_changing_leader())
 
     def _fail_pending(self, error: Exception) -> None:
         """Every event waiting to be logged: refused (none of them was logged, so none was applied)."""
@@ -337,7 +342,7 @@ class PolicyEngine:
             # a handler that was awaiting Redis when this leader stepped down: its event is refused, not
             # kept in the queue for a later term (which would apply it after rebuilding its state without
             # it -- an open answered whose session the new term does not know)
-            raise bus.WireError(ErrorCode.UNAVAILABLE, "the policy engine is changing leader: retry")
+            raise _changing_leader()
         fut = asyncio.get_running_loop().create_future()
         self._inbox.put_nowait((make, fut))
         return await fut
@@ -539,7 +544,7 @@ class PolicyEngine:
         app = await self.redis.eval(_NEW_SESSION, 2, keys.APP_SEQ, keys.SESSIONS, json.dumps(record),
                                     subjects.app_id_prefix(user))
         if not self.leader.is_set():  # stepped down meanwhile (the record is dropped at the next restore)
-            raise bus.WireError(ErrorCode.UNAVAILABLE, "the policy engine is changing leader: retry")
+            raise _changing_leader()
         self.sessions[app] = record
         self.last_seen[app] = clock()
         out = await self.apply(lambda at, sid: OpenSession(at=at, stimulus_id=sid, app=app, user=user,
