@@ -122,7 +122,9 @@ def _table(entries: list[Entry], t0: float, final: bool = False) -> Table:
 
 
 async def _run_entry(e: Entry, settings: Settings) -> None:
-    session = await Session.open(settings, kind=e.kind, name=e.name, preemptive_views=e.kind == "psa")
+    from coorm.launchers.kinds import BY_NAME
+
+    session = await Session.open(settings, kind=e.kind, name=e.name, preemptive_views=BY_NAME[e.kind].preemptive_views)
     e.app = session.app
     e.submitted = time.time()
     props = await session.cluster_props()
