@@ -248,7 +248,8 @@ async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, que
     (code ``unavailable``), logged; and a reply too big to send.
 
     A subscription's messages are handled one after the other; with ``concurrent`` each gets its own task,
-    so that a handler waiting on I/O does not hold the next (callers that need an order wait for replies)."""
+    so that a handler waiting on I/O does not hold the next (callers that need an order wait for replies).
+    It returns once the server has the subscription."""
     # only servers serve: a launcher importing this module registers no Prometheus metrics
     from coorm.shared import metrics
 
@@ -285,7 +286,11 @@ async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, que
         if msg.reply and out is not None:
             await _respond(nc, msg, out)
 
-    return await nc.subscribe(subject, queue=queue, cb=on_msg)
+    sub = await nc.subscribe(subject, queue=queue, cb=on_msg)
+    # in force on the server when this returns: a service that says it is ready answers the next request
+    # (else a request sent at once may find no responder while the subscription is still on its way)
+    await nc.flush(timeout=10)
+    return sub
 
 
 async def _respond(nc: NATS, msg: Msg, out: BaseModel) -> None:
