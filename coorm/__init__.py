@@ -7,8 +7,7 @@ first use, so that the services and the command line, which live in this package
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # (not typing's: every coorm command imports this package; typing costs 5 ms)
 
 __version__ = "0.1.0"
 
@@ -16,6 +15,8 @@ __all__ = ["Closed", "ErrorCode", "Event", "Exited", "Killed", "RequestSpec", "R
            "SyncSession", "ViewsChanged", "WireError", "__version__"]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from coorm.sdk import (
         Closed,
         ErrorCode,
@@ -34,5 +35,7 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
+        import importlib
+
         return getattr(importlib.import_module("coorm.sdk"), name)
     raise AttributeError(f"module 'coorm' has no attribute {name!r}")

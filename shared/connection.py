@@ -5,11 +5,13 @@ command line's hot paths (``coorm batch``, ``coorm submit --no-wait``) read it o
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import stat
-from pathlib import Path
+
+TYPE_CHECKING = False  # (not typing's: importing typing costs the hot paths 5 ms)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # what ``coorm up`` writes in the connection file (the rest of the settings come from the environment)
 FROM_FILE = ("nats_url", "redis_url", "nats_credentials", "credentials_dir")
@@ -23,17 +25,25 @@ class CredentialsError(RuntimeError):
 
 def connection_file() -> Path:
     """Where ``coorm up`` writes how to reach it (one per user and machine)."""
+    from pathlib import Path
+
+    return Path(_connection_path())
+
+
+def _connection_path() -> str:
+    # (os.path, not pathlib: the hot paths do not import pathlib and what it imports)
     explicit = os.environ.get("COORM_CONNECTION_FILE")
     if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "coorm" / "connection.json"
+        return explicit
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "coorm", "connection.json")
 
 
 def file_values() -> dict[str, str]:
     """The connection file's values (none if it is missing or not what ``coorm up`` writes)."""
     try:
-        data = json.loads(connection_file().read_text())
+        with open(_connection_path(), encoding="utf-8") as f:
+            data = json.load(f)
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
@@ -43,6 +53,8 @@ def file_values() -> dict[str, str]:
 
 def redact(url: str) -> str:
     """The URL without its password (it goes into messages and logs)."""
+    if "@" not in url:  # (no password: the hot paths do not import urllib.parse)
+        return url
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
@@ -69,11 +81,12 @@ def refused_text(url: str, who: tuple[str, str] | None) -> str:
             "(revoked or rotated? ask the operator for new ones: coorm user add --rotate)")
 
 
-def read_secret(path: Path) -> str:
+def read_secret(path: str | os.PathLike[str]) -> str:
     """A secret file's text, refused if others than its owner may read it (as ssh refuses a key)."""
     try:
-        st = path.stat()
-        text = path.read_text()
+        with open(path, encoding="utf-8") as f:
+            st = os.fstat(f.fileno())
+            text = f.read()
     except OSError as e:
         raise CredentialsError(f"cannot read {path}: {e.strerror}") from e
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -96,7 +109,7 @@ class Client:
             if var in env:
                 return env[var], var
             if name in values:
-                return values[name], str(connection_file())
+                return values[name], _connection_path()
             return None, "the default"
 
         url, self.url_source = get("nats_url")
@@ -109,16 +122,26 @@ class Client:
     def _identity(credentials: str | None, seed: str | None, store: str | None) -> tuple[str, str | None]:
         """The user and seed (``Settings.identity(Role.LAUNCHER)``): the identity file, else the seed of
         ``COORM_NATS_SEED``, else the user's own in the credential store, else none."""
-        me = getpass.getuser()
+        me = _login_name()
         if credentials:
-            return _from_json(read_secret(Path(credentials)), credentials)
+            return _from_json(read_secret(credentials), credentials)
         if seed:
             return me, seed
         if store:
-            path = Path(store) / "users" / f"{me}.json"
-            if path.exists():
-                return _from_json(read_secret(path), str(path))
+            path = os.path.join(store, "users", f"{me}.json")
+            if os.path.exists(path):
+                return _from_json(read_secret(path), path)
         return me, None
+
+
+def _login_name() -> str:
+    """``getpass.getuser()``, without the terminal modules getpass imports."""
+    for var in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        if os.environ.get(var):
+            return os.environ[var]
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def _from_json(text: str, where: str) -> tuple[str, str]:
@@ -127,3 +150,43 @@ def _from_json(text: str, where: str) -> tuple[str, str]:
         return str(data["name"]), str(data["seed"])
     except (ValueError, KeyError, TypeError) as e:
         raise CredentialsError(f"{where}: not a CooRM identity ({type(e).__name__})") from e
+
+
+_SEED_PREFIX = 18 << 3  # nkeys' 'S'
+
+
+def sign_nonce(seed: str, nonce: bytes) -> tuple[str, str]:
+    """(public nkey, base64 signature of ``nonce``) for NATS's CONNECT, as ``nkeys`` computes them, by
+    libsodium's Ed25519 directly: ``nkeys`` imports all of PyNaCl (12 ms), which the hot paths cannot pay."""
+    import base64
+    import binascii
+
+    from nacl._sodium import ffi, lib  # type: ignore[import-not-found]  # (PyNaCl's binding of libsodium)
+
+    try:
+        raw = base64.b32decode(seed + "=" * (-len(seed) % 8))
+    except (binascii.Error, ValueError):
+        raise CredentialsError("the identity's seed is not an nkey seed") from None
+    if len(raw) != 36 or raw[0] & 0xF8 != _SEED_PREFIX or _crc16(raw[:-2]) != int.from_bytes(raw[-2:], "little"):
+        raise CredentialsError("the identity's seed is not an nkey seed")
+    role = (raw[0] & 0x07) << 5 | (raw[1] & 0xF8) >> 3
+    if lib.sodium_init() < 0:  # pragma: no cover - libsodium cannot start
+        raise CredentialsError("libsodium failed to initialise")
+    public, secret = ffi.new("unsigned char[32]"), ffi.new("unsigned char[64]")
+    lib.crypto_sign_seed_keypair(public, secret, raw[2:34])
+    signed = ffi.new("unsigned char[]", 64 + len(nonce))  # the signature, then the message
+    lib.crypto_sign(signed, ffi.NULL, nonce, len(nonce), secret)
+    key = bytes([role]) + ffi.buffer(public)[:]
+    return (base64.b32encode(key + _crc16(key).to_bytes(2, "little")).decode().rstrip("="),
+            base64.b64encode(ffi.buffer(signed, 64)[:]).decode())
+
+
+def _crc16(data: bytes) -> int:
+    """CRC-16/XMODEM, nkeys' checksum."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = (crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1
+        crc &= 0xFFFF
+    return crc

@@ -4,7 +4,6 @@ standard library only), for the command line's hot paths."""
 from __future__ import annotations
 
 import re
-from datetime import datetime
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _DURATION = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
@@ -22,6 +21,8 @@ def parse_since(text: str, now: float) -> float:
         return now - sum(float(n) * _UNITS[u] for n, u in _PART.findall(s.lower()))
     if _NUMBER.fullmatch(s):
         return float(s)
+    from datetime import datetime
+
     try:
         return datetime.fromisoformat(s).timestamp()
     except ValueError:

@@ -27,7 +27,15 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Literal, NamedTuple
+
+TYPE_CHECKING = False  # (not typing's: coorm batch imports this module on every call)
+if TYPE_CHECKING:
+    from typing import Literal, NamedTuple
+
+    Dialect = Literal["coorm", "sbatch"]
+    DependencyKind = Literal["after", "afterok", "afterany", "afternotok", "singleton"]
+else:
+    from coorm.shared.records import NamedTuple
 
 __all__ = [
     "ArraySpec",
@@ -45,8 +53,6 @@ __all__ = [
     "parse_script",
 ]
 
-Dialect = Literal["coorm", "sbatch"]
-DependencyKind = Literal["after", "afterok", "afterany", "afternotok", "singleton"]
 
 NO_VAL = 4294967294  # Slurm's "no value" (0xfffffffe): what its %a writes for a job that is not an array task
 MAX_PAD = 10  # Slurm's MAX_WIDTH: a longer zero-padding width is cut to this

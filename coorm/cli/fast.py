@@ -258,19 +258,21 @@ def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
 
 
 def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | None:
-    from urllib.parse import urlsplit
-
     from coorm.shared import subjects
-    from coorm.shared.connection import refused_text, unreachable_text
+    from coorm.shared.connection import CredentialsError, refused_text, sign_nonce, unreachable_text
 
     url = client.nats_url
-    parts = urlsplit(url)
     unreachable = Failed(unreachable_text(url, client.url_source, client.connect_timeout), EXIT_UNREACHABLE)
+    try:
+        parts = _Url(url)
+    except ValueError:
+        raise Fallback from None  # (the full command line says what is wrong with it)
     deadline = time.monotonic() + client.connect_timeout
     try:
-        sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222),
+        # the host as bytes: a str would be encoded by the idna codec, which costs its import
+        sock = socket.create_connection((parts.hostname.encode(), parts.port),  # type: ignore[arg-type]
                                         timeout=client.connect_timeout)
-    except OSError:
+    except (OSError, UnicodeError):
         raise unreachable from None
     try:
         # each of our writes goes at once: Nagle would hold the request back until the server's delayed
@@ -283,12 +285,11 @@ def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | Non
         if parts.username:
             hello |= {"user": parts.username, "pass": parts.password or ""}
         if info.get("nonce") and client.seed:
-            import base64
-
-            import nkeys
-
-            kp = nkeys.from_seed(client.seed.encode())
-            hello |= {"nkey": kp.public_key.decode(), "sig": base64.b64encode(kp.sign(info["nonce"].encode())).decode()}
+            try:
+                public, signature = sign_nonce(client.seed, info["nonce"].encode())
+            except CredentialsError as e:
+                raise Failed(str(e), EXIT_REFUSED) from None
+            hello |= {"nkey": public, "sig": signature}
         inbox = f"{subjects.inbox_user(client.user)}.{os.urandom(8).hex()}"
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         conn.send(f"CONNECT {json.dumps(hello)}\r\nPING\r\n".encode())
@@ -315,6 +316,22 @@ def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | Non
         raise unreachable from None
     finally:
         sock.close()
+
+
+class _Url:
+    """``nats://[user[:password]@]host[:port]`` read as ``urlsplit`` reads it (urllib.parse costs 4 ms to
+    import); anything else, e.g. an IPv6 literal, is left to the full command line (ValueError)."""
+
+    def __init__(self, url: str) -> None:
+        rest = url.removeprefix("nats://").split("/", 1)[0]
+        creds, at, hostport = rest.rpartition("@")
+        host, colon, port = hostport.partition(":")
+        if not host or "[" in hostport or (colon and not port.isdigit()):
+            raise ValueError(url)
+        self.hostname, self.port = host, int(port) if colon else 4222
+        user, has_password, password = creds.partition(":")
+        self.username = user if at else None
+        self.password = password if has_password else None
 
 
 class _Conn:

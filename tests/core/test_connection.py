@@ -112,3 +112,70 @@ def test_bad_values_are_refused_with_exit_2_before_anything_is_sent(sent):
     with pytest.raises(fast.Failed):
         fast.run(["batch", "--wrap", "true", "job.sh"])  # both
     assert sent == []
+
+
+@pytest.mark.parametrize("role", [Role.LAUNCHER, Role.SERVICE])
+def test_the_fast_path_signs_the_server_s_nonce_as_nkeys_does(role):
+    """The hot path's own Ed25519 signer and nkeys agree on the public key and the signature (Ed25519 is
+    deterministic), for users' and services' seeds; a seed that is not one is refused, not mis-signed."""
+    import base64
+    import os
+
+    import nkeys
+
+    from coorm.shared.connection import sign_nonce
+
+    for _ in range(20):
+        seed = new_identity("alice", role).seed
+        nonce = base64.urlsafe_b64encode(os.urandom(11)).rstrip(b"=")
+        kp = nkeys.from_seed(seed.encode())
+        assert sign_nonce(seed, nonce) == (kp.public_key.decode(), base64.b64encode(kp.sign(nonce)).decode())
+    seed = new_identity("alice", role).seed
+    flipped = seed[:10] + ("A" if seed[10] != "A" else "B") + seed[11:]  # (the CRC catches it)
+    for bad in (flipped, "U" + seed[1:], "not a seed", seed[:20]):
+        with pytest.raises(CredentialsError):
+            sign_nonce(bad, b"nonce")
+
+
+@pytest.mark.parametrize("url", ["nats://127.0.0.1:4222", "nats://host", "nats://u:p@h:42", "nats://u@h:1/",
+                                 "nats://u:@h", "nats://a:b:c@h:7"])
+def test_the_fast_path_reads_a_nats_url_as_urlsplit_does(url):
+    from urllib.parse import urlsplit
+
+    ours, theirs = fast._Url(url), urlsplit(url)
+    assert (ours.hostname, ours.port, ours.username, ours.password) == (
+        theirs.hostname, theirs.port or 4222, theirs.username, theirs.password)
+
+
+def test_a_record_class_without_typing_is_a_named_tuple():
+    from typing import NamedTuple as Typed
+
+    from coorm.shared.records import NamedTuple as Light
+
+    class A(Light):
+        """doc"""
+
+        x: int
+        y: str = "y"
+
+        def both(self) -> str:
+            return f"{self.x}{self.y}"
+
+    class B(Typed):
+        x: int
+        y: str = "y"
+
+    a = A(1)
+    assert a == B(1) and a._fields == B._fields and a._asdict() == B(1)._asdict()
+    assert a._replace(y="z") == (1, "z") and a.both() == "1y" and A.__doc__ == "doc" and isinstance(a, tuple)
+    assert not hasattr(a, "__dict__")
+    import pickle
+
+    from coorm.batch.jobscript import JobOptions
+
+    options = JobOptions(nodes=2, time="1h")
+    assert pickle.loads(pickle.dumps(options)) == options and options.merged(JobOptions(time="2h")).time == "2h"
+    with pytest.raises(TypeError):
+        class C(Light):
+            x: int = 1
+            y: int
