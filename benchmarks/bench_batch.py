@@ -276,13 +276,34 @@ def time_queue_cmd(fn, reps: int = 5) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ CooRM side
+REPO = Path(__file__).resolve().parents[1]
+
+
+def client_install(venv: Path) -> str:
+    """The ``coorm`` a user runs on a login node: this checkout installed as README says for them
+    (``pip install <checkout>``: the client only, compiled, not editable), in its own venv. The
+    development venv is not what users run: its editable finder and the server extras' ``.pth`` files cost
+    every command ~30 ms before its first line, and with ``PYTHONDONTWRITEBYTECODE`` set it compiles the
+    package on every call. The venv is kept between runs; the checkout is installed again each run."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        log(f"creating the client venv {venv} (pip install {REPO}: the first time takes a minute)")
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", str(REPO)], check=True)
+    else:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(REPO)],
+                       check=True, env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+    return str(venv / "bin" / "coorm")
+
+
 class Coorm:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, client: str | None = None) -> None:
         self.base, self.workdir, self.jobdir = base, base / "coorm-up", base / "jobs"
         self.jobdir.mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ, COORM_CONNECTION_FILE=str(base / "connection.json"))
         exe = Path(sys.executable).with_name("coorm")
-        self.exe = str(exe) if exe.exists() else (shutil.which("coorm") or "coorm")
+        self.exe = str(exe) if exe.exists() else (shutil.which("coorm") or "coorm")  # runs the servers
+        self.client = client or self.exe  # what users type
         self.proc: subprocess.Popen | None = None
         self.known: dict[int, int] = {}  # every process seen under coorm up: pid -> starttime
         self.up_log = base / "coorm-up.log"
@@ -354,7 +375,7 @@ class Coorm:
 
     # -- commands
     def run(self, args: list[str], timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        cmd = [self.exe, *args]
+        cmd = [self.client, *args]
         r = subprocess.run(cmd, env=self.env, cwd=self.jobdir, capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:
             raise CommandFailed(["coorm", *args], r)
@@ -811,6 +832,10 @@ def main() -> int:
     ap.add_argument("--q-singles", type=int, default=100, help="queued10k: how many of them are single jobs")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--timeout", type=float, default=1800, help="per-test completion deadline (s)")
+    ap.add_argument("--client-venv", default=str(Path.home() / ".cache" / "coorm-bench" / "client"),
+                    help="where the users' coorm is installed (pip install <checkout>), kept between runs")
+    ap.add_argument("--dev-client", action="store_true",
+                    help="users' commands with the development venv's coorm (editable, server extras) instead")
     a = ap.parse_args()
     tests = [t for t in a.tests.split(",") if t]
     bad = [t for t in tests if t not in ALL_TESTS]
@@ -830,7 +855,9 @@ def main() -> int:
             Path(a.out).write_text(json.dumps(res, indent=1, default=str))
 
     slurm = None if a.no_slurm else Slurm(Path(a.slurm_dir))
-    coorm = Coorm(base)
+    client = None if a.dev_client else client_install(Path(a.client_venv))
+    res["client"] = client or "the development venv's coorm"
+    coorm = Coorm(base, client)
     interrupted = False
     try:
         if slurm:

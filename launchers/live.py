@@ -140,6 +140,10 @@ class LiveRunner:
                 if t is not None:
                     with contextlib.suppress(asyncio.CancelledError):
                         await t
+            if outs is not None and self.on_output is not None:  # what came with the last exit is shown too
+                q = self.s.all_output()
+                while not q.empty():
+                    self.on_output(q.get_nowait())
             if cancelled and self.detach_on_cancel:
                 await self.s.detach()  # the process that ran it stops: the next one takes the session up
             else:

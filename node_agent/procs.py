@@ -159,6 +159,12 @@ def _members(pgid: int) -> list[tuple[int, str, int]] | None:
 def group_alive(pgid: int, keep: Container[int] = ()) -> bool:
     """Whether any process of the group still runs (zombies do not count; ours are reaped first, except
     ``keep``: see :func:`reap_group`)."""
+    try:  # a group with no member, not even a zombie, is gone: the common case needs no scan of /proc
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        pass
     reap_group(pgid, keep)
     try:
         os.killpg(pgid, 0)

@@ -323,8 +323,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         subject=subjects.batch_submit(USER), names=("batch_submit", "BATCH_SUBMIT_ANY"), part=Part.LAUNCHER,
         kind=Kind.REQUEST, request=BatchSubmit, reply=BatchSubmitReply, publishers=(Role.LAUNCHER,),
-        subscribers=(Role.SERVICE,), sent_by="coorm batch, coorm submit --no-wait", served_by="batch service",
-        errors=(*_BUS, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.TOO_LARGE),
+        subscribers=(Role.SERVICE,), sent_by="coorm batch, coorm submit", served_by="batch service",
+        errors=(*_BUS, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.TOO_LARGE, ErrorCode.FORBIDDEN),
         description=(
             "``sbatch``: queue a job, or an array of jobs, as the user the subject names. Written down before "
             "it is answered: the reply's id is a job the batch service will run (when its dependencies and "
@@ -334,7 +334,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "default ``coorm-%j.out``, ``coorm-%A_%a.out`` for an array) as the user. ``array``: Slurm's "
             "``0-999%50``; ``dependency``: ``after``, ``afterok``, ``afternotok``, ``afterany`` (``:id...``), "
             "``singleton``, joined by ``,`` (all) or ``?`` (any). More nodes than the cluster has, up or down: "
-            "``too_large`` (unless the operator lets such a job wait)."),
+            "``too_large`` (unless the operator lets such a job wait). ``attach`` (``coorm submit``, srun's way): "
+            "a subject of the submitter's own inbox (``_INBOX.u.<user>.``...; another's: ``forbidden``; not with "
+            "``array``) where the batch service sends the job's ``BatchAttached`` events -- ``started``, each "
+            "``output`` of its processes (no file is written), ``ended`` last with its state and exit code -- "
+            "and which it probes every 2 s with an empty request: answered \"no responders\" for 10 s (nobody "
+            "listens: the command was killed), the job is cancelled."),
         example={"argv": [], "script": "#!/bin/sh\nsrun-like-work\n", "nodes": 2, "walltime": 600.0,
                  "cluster": "c0", "name": "sweep", "output": "sweep-%A_%a.out", "array": "0-99%10",
                  "dependency": "afterok:41", "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/home/alice/run"},

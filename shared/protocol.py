@@ -533,6 +533,26 @@ class BatchSubmit(_Msg):
     env: dict[Annotated[str, Field(max_length=1024)], Annotated[str, Field(max_length=131072)]] = \
         Field(default_factory=dict, max_length=4096)
     cwd: str = Field(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")
+    # srun's way (``coorm submit``): the job's output and its end go to this subject of the submitter's own
+    # inbox (``_INBOX.u.<user>.``) as :class:`BatchAttached` events, instead of files; the job is cancelled
+    # when nothing listens there any more (the command was killed)
+    attach: str | None = Field(default=None, max_length=256, pattern=r"^_INBOX\.u\.[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+$")
+
+
+class BatchAttached(_Msg):
+    """What an attached job (``BatchSubmit.attach``) tells its command, in this order: ``started`` (its
+    nodes), ``output`` (a process's text, as it comes), ``ended`` (the last: its state, exit code -- as
+    ``coorm submit`` exits -- and why)."""
+
+    job: str
+    event: Literal["started", "output", "ended"]
+    nodes: list[str] = Field(default_factory=list)  # started
+    node: str | None = None  # output
+    stream: Literal["stdout", "stderr"] | None = None  # output
+    data: str = ""  # output
+    state: BatchState | None = None  # ended
+    exit_code: int | None = None  # ended
+    reason: str = ""  # ended
 
 
 class BatchSubmitReply(_Msg):
@@ -608,7 +628,7 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     KillReply, NodeAssign, AgentRegister, AgentRegistered, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
     ViewsEpoch, ViewsQuery, NodesEvent, StatusQuery, StatusReply, AllocatorDecisions, DeadLetter,
     SystemStopping, AllocationsQuery, AllocationsReply, ExitsQuery, ExitsReply, BatchSubmit, BatchSubmitReply,
-    BatchControl, BatchControlReply, BatchQuery, BatchQueryReply,
+    BatchControl, BatchControlReply, BatchQuery, BatchQueryReply, BatchAttached,
 )
 
 

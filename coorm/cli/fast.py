@@ -66,8 +66,12 @@ def run(argv: list[str]) -> int | None:
     """The exit code of a command this path handles, or None (or :class:`Fallback`) for the others."""
     if argv[:1] == ["batch"]:
         return batch(argv[1:])
-    if argv[:1] == ["submit"] and "--no-wait" in argv[1:argv.index("--") if "--" in argv else len(argv)]:
-        return submit_no_wait(argv[1:])
+    if argv[:1] == ["submit"]:
+        if "--no-wait" in argv[1:argv.index("--") if "--" in argv else len(argv)]:
+            return submit_no_wait(argv[1:])
+        from coorm.cli import attach
+
+        return attach.submit(argv[1:])
     return None
 
 
@@ -140,14 +144,23 @@ def batch(argv: list[str]) -> int:
 
 def submit_no_wait(argv: list[str]) -> int:
     """``coorm submit --no-wait [OPTIONS] -- COMMAND``: the command, queued (sbatch --wrap)."""
+    opts, _, command = submit_options(argv)
+    return submit_job(opts, argv=command, script=None, default_name=os.path.basename(command[0]))
+
+
+def submit_options(argv: list[str]):
+    """``coorm submit``'s options (as :class:`~coorm.batch.jobscript.JobOptions`), whether ``-l`` was
+    given, and the command."""
     from coorm.batch.jobscript import JobOptions
 
     given: dict[str, str] = {}
+    label = False
     i = 0
     while i < len(argv) and argv[i] != "--":
         a = argv[i]
         name, eq, value = a.partition("=")
         if a in ("--no-wait", "-l", "--label"):
+            label = label or a != "--no-wait"
             i += 1
             continue
         if name in _SUBMIT_VALUED and (eq or i + 1 < len(argv)):
@@ -161,18 +174,30 @@ def submit_no_wait(argv: list[str]) -> int:
         raise Fallback
     command = argv[i + 1:] if i < len(argv) and argv[i] == "--" else argv[i:]
     if not command:
-        raise Failed("nothing to run: coorm submit --no-wait -N NODES -t TIME -- COMMAND ARGS...", EXIT_REFUSED)
+        raise Failed("nothing to run: coorm submit -N NODES -t TIME -- COMMAND ARGS...", EXIT_REFUSED)
     try:
         nodes = int(given["--nodes"]) if "--nodes" in given else 1
     except ValueError:
         raise Fallback from None
+    if nodes < 1:
+        raise Fallback
     opts = JobOptions(nodes=nodes, time=given.get("--time", "10m"), name=given.get("--job-name"),
                       output=given.get("--output"), cluster=given.get("--cluster"))
-    return submit_job(opts, argv=command, script=None, default_name=os.path.basename(command[0]))
+    return opts, label, command
 
 
 def submit_job(opts, *, argv: list[str], script: str | None, default_name: str, open_mode: str = "append") -> int:
     """Send one submission; print ``Submitted batch job N`` (as sbatch does: scripts read the id from it)."""
+    from coorm.shared import subjects
+
+    message = submission(opts, argv=argv, script=script, default_name=default_name, open_mode=open_mode)
+    reply = request(subjects.batch_submit, message, "the batch service")
+    print(f"Submitted batch job {reply['job']}")
+    return 0
+
+
+def submission(opts, *, argv: list[str], script: str | None, default_name: str, open_mode: str = "append") -> dict:
+    """The ``BatchSubmit`` message, its values checked as the batch service checks them (``Failed``, 2)."""
     from coorm.batch import jobscript
     from coorm.shared.when import parse_walltime
 
@@ -190,11 +215,7 @@ def submit_job(opts, *, argv: list[str], script: str | None, default_name: str, 
                "cluster": opts.cluster, "name": (opts.name or default_name)[:128], "output": opts.output,
                "error": opts.error, "open_mode": open_mode, "array": opts.array, "dependency": opts.dependency,
                "hold": bool(opts.hold), "env": env, "cwd": cwd}
-    from coorm.shared import subjects
-
-    reply = request(subjects.batch_submit, {k: v for k, v in message.items() if v is not None}, "the batch service")
-    print(f"Submitted batch job {reply['job']}")
-    return 0
+    return {k: v for k, v in message.items() if v is not None}
 
 
 # ================================================================================================
@@ -258,11 +279,38 @@ def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
 
 
 def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | None:
+    conn = connect(client, where)
+    try:
+        conn.sock.settimeout(10.0)
+        inbox = f"{conn.inbox}.{os.urandom(8).hex()}"
+        sub = f"SUB {inbox} 1\r\n".encode()  # with the first request: one write, one round trip
+        delay = 0.05
+        while True:
+            conn.send(sub + f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
+            sub = b""
+            data = conn.reply()
+            # no one serves it (a service restarting): nothing was taken, so it is sent again for a while, as
+            # the SDK does for a policy engine's take-over
+            if data is not None or time.monotonic() + delay > conn.deadline + RETRY_NO_RESPONDERS:
+                return data
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    except TimeoutError:
+        raise Failed(f"CooRM at {where} did not answer in time", EXIT_UNREACHABLE) from None
+    except (OSError, ValueError):
+        raise Failed(conn.unreachable, EXIT_UNREACHABLE) from None
+    finally:
+        conn.sock.close()
+
+
+def connect(client, where: str) -> Conn:
+    """A NATS connection on a plain socket, signed in as the user (CONNECT answered), or :class:`Failed` as
+    the full command line words it; :class:`Fallback` for a URL this path does not read."""
     from coorm.shared import subjects
     from coorm.shared.connection import CredentialsError, refused_text, sign_nonce, unreachable_text
 
     url = client.nats_url
-    unreachable = Failed(unreachable_text(url, client.url_source, client.connect_timeout), EXIT_UNREACHABLE)
+    unreachable = unreachable_text(url, client.url_source, client.connect_timeout)
     try:
         parts = _Url(url)
     except ValueError:
@@ -273,12 +321,12 @@ def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | Non
         sock = socket.create_connection((parts.hostname.encode(), parts.port),  # type: ignore[arg-type]
                                         timeout=client.connect_timeout)
     except (OSError, UnicodeError):
-        raise unreachable from None
+        raise Failed(unreachable, EXIT_UNREACHABLE) from None
     try:
         # each of our writes goes at once: Nagle would hold the request back until the server's delayed
         # acknowledgement of the previous write (40 ms)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(sock)
+        conn = Conn(sock, subjects.inbox_user(client.user), deadline, unreachable)
         info = json.loads(conn.expect("INFO ")[5:])
         hello: dict = {"verbose": False, "pedantic": False, "lang": "python", "version": "coorm-fast", "protocol": 1,
                        "headers": True, "no_responders": True, "name": "coorm-cli"}
@@ -290,32 +338,19 @@ def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | Non
             except CredentialsError as e:
                 raise Failed(str(e), EXIT_REFUSED) from None
             hello |= {"nkey": public, "sig": signature}
-        inbox = f"{subjects.inbox_user(client.user)}.{os.urandom(8).hex()}"
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         conn.send(f"CONNECT {json.dumps(hello)}\r\nPING\r\n".encode())
         line = conn.line()
         if line.startswith("-ERR"):
             who = None if client.seed is None else ("launcher", client.user)
             raise Failed(refused_text(url, who), EXIT_REFUSED)
-        sock.settimeout(10.0)
-        sub = f"SUB {inbox} 1\r\n".encode()  # with the first request: one write, one round trip
-        delay = 0.05
-        while True:
-            conn.send(sub + f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
-            sub = b""
-            data = conn.reply()
-            # no one serves it (a service restarting): nothing was taken, so it is sent again for a while, as
-            # the SDK does for a policy engine's take-over
-            if data is not None or time.monotonic() + delay > deadline + RETRY_NO_RESPONDERS:
-                return data
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-    except TimeoutError:
-        raise Failed(f"CooRM at {where} did not answer in time", EXIT_UNREACHABLE) from None
+        return conn
     except (OSError, ValueError):
-        raise unreachable from None
-    finally:
         sock.close()
+        raise Failed(unreachable, EXIT_UNREACHABLE) from None
+    except BaseException:
+        sock.close()
+        raise
 
 
 class _Url:
@@ -334,11 +369,14 @@ class _Url:
         self.password = password if has_password else None
 
 
-class _Conn:
-    """The reading side of a NATS connection: lines, and one message's payload."""
+class Conn:
+    """A NATS connection on a plain socket: what is written, and what is read (lines, messages)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, inbox: str, deadline: float, unreachable: str) -> None:
         self.sock, self.buf = sock, b""
+        self.inbox = inbox  # the user's reply prefix: NATS lets the user read nothing else's
+        self.deadline = deadline  # (of the connect timeout)
+        self.unreachable = unreachable  # what to say when it is lost
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -360,6 +398,22 @@ class _Conn:
             self._fill()
         data, self.buf = self.buf[:n], self.buf[n + 2:]
         return data
+
+    def frame(self) -> tuple[str, bytes | None]:
+        """The next line, with its payload for a message (``MSG``/``HMSG``: headers and body). A timeout of
+        the socket leaves what was read buffered: the next call goes on from there."""
+        while True:
+            end = self.buf.find(b"\r\n")
+            if end >= 0:
+                line = self.buf[:end].decode()
+                if not line.startswith(("MSG ", "HMSG ")):
+                    self.buf = self.buf[end + 2:]
+                    return line, None
+                size = int(line.split()[-1])
+                if len(self.buf) >= end + 2 + size + 2:
+                    data, self.buf = self.buf[end + 2:end + 2 + size], self.buf[end + 2 + size + 2:]
+                    return line, data
+            self._fill()
 
     def expect(self, prefix: str) -> str:
         line = self.line()
@@ -394,5 +448,7 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # (python -m coorm.cli.fast: run as the module the others import, one Failed class)
+    from coorm.cli.fast import main as _main
+
+    _main()

@@ -54,6 +54,7 @@ from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import (
     AGENT_KILL_REASONS,
+    BatchAttached,
     BatchControl,
     BatchControlReply,
     BatchJob,
@@ -72,6 +73,10 @@ log = structlog.get_logger("coorm.batch")
 NO_PROPS = ClusterProps(nodes={})  # a rigid launcher does not read them: two requests per job spared
 KEEP_ENDED = 300.0  # seconds an ended job stays in the queue (a dependency may still name it), as Slurm's MinJobAge
 SWEEP_EVERY = 30.0
+# an attached job's command is asked whether it still listens this often; gone this long (not just cut off by a
+# NATS restart, which its command rides over), its job is cancelled, as srun's is when srun is killed
+ATTACH_PROBE_EVERY = 2.0
+ATTACH_GRACE = 10.0
 
 # a job script runs from a private copy (the agent runs argv; a script is text): written as the user, in the
 # user's TMPDIR, removed when it ends; its text comes in the environment (not visible in ps, unlike argv)
@@ -131,6 +136,7 @@ class BatchService:
         self._to_enter: list[tuple[int, int, str]] = []  # eligible jobs, by submission order
         self._enter_wake = asyncio.Event()
         self._lock = asyncio.Lock()  # one command at a time changes the queue (a handler awaits Redis)
+        self._attached: dict[str, _Attached] = {}  # job -> its command's events, for attached jobs
 
     # ============================================================================================
     # life
@@ -163,6 +169,8 @@ class BatchService:
                     await sub.unsubscribe()
         finally:
             # the jobs go on: their sessions are taken up by the next instance (within the session timeout)
+            for a in self._attached.values():
+                a.close()
             for t in list(self.runners.values()):
                 t.cancel()
             for t in list(self.runners.values()):
@@ -204,6 +212,8 @@ class BatchService:
         for r in recs:
             if r.state in (JobState.QUEUED, JobState.RUNNING):
                 self._spawn(r.id)
+            elif r.state not in ENDED and r.spec in self.specs:
+                self._attach(r.id, self.specs[r.spec]["submit"])  # waiting: its command is watched
         await self._flush()
         self._act(actions)
 
@@ -241,6 +251,11 @@ class BatchService:
             raise bus.WireError(ErrorCode.BAD_REQUEST, "nothing to run: give a command or a script")
         if msg.script is not None and not msg.script.startswith("#!"):
             raise bus.WireError(ErrorCode.BAD_REQUEST, "a script must start with #! (its interpreter)")
+        if msg.attach is not None:
+            if not msg.attach.startswith(subjects.inbox_user(user) + "."):  # (another's: spam, forged output)
+                raise bus.WireError(ErrorCode.FORBIDDEN, f"attach: {msg.attach} is not a subject of {user}'s inbox")
+            if msg.array:
+                raise bus.WireError(ErrorCode.BAD_REQUEST, "an array cannot be attached: submit it with coorm batch")
         try:
             array = jobscript.parse_array(msg.array, max_tasks=self.settings.batch_max_array) if msg.array else None
             deps = jobscript.parse_dependency(msg.dependency) if msg.dependency else None
@@ -275,6 +290,8 @@ class BatchService:
                 "submit": msg.model_dump(mode="json"), "user": user, "submitted": now}))
             await self._flush()
         log.info("submitted", job=sid, user=user, tasks=len(jobs), nodes=msg.nodes, cluster=cluster)
+        if msg.attach is not None and self.core.jobs[sid].state not in ENDED:
+            self._attach(sid, msg)  # watched from now: a command killed while its job waits cancels it
         self._act(actions)
         return BatchSubmitReply(job=sid, tasks=len(jobs))
 
@@ -290,7 +307,7 @@ class BatchService:
             raise bus.WireError(ErrorCode.UNAVAILABLE, "no node is registered yet")
         cluster = msg.cluster or sorted(sizes)[0]
         if cluster not in sizes:
-            raise bus.WireError(ErrorCode.UNKNOWN_CLUSTER, f"no cluster {cluster!r} (known: "
+            raise bus.WireError(ErrorCode.UNKNOWN_CLUSTER, f"unknown cluster {cluster} (known: "
                                                            f"{', '.join(sorted(sizes))})")
         if msg.nodes > sizes[cluster] and not self.settings.oversize_waits:
             raise bus.WireError(ErrorCode.TOO_LARGE, f"{msg.nodes} nodes: cluster {cluster} has {sizes[cluster]}; "
@@ -510,14 +527,19 @@ class BatchService:
                 # (request ids are the app's, counted: the same again), its requests already sent
                 launcher = RigidLauncher(session.app, sub.cluster or "", sub.nodes, sub.walltime)
             self.sessions[job] = session
-            out, err = self._files(j, sub)
             argv = ["/bin/sh", "-c", SCRIPT_RUNNER, "coorm-job", *sub.argv] if sub.script is not None else sub.argv
+            attached = self._attach(job, sub)
+            if attached is not None:  # (the agents send its output here: it goes on to its command)
+                options: dict = {}
+            else:
+                out, err = self._files(j, sub)
+                options = {"stdout": out, "stderr": err or None, "open_mode": sub.open_mode}
             runner = LiveRunner(session, launcher, command=argv, command_ends_work=True,
-                                env=self._launch_env(j, sub), cwd=sub.cwd, clock=self.clock,
-                                launch_options={"stdout": out, "stderr": err or None, "open_mode": sub.open_mode},
+                                env=self._launch_env(j, sub), cwd=sub.cwd, clock=self.clock, launch_options=options,
+                                on_output=attached.output if attached is not None else None,
                                 observe=functools.partial(self._observe, job), resumed=resumed,
                                 detach_on_cancel=True, props=NO_PROPS,
-                                first_node_only=sub.script is not None)
+                                first_node_only=sub.script is not None and attached is None)
             result = await runner.run()
         except asyncio.CancelledError:
             raise  # the service stops: the job goes on, the next instance takes it up
@@ -536,6 +558,26 @@ class BatchService:
         state, code, reason = _outcome(result)
         await self._end(job, state, code, reason, at=result.ended)
 
+    def _attach(self, job: str, sub: BatchSubmit) -> _Attached | None:
+        """The events of an attached job, sent in order to its command, which is watched: gone, the job is
+        cancelled."""
+        if sub.attach is None:
+            return None
+        if job not in self._attached:
+            self._attached[job] = _Attached(self.nc, sub.attach, job, functools.partial(self._gone, job),
+                                            started=self.core.jobs[job].started is not None)
+        return self._attached[job]
+
+    async def _gone(self, job: str) -> None:
+        j = self.core.jobs.get(job)
+        if j is None or j.state in ENDED:
+            return
+        log.info("an attached job's command went away: cancelling it", job=job)
+        async with self._lock:
+            _, actions = self.core.cancel([job], self.clock(), reason="its command (coorm submit) went away")
+            await self._flush()
+        self._act(actions)
+
     async def _close_stale(self, r: Record) -> None:
         from coorm.shared.protocol import Ack, CloseMsg
 
@@ -550,6 +592,8 @@ class BatchService:
         if r is None or j is None or j.state in ENDED:
             return
         if isinstance(item, Started):
+            if job in self._attached and item.nodes:
+                self._attached[job].started(list(item.nodes))
             r.node_ids = list(item.nodes)
             r.launched = [[n, p, item.request] for n, p in result.launched]
             if j.state is JobState.QUEUED:
@@ -611,11 +655,82 @@ class BatchService:
             for sid in done_specs:
                 p.hdel(keys.BATCH_SPECS, sid)
             await p.execute()
+        for r in ended:  # (written down first: its command then learns what the history says)
+            attached = self._attached.pop(r.id, None)
+            if attached is not None:
+                attached.end(BatchAttached(job=r.id, event="ended", state=r.state, exit_code=r.exit_code,
+                                           reason=r.reason))
         for sid in done_specs:
             self.specs.pop(sid, None)
 
     def _jobs_of(self, sid: str) -> list[str]:
         return list(self.core.arrays.get(sid, [sid] if sid in self.core.jobs else []))
+
+
+class _Attached:
+    """An attached job's command (``BatchSubmit.attach``): its events, sent in order on its subject, and a
+    watch that calls ``gone`` once no one has listened there for ``ATTACH_GRACE`` seconds (NATS answers a
+    request to a subject nobody subscribes to at once, with "no responders"; the command itself never
+    answers the probe: a listener makes it time out)."""
+
+    def __init__(self, nc: Any, subject: str, job: str, gone, started: bool) -> None:
+        self.nc, self.subject, self.job, self._gone = nc, subject, job, gone
+        self._queue: asyncio.Queue[BatchAttached | None] = asyncio.Queue()
+        self._sender = asyncio.create_task(self._send_all())
+        self._watch = asyncio.create_task(self._watch_command())
+        # output held until "started" is sent (a job's first node may print before its last is launched)
+        self._held: list[BatchAttached] | None = None if started else []
+
+    def output(self, out) -> None:
+        event = BatchAttached(job=self.job, event="output", node=out.node, stream=out.stream, data=out.data)
+        if self._held is not None:
+            self._held.append(event)
+        else:
+            self._queue.put_nowait(event)
+
+    def started(self, nodes: list[str]) -> None:
+        if self._held is not None:
+            self._queue.put_nowait(BatchAttached(job=self.job, event="started", nodes=nodes))
+            for event in self._held:
+                self._queue.put_nowait(event)
+            self._held = None
+
+    def end(self, event: BatchAttached) -> None:
+        """The last event: sent after what came before it; then the watch stops."""
+        if self._watch is not asyncio.current_task():
+            self._watch.cancel()
+        for held in self._held or ():
+            self._queue.put_nowait(held)
+        self._queue.put_nowait(event)
+        self._queue.put_nowait(None)
+
+    def close(self) -> None:
+        """This service stops (the next instance watches the job and sends its events)."""
+        self._watch.cancel()
+        self._sender.cancel()
+
+    async def _send_all(self) -> None:
+        while (event := await self._queue.get()) is not None:
+            with contextlib.suppress(Exception):  # (NATS down: its command asks the queue when it is back)
+                await self.nc.publish(self.subject, event.model_dump_json(exclude_defaults=True).encode())
+
+    async def _watch_command(self) -> None:
+        from nats.errors import NoRespondersError
+
+        absent_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(ATTACH_PROBE_EVERY)
+            try:
+                await self.nc.request(self.subject, b"", timeout=ATTACH_PROBE_EVERY / 2)
+                absent_since = None
+            except NoRespondersError:
+                absent_since = absent_since or loop.time()
+                if loop.time() - absent_since >= ATTACH_GRACE:
+                    await self._gone()
+                    return
+            except Exception:  # noqa: BLE001 - a timeout: someone listens (NATS down: nothing is known)
+                absent_since = None
 
 
 def _outcome(result: RunResult) -> tuple[JobState, int, str]:

@@ -14,6 +14,15 @@ import pytest
 from tests.e2e.processes import interrupt, wait_for
 
 COORM = [sys.executable, "-m", "coorm.cli.main"]
+# the ``coorm`` script's own path: ``coorm submit`` as an attached batch job, on a plain socket
+FAST = [sys.executable, "-m", "coorm.cli.fast"]
+
+
+@pytest.fixture(params=["full", "fast"])
+def entry(request):
+    """Each ``coorm submit`` test runs through both ways in: the full command line (an SDK session of its
+    own) and the ``coorm`` script's fast path (a batch job attached to the command)."""
+    return COORM if request.param == "full" else FAST
 
 
 @pytest.fixture(scope="module")
@@ -40,42 +49,96 @@ def up(tmp_path_factory):
         interrupt(proc)
 
 
-def _run(env, *args, cwd=None, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([*COORM, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+def _run(env, *args, cwd=None, timeout=60, entry=COORM) -> subprocess.CompletedProcess:
+    return subprocess.run([*entry, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
-def test_submit_streams_output_and_exits_with_the_jobs_code(up):
+def test_submit_streams_output_and_exits_with_the_jobs_code(up, entry):
     proc, env, tmp, conn = up
     r = _run(env, "submit", "-c", "c0", "-N", "2", "-t", "1m", "-l", "--", "sh", "-c",
-             'echo "hello from $COORM_NODE"; exit 3')
+             'echo "hello from $COORM_NODE"; exit 3', entry=entry)
     assert r.returncode == 3, r.stderr
     lines = sorted(r.stdout.splitlines())
     assert len(lines) == 2 and all(line.endswith(f"hello from {line.split(':')[0]}") for line in lines)
-    ok = _run(env, "submit", "-c", "c1", "-N", "1", "-t", "30s", "--", "true")
+    ok = _run(env, "submit", "-c", "c1", "-N", "1", "-t", "30s", "--", "true", entry=entry)
     assert ok.returncode == 0, ok.stderr
 
 
-def test_a_job_past_its_walltime_is_killed(up):
+def test_a_job_past_its_walltime_is_killed(up, entry):
     proc, env, tmp, conn = up
-    r = _run(env, "submit", "-c", "c1", "-N", "1", "-t", "1s", "--", "sleep", "60")
+    r = _run(env, "submit", "-c", "c1", "-N", "1", "-t", "1s", "--", "sleep", "60", entry=entry)
     assert r.returncode == 124 and "walltime" in r.stderr
 
 
-def test_a_command_that_does_not_exist_fails_at_once_with_127(up):
+def test_a_command_that_does_not_exist_fails_at_once_with_127(up, entry):
     """Like a shell (``sh -c nonexistent_cmd`` exits 127), at once: the job frees its nodes rather than
     holding them until its walltime (10 minutes here; the command's own timeout is 60 s)."""
     proc, env, tmp, conn = up
-    r = _run(env, "submit", "-c", "c0", "-N", "2", "-t", "10m", "--", "nonexistent_cmd")
+    r = _run(env, "submit", "-c", "c0", "-N", "2", "-t", "10m", "--", "nonexistent_cmd", entry=entry)
     assert r.returncode == 127 and "nonexistent_cmd: command not found" in r.stderr, r.stderr
-    ok = _run(env, "submit", "-c", "c0", "-N", "4", "-t", "30s", "--", "true")  # every node is free again
+    ok = _run(env, "submit", "-c", "c0", "-N", "4", "-t", "30s", "--", "true", entry=entry)  # every node is free again
     assert ok.returncode == 0, ok.stderr
 
 
-def test_bad_submissions_are_refused_clearly(up):
+def _history(env, job: str) -> list[dict]:
+    return [x for x in json.loads(_run(env, "history", "--json").stdout) if x["id"] == job]
+
+
+def _running_job(env, command: str) -> str:
+    """The id of the running job whose command is ``command`` (as ``coorm queue`` shows it)."""
+    def running():
+        rows = [x for x in json.loads(_run(env, "queue", "--json").stdout)
+                if x["state"] == "running" and x.get("command", "").endswith(command)]
+        return rows[0]["id"] if rows else None
+    return wait_for(running, 30, f"{command!r} to run")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_on_an_attached_submit_cancels_its_job(up, sig, code):
+    """As srun: Ctrl-C (or a TERM) on ``coorm submit`` cancels the job, which ends (its processes killed)
+    before the command exits, with the shell's code for the signal."""
     proc, env, tmp, conn = up
-    r = _run(env, "submit", "-c", "nowhere", "-N", "1", "-t", "1m", "--", "true")
+    job = subprocess.Popen([*FAST, "submit", "-c", "c1", "-N", "1", "-t", "5m", "--", "sleep", "301"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        jid = _running_job(env, "sleep 301")
+        job.send_signal(sig)
+        _, err = job.communicate(timeout=30)
+        assert job.returncode == code, err
+        ended = wait_for(lambda: _history(env, jid), 30, "the job in the history")
+        assert ended[0]["state"] == "cancelled", ended
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def test_an_attached_submit_killed_outright_has_its_job_cancelled(up):
+    """SIGKILL leaves no time to cancel anything: the batch service sees that nobody listens to the job's
+    events any more and cancels it (within its grace), so a killed srun-like command leaks no job."""
+    from coorm.services.batch.service import ATTACH_GRACE, ATTACH_PROBE_EVERY
+
+    proc, env, tmp, conn = up
+    job = subprocess.Popen([*FAST, "submit", "-c", "c1", "-N", "1", "-t", "5m", "--", "sleep", "302"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        jid = _running_job(env, "sleep 302")
+        job.kill()
+        job.wait()
+        ended = wait_for(lambda: _history(env, jid), ATTACH_GRACE + 3 * ATTACH_PROBE_EVERY + 15,
+                         "the job to be cancelled")
+        assert (ended[0]["state"], ended[0]["reason"]) == ("cancelled", "its command (coorm submit) went away")
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def test_bad_submissions_are_refused_clearly(up, entry):
+    proc, env, tmp, conn = up
+    r = _run(env, "submit", "-c", "nowhere", "-N", "1", "-t", "1m", "--", "true", entry=entry)
     assert r.returncode == 2 and "unknown cluster nowhere" in r.stderr
-    r = _run(env, "submit", "-c", "c0", "-N", "1", "-t", "ten minutes", "--", "true")
+    r = _run(env, "submit", "-c", "c0", "-N", "1", "-t", "ten minutes", "--", "true", entry=entry)
     assert r.returncode == 2 and "cannot read the walltime" in r.stderr
 
 
@@ -144,10 +207,10 @@ def test_nothing_answers_without_credentials_and_an_added_user_gets_in(up):
         assert job.returncode != 0 and "not root" in job.stderr, job.stderr
 
 
-def test_a_job_runs_where_it_was_submitted_with_the_submitter_s_environment(up):
+def test_a_job_runs_where_it_was_submitted_with_the_submitter_s_environment(up, entry):
     proc, env, tmp, conn = up
     r = _run(dict(env, MY_SETTING="forty-two"), "submit", "-c", "c1", "-N", "1", "-t", "30s", "--", "sh", "-c",
-             'pwd; echo "$MY_SETTING"', cwd=tmp)
+             'pwd; echo "$MY_SETTING"', cwd=tmp, entry=entry)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(tmp), "forty-two"]
 

@@ -163,8 +163,11 @@ def test_every_connected_application_is_told_why_coorm_up_stops(up):
     from coorm.shared.protocol import SystemStopping
 
     proc, env, work = up
-    job = subprocess.Popen([*COORM, "submit", "-c", "c0", "-N", "2", "-t", "5m", "--", "sleep", "300"], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # through the full command line (an SDK session of its own) and the coorm script's fast path (a batch job
+    # attached to the command)
+    jobs = [subprocess.Popen([*entry, "submit", "-c", "c0", "-N", "2", "-t", "5m", "--", "sleep", "300"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for entry in (COORM, [sys.executable, "-m", "coorm.cli.fast"])]
 
     async def listen_then_stop() -> SystemStopping:
         nc = await nats.connect(_urls(env)["nats_url"], allow_reconnect=False, **_as_user(env))
@@ -179,19 +182,21 @@ def test_every_connected_application_is_told_why_coorm_up_stops(up):
 
     try:
         conn = env["COORM_CONNECTION_FILE"]
-        wait_for(lambda: "started" in subprocess.run([*COORM, "requests", "--json"], env=env, capture_output=True,
-                                                     text=True).stdout, 30, "the job to start")
+        wait_for(lambda: subprocess.run([*COORM, "requests", "--json"], env=env, capture_output=True,
+                                        text=True).stdout.count('"started"') == 2, 30, "both jobs to start")
         told = asyncio.run(listen_then_stop())
         assert told.reason == "coorm up was stopped (SIGTERM)"
-        _, err = job.communicate(timeout=60)
-        assert job.returncode == 3 and "CooRM is stopping: coorm up was stopped (SIGTERM)" in err, err
+        for job in jobs:
+            _, err = job.communicate(timeout=60)
+            assert job.returncode == 3 and "CooRM is stopping: coorm up was stopped (SIGTERM)" in err, err
         assert proc.wait(60) == 0
         assert not os.path.exists(conn)
         assert not [n for n, p in _pids(work).items() if pid_alive(p)]
     finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
+        for job in jobs:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import (
     Ack,
+    BatchAttached,
     BatchControl,
     BatchControlReply,
     BatchQuery,
@@ -270,6 +271,74 @@ async def test_another_user_can_neither_cancel_nor_hold_my_jobs(stack, nc, tmp_p
         await bus.shutdown(theirs)
     assert await state_of(nc, job) == "held"
     await control(nc, "cancel", jobs=[job])
+
+
+# ==================================================================================================
+# attached jobs (coorm submit, as srun)
+# ==================================================================================================
+async def _listen(nc, subject: str):
+    """Listen where an attached job's command listens (subscribed before the job is submitted)."""
+    sub = await nc.subscribe(subject)
+    await nc.flush()
+    return sub
+
+
+async def _collect(sub, until: str = "ended", timeout: float = WAIT) -> list[BatchAttached]:
+    """An attached job's events as its command hears them, until (and with) the first ``until``."""
+    got: list[BatchAttached] = []
+    deadline = time.monotonic() + timeout
+    while not got or got[-1].event != until:
+        msg = await sub.next_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg.reply:  # the service asking whether someone listens: a subscriber is enough
+            continue
+        got.append(BatchAttached.model_validate_json(msg.data))
+    return got
+
+
+async def test_an_attached_job_sends_its_start_output_and_end_to_its_command(stack, nc, tmp_path):
+    subject = f"{subjects.inbox_user(ME)}.attached1"
+    sub = await _listen(nc, subject)
+    job = await submit(nc, tmp_path, argv=["sh", "-c", 'echo "out $COORM_NODE"; echo err >&2; exit 4'], nodes=2,
+                       attach=subject)
+    got = await _collect(sub)
+    assert got[0].event == "started" and len(got[0].nodes) == 2 and got[-1].event == "ended"
+    outputs = [(e.node, e.stream, e.data) for e in got if e.event == "output"]
+    assert sorted(outputs) == sorted([(n, "stdout", f"out {n}\n") for n in got[0].nodes]
+                                     + [(n, "stderr", "err\n") for n in got[0].nodes])
+    assert (got[-1].job, got[-1].state, got[-1].exit_code) == (job, "failed", 4)
+    assert not list(tmp_path.glob("coorm-*.out"))  # its output went to its command, not to a file
+    (rec,) = await ended(nc, job)
+    assert (rec.state, rec.exit_code) == ("failed", 4)  # and it is in the history as any job
+
+
+async def test_an_attached_job_outlives_a_restart_of_the_batch_service(stack, nc, tmp_path):
+    gate = tmp_path / "gate"
+    subject = f"{subjects.inbox_user(ME)}.attached2"
+    sub = await _listen(nc, subject)
+    await submit(nc, tmp_path, argv=["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; echo through"],
+                 attach=subject)
+    assert (await _collect(sub, until="started"))[-1].event == "started"
+    await stack.stop_part("batch")
+    await stack.start_batch()
+    gate.touch()
+    got = await _collect(sub)
+    assert [(e.event, e.data) for e in got] == [("output", "through\n"), ("ended", "")]
+    assert (got[-1].state, got[-1].exit_code) == ("completed", 0)
+
+
+async def test_a_job_cannot_be_attached_to_another_user_s_inbox_nor_be_an_array(stack, nc, tmp_path):
+    """Events sent to another user's inbox would let me write into their srun's output: refused, as are an
+    attached array and a subject with wildcards; nothing is queued."""
+    with pytest.raises(bus.WireError) as e:
+        await submit(nc, tmp_path, argv=["true"], attach=f"{subjects.inbox_user(OTHER)}.spoof")
+    assert e.value.code is ErrorCode.FORBIDDEN
+    with pytest.raises(bus.WireError) as e:
+        await submit(nc, tmp_path, argv=["true"], attach=f"{subjects.inbox_user(ME)}.a", array="0-3")
+    assert e.value.code is ErrorCode.BAD_REQUEST
+    for bad in (f"{subjects.inbox_user(ME)}.>", f"{subjects.inbox_user(ME)}.*", "coorm.v1.system.stopping"):
+        with pytest.raises((bus.WireError, ValueError)):
+            await submit(nc, tmp_path, argv=["true"], attach=bad)
+    assert (await query(nc)).total == 0 and not (await query(nc, ended=True, since=0.0)).jobs
 
 
 # ==================================================================================================

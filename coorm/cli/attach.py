@@ -1,0 +1,254 @@
+"""``coorm submit`` the way ``srun`` is used: submit, stream the job's output, exit with its exit code.
+
+The job is a batch job *attached* to this command (``BatchSubmit.attach``): the batch service hosts it as any
+other (its session, its request, its launches: nothing of it lives in this process), and sends what happens
+to it -- its start, its processes' output, its end -- to a subject of the user's own inbox that this command
+listens to. So the command costs what ``coorm batch`` costs, plus the job's own time; it appears in ``coorm
+queue`` and ``coorm history`` as any job does. Its life is tied to this command's, as srun's is:
+
+* Ctrl-C (or SIGTERM, SIGHUP) cancels the job and waits (a few seconds) for it to end; a second Ctrl-C
+  leaves at once. Exit code 130 (143 for SIGTERM, 129 for SIGHUP), as a shell's.
+* A command killed outright (SIGKILL, its host gone) stops listening: the batch service notices within
+  ``ATTACH_GRACE`` seconds and cancels the job.
+* A NATS restart cuts the connection: the command connects again within the reconnect window, listens
+  again, and asks the queue what became of the job meanwhile (its end, if it ended; the output sent while it
+  was away is lost). Lost for good: exit 3, saying the job may still run.
+* CooRM stopping as a whole (``SystemStopping``): exit 3 with the reason.
+
+The exit code is the job's (``BatchAttached.exit_code``: its command's, 124 at its walltime, 127 for a
+command not found...); 2 when the submission is refused; 3 when CooRM cannot be reached."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from coorm.cli.fast import (
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    RETRY_NO_RESPONDERS,
+    Conn,
+    Failed,
+    connect,
+    submission,
+    submit_options,
+)
+
+RECONNECT_WINDOW = 30.0  # Settings.reconnect_window's default: seconds a client tries to connect again
+CANCEL_WAIT = 10.0  # seconds a cancelled job's end is waited for after Ctrl-C
+_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+_EVENTS, _REPLIES, _STOPPING = "1", "2", "3"  # subscription ids
+
+
+def submit(argv: list[str]) -> int:
+    """``coorm submit [-c CLUSTER] [-N NODES] [-t TIME] [-J NAME] [-o FILE] [-l] -- COMMAND ARGS...``."""
+    from coorm.shared.connection import Client, CredentialsError, redact
+
+    opts, label, command = submit_options(argv)
+    output = opts.output
+    message = submission(opts._replace(output=None), argv=command, script=None,
+                         default_name=os.path.basename(command[0]))
+    try:
+        client = Client()
+    except CredentialsError as e:
+        raise Failed(str(e), EXIT_REFUSED) from None
+    if "," in client.nats_url or not client.nats_url.startswith("nats://"):
+        from coorm.cli.fast import Fallback
+
+        raise Fallback  # several servers, TLS: the full command line (nats-py)
+    where = f"{redact(client.nats_url)} (from {client.url_source})"
+    sink = open(output, "a", buffering=1) if output else None  # noqa: SIM115 - closed below
+    try:
+        return _Attached(client, where, message, label, sink).run()
+    finally:
+        if sink is not None:
+            sink.close()
+
+
+class _Attached:
+    def __init__(self, client, where: str, message: dict, label: bool, sink) -> None:
+        self.client, self.where, self.label, self.sink = client, where, label, sink
+        self.conn: Conn = connect(client, where)
+        self.attach = f"{self.conn.inbox}.{os.urandom(8).hex()}"
+        self.replies = f"{self.conn.inbox}.{os.urandom(8).hex()}"
+        self.message = {**message, "attach": self.attach}
+        self.job: str | None = None
+        self.signalled: int | None = None  # the exit code of the signal that came
+        self.cancel_by: float | None = None
+
+    # -- the job's life -----------------------------------------------------------------------------
+    def run(self) -> int:
+        from coorm.shared import subjects
+
+        for sig in _SIGNALS:
+            signal.signal(sig, self._on_signal)
+        try:
+            self._listen()
+            self._submit()
+            while True:
+                if self.signalled is not None and self.cancel_by is None:
+                    self.cancel_by = time.monotonic() + CANCEL_WAIT
+                    self._publish(subjects.batch_cancel(self.client.user), {"jobs": [self.job]}, self.replies)
+                if self.cancel_by is not None and time.monotonic() > self.cancel_by:
+                    _say(f"job {self.job} was cancelled; its end was not seen within {CANCEL_WAIT:g} s")
+                    return self.signalled or 1
+                try:
+                    code = self._next()
+                except TimeoutError:
+                    continue
+                except (OSError, ValueError):
+                    code = self._reconnect()
+                if code is not None:
+                    return self.signalled or code
+        finally:
+            self.conn.sock.close()
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        if self.signalled is not None:  # the second: leave now (the job was asked to end)
+            raise SystemExit(self.signalled)
+        self.signalled = _SIGNALS[signal.Signals(signum)]
+
+    def _listen(self) -> None:
+        from coorm.shared import subjects
+
+        self.conn.send(f"SUB {self.attach} {_EVENTS}\r\nSUB {self.replies} {_REPLIES}\r\n"
+                       f"SUB {subjects.SYSTEM_STOPPING} {_STOPPING}\r\n".encode())
+
+    def _publish(self, subject: str, body: dict, reply: str) -> None:
+        payload = json.dumps(body).encode()
+        self.conn.send(f"PUB {subject} {reply} {len(payload)}\r\n".encode() + payload + b"\r\n")
+
+    def _submit(self) -> None:
+        """Send the submission; the job's id, once its reply came (no one serving it: sent again, as
+        ``coorm batch`` does)."""
+        from coorm.shared import subjects
+
+        deadline = time.monotonic() + self.client.connect_timeout + RETRY_NO_RESPONDERS
+        delay = 0.05
+        self.conn.sock.settimeout(10.0)
+        while True:
+            self._publish(subjects.batch_submit(self.client.user), self.message, self.replies)
+            try:
+                while self.job is None:
+                    reply = self._next(submitting=True)
+                    if reply is not None:  # no responders
+                        break
+            except TimeoutError:
+                raise Failed(f"CooRM at {self.where} did not answer in time", EXIT_UNREACHABLE) from None
+            except (OSError, ValueError):
+                raise Failed(self.conn.unreachable, EXIT_UNREACHABLE) from None
+            if self.job is not None:
+                self.conn.sock.settimeout(0.5)  # (signals are looked at between reads)
+                return
+            if time.monotonic() + delay > deadline:
+                raise Failed(f"NATS at {self.where} answers but the batch service does not: is it running? Start "
+                             "one with 'coorm up'", EXIT_UNREACHABLE)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    # -- what comes -----------------------------------------------------------------------------------
+    def _next(self, submitting: bool = False) -> int | None:
+        """Read one frame and act on it: the exit code once the job ended (or, ``submitting``, -1 when no
+        one serves the submission); None otherwise."""
+        return self._handle(*self.conn.frame(), submitting=submitting)
+
+    def _handle(self, line: str, data: bytes | None, submitting: bool = False) -> int | None:
+        if line == "PING":
+            self.conn.send(b"PONG\r\n")
+            return None
+        if line.startswith("-ERR"):
+            if "Permissions Violation" in line:
+                raise Failed(f"NATS refused: {line[5:].strip(chr(39))}", EXIT_REFUSED)
+            raise ConnectionError(line)
+        if data is None:
+            return None  # +OK, PONG, INFO
+        fields = line.split()
+        sid = fields[2]
+        has_reply = len(fields) == (6 if fields[0] == "HMSG" else 5)
+        if fields[0] == "HMSG":
+            headers = int(fields[-2])
+            if data[:headers].split(b"\r\n", 1)[0].split()[1:2] == [b"503"]:
+                return -1 if submitting and sid == _REPLIES else None  # no responders
+            data = data[headers:]
+        if sid == _REPLIES:
+            reply = json.loads(data)
+            if reply.get("ok") is False and isinstance(reply.get("error"), dict):
+                if self.job is None:
+                    raise Failed(f"refused: {reply['error'].get('message')}", EXIT_REFUSED)
+                return None  # (a cancel that came too late: the job's end is on its way)
+            if self.job is None and "job" in reply:
+                self.job = str(reply["job"])
+            return None
+        if sid == _STOPPING:
+            reason = json.loads(data).get("reason", "")
+            _say(f"CooRM is stopping: {reason}; job {self.job} is killed")
+            return EXIT_UNREACHABLE
+        if has_reply or not data:
+            return None  # the batch service asking whether this command still listens: it does
+        return self._event(json.loads(data))
+
+    def _event(self, ev: dict) -> int | None:
+        kind = ev.get("event")
+        if kind == "output":
+            text = ev.get("data", "")
+            if self.label:
+                text = "".join(f"{ev.get('node')}: {line}\n" for line in text.splitlines())
+            stream = self.sink or (sys.stdout if ev.get("stream") == "stdout" else sys.stderr)
+            stream.write(text)
+            stream.flush()
+            return None
+        if kind == "ended":
+            return self._ended(ev.get("state"), ev.get("exit_code"), ev.get("reason", ""))
+        return None
+
+    def _ended(self, state: str | None, code: int | None, reason: str) -> int:
+        if state == "completed":
+            return 0
+        if reason and reason != f"exit code {code}":
+            _say(f"job {self.job} {state}: {reason}")
+        return code if code else 1
+
+    # -- a lost connection ----------------------------------------------------------------------------
+    def _reconnect(self) -> int | None:
+        """Connect again within the reconnect window, listen again, and ask the queue what became of the
+        job meanwhile: its exit code if it ended, else None (go on listening)."""
+        from coorm.shared import subjects
+
+        self.conn.sock.close()
+        give_up = time.monotonic() + RECONNECT_WINDOW
+        while True:
+            try:
+                self.conn = connect(self.client, self.where)
+                break
+            except Failed as e:
+                if e.code != EXIT_UNREACHABLE or time.monotonic() > give_up:
+                    _say(f"lost CooRM at {self.where}; job {self.job} may still run: see 'coorm queue'")
+                    return EXIT_UNREACHABLE
+                time.sleep(0.5)
+        self._listen()
+        self.conn.sock.settimeout(10.0)
+        history = f"{self.conn.inbox}.{os.urandom(8).hex()}"
+        self.conn.send(f"SUB {history} 4\r\n".encode())
+        self._publish(subjects.BATCH_QUERY, {"jobs": [self.job], "ended": True}, history)
+        while True:  # (events may come first: they are acted on)
+            line, data = self.conn.frame()
+            fields = line.split()
+            if data is not None and fields[2] == "4":
+                if fields[0] == "HMSG":
+                    data = data[int(fields[-2]):]
+                jobs = json.loads(data).get("jobs") if data else None
+                self.conn.sock.settimeout(0.5)
+                if jobs:
+                    return self._ended(jobs[0]["state"], jobs[0].get("exit_code"), jobs[0].get("reason", ""))
+                return None
+            code = self._handle(line, data)
+            if code is not None:
+                return code
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"coorm: {text}\n")
+    sys.stderr.flush()
