@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     reschedule_interval: float = Field(default=1.0, ge=0)
     # passes that may run at once within an interval (a request on a quiet system is scheduled without
     # waiting for the interval; a burst of them is coalesced)
-    pass_burst: int = Field(default=4, ge=1)
+    pass_burst: int = Field(default=16, ge=1)
     fair_start: float = Field(default=5.0, ge=0)
     preempt_grace: float = Field(default=10.0, ge=0)
     preemptible: Literal["filling", "strict"] = "filling"
