@@ -520,6 +520,8 @@ class BatchSubmit(_Msg):
 
     argv: list[Annotated[str, Field(max_length=65536)]] = Field(default_factory=list, max_length=4096)
     script: str | None = Field(default=None, min_length=2, max_length=100_000)  # "#!...": its text, copied now
+    # sbatch --wrap: a command line /bin/sh runs on the job's first node (``argv``: its $1...), no script file
+    wrap: str | None = Field(default=None, min_length=1, max_length=100_000)
     nodes: int = Field(default=1, ge=1, le=1_000_000)
     walltime: float = Field(gt=0, le=366 * 86400)
     cluster: Identifier | None = None  # None: the first cluster by name

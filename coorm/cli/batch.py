@@ -60,15 +60,17 @@ def batch(script: Path | None, args: list[str], cli, wrap: str | None, open_mode
     for w in warnings:
         _line(w)
     opts = directives.merged(cli)
-    queue(opts, argv=list(args), script=text, default_name=name, open_mode=open_mode)
+    queue(opts, argv=list(args), script=text if wrap is None else None, wrap=wrap, default_name=name,
+          open_mode=open_mode)
 
 
-def queue(opts, *, argv: list[str], script: str | None, default_name: str, open_mode: str = "append") -> None:
+def queue(opts, *, argv: list[str], script: str | None, default_name: str, open_mode: str = "append",
+          wrap: str | None = None) -> None:
     """Send one submission (the same code as the fast path: :func:`coorm.cli.fast.submit_job`)."""
     from coorm.cli import fast
 
     try:
-        fast.submit_job(opts, argv=argv, script=script, default_name=default_name, open_mode=open_mode)
+        fast.submit_job(opts, argv=argv, script=script, default_name=default_name, open_mode=open_mode, wrap=wrap)
     except fast.Failed as e:
         _line(str(e))
         raise typer.Exit(e.code) from None

@@ -122,7 +122,7 @@ def batch(argv: list[str]) -> int:
     rest = argv[i:]
     if (wrap is None) == (not rest):
         raise Failed("give a script (coorm batch job.sh) or --wrap 'COMMAND'", EXIT_REFUSED)
-    if wrap is not None:
+    if wrap is not None:  # (its directives are read as a script's would be)
         text, name, args = f"#!/bin/sh\n{wrap}\n", "wrap", rest
     else:
         path, args = rest[0], rest[1:]
@@ -139,7 +139,8 @@ def batch(argv: list[str]) -> int:
         raise Failed(f"{rest[0] if wrap is None else 'the wrapped command'}: {e}", EXIT_REFUSED) from None
     for w in [*warnings, *more]:
         _say(w)
-    return submit_job(directives.merged(given), argv=args, script=text, default_name=name, open_mode=open_mode)
+    return submit_job(directives.merged(given), argv=args, script=text if wrap is None else None, wrap=wrap,
+                      default_name=name, open_mode=open_mode)
 
 
 def submit_no_wait(argv: list[str]) -> int:
@@ -186,11 +187,14 @@ def submit_options(argv: list[str]):
     return opts, label, command
 
 
-def submit_job(opts, *, argv: list[str], script: str | None, default_name: str, open_mode: str = "append") -> int:
+def submit_job(opts, *, argv: list[str], script: str | None, default_name: str, open_mode: str = "append",
+               wrap: str | None = None) -> int:
     """Send one submission; print ``Submitted batch job N`` (as sbatch does: scripts read the id from it)."""
     from coorm.shared import subjects
 
     message = submission(opts, argv=argv, script=script, default_name=default_name, open_mode=open_mode)
+    if wrap is not None:
+        message["wrap"] = wrap
     reply = request(subjects.batch_submit, message, "the batch service")
     print(f"Submitted batch job {reply['job']}")
     return 0

@@ -247,8 +247,10 @@ class BatchService:
     async def _on_submit(self, msg: BatchSubmit, raw: Msg) -> BatchSubmitReply:
         assert self.redis is not None
         user = subjects.user_of(raw.subject)
-        if not msg.argv and msg.script is None:
+        if not msg.argv and msg.script is None and msg.wrap is None:
             raise bus.WireError(ErrorCode.BAD_REQUEST, "nothing to run: give a command or a script")
+        if msg.script is not None and msg.wrap is not None:
+            raise bus.WireError(ErrorCode.BAD_REQUEST, "a script or a wrapped command line, not both")
         if msg.script is not None and not msg.script.startswith("#!"):
             raise bus.WireError(ErrorCode.BAD_REQUEST, "a script must start with #! (its interpreter)")
         if msg.attach is not None:
@@ -527,7 +529,12 @@ class BatchService:
                 # (request ids are the app's, counted: the same again), its requests already sent
                 launcher = RigidLauncher(session.app, sub.cluster or "", sub.nodes, sub.walltime)
             self.sessions[job] = session
-            argv = ["/bin/sh", "-c", SCRIPT_RUNNER, "coorm-job", *sub.argv] if sub.script is not None else sub.argv
+            if sub.script is not None:
+                argv = ["/bin/sh", "-c", SCRIPT_RUNNER, "coorm-job", *sub.argv]
+            elif sub.wrap is not None:  # (the shell runs it as it is: no copy of a script to make and remove)
+                argv = ["/bin/sh", "-c", sub.wrap, "coorm-job", *sub.argv]
+            else:
+                argv = sub.argv
             attached = self._attach(job, sub)
             if attached is not None:  # (the agents send its output here: it goes on to its command)
                 options: dict = {}
@@ -539,7 +546,8 @@ class BatchService:
                                 on_output=attached.output if attached is not None else None,
                                 observe=functools.partial(self._observe, job), resumed=resumed,
                                 detach_on_cancel=True, props=NO_PROPS,
-                                first_node_only=sub.script is not None and attached is None)
+                                first_node_only=(sub.script is not None or sub.wrap is not None)
+                                and attached is None)
             result = await runner.run()
         except asyncio.CancelledError:
             raise  # the service stops: the job goes on, the next instance takes it up
@@ -758,12 +766,16 @@ def _seq(job_id: str) -> int:
 
 
 def _default_name(msg: BatchSubmit) -> str:
+    if msg.wrap is not None:
+        return "wrap"
     if msg.argv and msg.script is None:
         return os.path.basename(msg.argv[0])[:128]
     return "script"
 
 
 def _command_text(sub: BatchSubmit) -> str:
+    if sub.wrap is not None:
+        return f"{sub.wrap} {' '.join(sub.argv)}".strip()[:200]
     if sub.script is not None:
         first = sub.script.splitlines()[0] if sub.script else ""
         return f"(script {first[:60]}) {' '.join(sub.argv)}".strip()

@@ -95,11 +95,21 @@ def test_submit_no_wait_queues_its_command(sent):
 
 def test_what_the_fast_path_does_not_read_goes_to_the_full_command_line(sent):
     for argv in (["batch", "--help"], ["batch", "--mem", "4G", "job.sh"], ["submit", "--no-wait", "--bogus", "--",
-                                                                          "true"]):
+                                                                          "true"], ["submit", "--help"],
+                 ["submit", "--bogus", "--", "true"], ["submit", "-N", "0", "--", "true"]):
         with pytest.raises(fast.Fallback):
             fast.run(argv)
-    assert fast.run(["status"]) is None and fast.run(["submit", "--", "true"]) is None
+    assert fast.run(["status"]) is None and fast.run(["queue"]) is None
     assert sent == []
+
+
+def test_a_wrapped_command_goes_as_a_command_line_not_as_a_script(sent):
+    """``--wrap``: /bin/sh runs the line itself on the first node (no script file made and removed for it),
+    its directives read as a script's would be."""
+    assert fast.run(["batch", "-N", "2", "--wrap", "echo $COORM_JOB_ID; true"]) == 0
+    (body,) = sent
+    assert (body["wrap"], body["argv"], body["nodes"], body["name"]) == ("echo $COORM_JOB_ID; true", [], 2, "wrap")
+    assert "script" not in body
 
 
 def test_bad_values_are_refused_with_exit_2_before_anything_is_sent(sent):

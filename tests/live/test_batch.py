@@ -126,6 +126,19 @@ async def test_a_script_runs_once_on_its_first_node_and_knows_them_all(stack, nc
     assert (tmp_path / f"coorm-{job}.out").read_text() == f"{rec.node_ids[0]} of {','.join(rec.node_ids)}\n"
 
 
+async def test_a_wrapped_command_line_runs_once_on_its_first_node_with_its_exit_code(stack, nc, tmp_path):
+    """sbatch --wrap: /bin/sh runs the line, once, on the first node; its exit code is the job's."""
+    job = await submit(nc, tmp_path, wrap='echo "$COORM_NODE of $COORM_NODES, job $COORM_JOB_ID"; exit 6', nodes=3,
+                       cluster="c0")
+    (rec,) = await ended(nc, job)
+    assert (rec.state, rec.exit_code, rec.name) == ("failed", 6, "wrap")
+    assert (tmp_path / f"coorm-{job}.out").read_text() == (f"{rec.node_ids[0]} of {','.join(rec.node_ids)}, "
+                                                           f"job {job}\n")
+    with pytest.raises(bus.WireError) as e:
+        await submit(nc, tmp_path, wrap="true", script="#!/bin/sh\ntrue\n")
+    assert e.value.code is ErrorCode.BAD_REQUEST
+
+
 async def test_jobs_made_eligible_together_keep_their_submission_order(stack, nc, tmp_path):
     """Their sessions open in submission order: the RMS's priorities are the queue's order."""
     jobs = [await submit(nc, tmp_path, argv=["true"], hold=True, name="ordered") for _ in range(6)]
