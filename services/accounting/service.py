@@ -18,8 +18,9 @@ Theory of operation
   block the stream. One that fails to be recorded comes again (a nak with back-off): for as long as Redis or
   the broker is unreachable, which is no fault of the message; ``bus.MAX_DELIVERIES`` times for any other
   failure, then it is set aside too -- a poison message, which would otherwise come back for ever.
-* A finished request enqueues ``rollup_request``, a preemption ``rollup_preemption`` (Celery tasks in
-  :mod:`coorm.services.accounting.tasks`, on the same Redis).
+* The finished requests of one fetched batch enqueue one ``rollup_requests``, a preemption
+  ``rollup_preemption`` (Celery tasks in :mod:`coorm.services.accounting.tasks`, on the same Redis); the
+  batch's messages are acked once these are enqueued.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from coorm.services.accounting.core import Malformed, PreemptionRecord, check, event_id, marker, request_fields
-from coorm.services.accounting.tasks import ROLLUP_PREEMPTION, ROLLUP_REQUEST, make_celery
+from coorm.services.accounting.tasks import ROLLUP_PREEMPTION, ROLLUP_REQUESTS, make_celery
 from coorm.services.runtime import clock, ensure_streams, redis_client
 from coorm.shared import bus, keys, metrics, subjects
 from coorm.shared.endpoints import Role
@@ -123,8 +124,7 @@ class AccountingService:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
                 continue
-            for msg in msgs:
-                await self.handle(msg)
+            await self.handle_batch(msgs)
 
     async def close(self) -> None:
         if self.nc is not None:
@@ -144,29 +144,51 @@ class AccountingService:
     # one message
     # ============================================================================================
     async def handle(self, msg: Msg) -> None:
-        """Record, enqueue, then ack; what is not a lifecycle event is set aside at once, what fails comes
-        again (see the module's notes)."""
-        try:
+        await self.handle_batch([msg])
+
+    async def handle_batch(self, msgs: list[Msg]) -> None:
+        """Record each message, enqueue the roll-ups of those recorded (the requests' ends in one task:
+        a task each cost the worker and this service more than the roll-up itself), then ack them. What is
+        not a lifecycle event is set aside at once; what fails comes again (see the module's notes)."""
+        recorded: list[tuple[Msg, Lifecycle, str]] = []
+        for msg in msgs:
             try:
-                await self.process(msg)
-            except (bus.WireError, Malformed) as e:
-                await self._reject(msg, e)
-                return
-        except UNREACHABLE as e:
+                life, eid, _ = await self._record_msg(msg)
+            except Exception as e:  # noqa: BLE001 - this message only (see _failed)
+                await self._failed(msg, e)
+                continue
+            recorded.append((msg, life, eid))
+        if not recorded:
+            return
+        try:
+            await self._enqueue([(life, eid) for _, life, eid in recorded])
+        except Exception as e:  # noqa: BLE001 - recorded, not enqueued: they all come again
+            for msg, _, _ in recorded:
+                await self._failed(msg, e)
+            return
+        for msg, _, _ in recorded:
+            with contextlib.suppress(Exception):  # not acked: it comes again, and is recognised
+                await msg.ack()
+
+    async def _failed(self, msg: Msg, e: Exception) -> None:
+        if isinstance(e, (bus.WireError, Malformed)):
+            await self._reject(msg, e)
+        elif isinstance(e, UNREACHABLE):
             log.warning("lifecycle event not recorded (a server is unreachable); it will be redelivered",
                         error=f"{type(e).__name__}: {e}")
             with contextlib.suppress(Exception):
                 await msg.nak(delay=RETRY_WAIT)
-            return
-        except Exception as e:  # noqa: BLE001 - this message fails: again, up to MAX_DELIVERIES times
+        else:  # this message fails: again, up to MAX_DELIVERIES times
             await bus.retry_or_set_aside(self.nc, msg, e)
-            return
-        with contextlib.suppress(Exception):  # not acked: it comes again, and is recognised
-            await msg.ack()
 
     async def process(self, msg: Msg) -> bool:
-        """Record one message (without acking it): True if it was new, False if a duplicate. Raises
-        ``bus.WireError`` or ``Malformed`` if it is not a valid lifecycle event."""
+        """Record one message and enqueue its roll-up (without acking it): True if it was new, False if a
+        duplicate. Raises ``bus.WireError`` or ``Malformed`` if it is not a valid lifecycle event."""
+        life, eid, new = await self._record_msg(msg)
+        await self._enqueue([(life, eid)])
+        return new
+
+    async def _record_msg(self, msg: Msg) -> tuple[Lifecycle, str, bool]:
         msg_id = (msg.headers or {}).get("Nats-Msg-Id")
         life = bus.decode(msg.data, Lifecycle)
         check(life)
@@ -176,11 +198,16 @@ class AccountingService:
             observe(life)
         else:
             log.info("duplicate lifecycle event ignored", event_id=eid, kind=life.kind.value, request=life.request)
-        if life.kind is LifecycleKind.ENDED:
-            await asyncio.to_thread(self.celery.send_task, ROLLUP_REQUEST, args=[life.request])
-        elif life.kind is LifecycleKind.PREEMPTION:
-            await asyncio.to_thread(self.celery.send_task, ROLLUP_PREEMPTION, args=[eid])
-        return new
+        return life, eid, new
+
+    async def _enqueue(self, events: list[tuple[Lifecycle, str]]) -> None:
+        """The roll-ups of these events (a duplicate's too: the last instance may have died before it)."""
+        ended = [life.request for life, _ in events if life.kind is LifecycleKind.ENDED and life.request]
+        if ended:
+            await asyncio.to_thread(self.celery.send_task, ROLLUP_REQUESTS, args=[ended])
+        for life, eid in events:
+            if life.kind is LifecycleKind.PREEMPTION:
+                await asyncio.to_thread(self.celery.send_task, ROLLUP_PREEMPTION, args=[eid])
 
     async def record(self, life: Lifecycle, eid: str) -> bool:
         now = clock()

@@ -35,6 +35,7 @@ from coorm.shared.settings import Settings
 log = structlog.get_logger("coorm.accounting.tasks")
 
 ROLLUP_REQUEST = "coorm.accounting.rollup_request"
+ROLLUP_REQUESTS = "coorm.accounting.rollup_requests"
 ROLLUP_PREEMPTION = "coorm.accounting.rollup_preemption"
 ROLLUP_ALL = "coorm.accounting.rollup_all"
 
@@ -153,6 +154,13 @@ def rebuild(r: redis.Redis) -> dict:
 def rollup_request(self, request_id: str) -> bool:
     """Add one finished request's usage to its user's and application's totals (once)."""
     return apply_request(_redis(self.app.conf.coorm_redis_url), request_id)
+
+
+@celery_app.task(name=ROLLUP_REQUESTS, bind=True)
+def rollup_requests(self, request_ids: list[str]) -> int:
+    """Add finished requests' usage to the totals (each once): how many were added."""
+    r = _redis(self.app.conf.coorm_redis_url)
+    return sum(apply_request(r, request_id) for request_id in request_ids)
 
 
 @celery_app.task(name=ROLLUP_PREEMPTION, bind=True)
