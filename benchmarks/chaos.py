@@ -12,7 +12,8 @@ and the applications' own observations:
 * per killed process: the time from the kill until a new job ran to its end (recovery).
 
 Applications: rigid jobs (the SDK, the shipped rigid launcher) of ``sh -c 'sleep S; exit K'`` on 1 to 4
-nodes with K in 0..3 -- their expected exit code -- ``coorm submit`` jobs (the command line) of the same, and
+nodes with K in 0..3 -- their expected exit code -- ``coorm submit`` jobs (the command line; every other one
+through the ``coorm`` script's fast path, a batch job attached to the command) of the same, and
 a parameter-sweep application per cluster (the shipped PSA launcher: malleable, preempted by the others).
 
     python benchmarks/chaos.py                  # 300 applications, every process killed once
@@ -145,8 +146,10 @@ async def psa_app(settings: Settings, cluster: str, tasks: int, deadline: float)
 async def cli_app(env: dict[str, str], i: int, rng: random.Random, deadline: float) -> Outcome:
     sleep, code = rng.uniform(0.5, 3.0), rng.randint(0, 3)
     out = Outcome(f"cli{i}", "cli", code)
+    # every other one through the coorm script's fast path: a batch job attached to the command
+    entry = "coorm.cli.fast" if i % 2 else "coorm.cli.main"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "coorm.cli.main", "submit", "-c", rng.choice(["c0", "c1"]), "-N", str(rng.randint(1, 2)),
+        sys.executable, "-m", entry, "submit", "-c", rng.choice(["c0", "c1"]), "-N", str(rng.randint(1, 2)),
         "-t", "5m", "--", "sh", "-c", f"sleep {sleep:.2f}; exit {code}", env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:

@@ -182,7 +182,7 @@ class Session:
 
         async def on_reconnected() -> None:
             for session in opened:
-                session._recovering = asyncio.create_task(session._recover_after_reconnection())
+                session.reconnected()
 
         if nc is None:
             nc = await bus.connect_client(settings.nats_url, f"launcher-{kind or 'app'}",
@@ -511,6 +511,13 @@ class Session:
             return
         self._killed.add(note.request)
         self._events.put_nowait(Killed(note.request, note.reason.value, tuple(note.nodes)))
+
+    def reconnected(self) -> None:
+        """The shared connection this session was given (``Session.open(nc=...)``, ``resume``) came back
+        from a cut: ask what was missed meanwhile, as a session with a connection of its own does."""
+        if self._recovering is not None:
+            self._recovering.cancel()
+        self._recovering = asyncio.create_task(self._recover_after_reconnection())
 
     async def _recover_after_reconnection(self) -> None:
         """Ask at once, and once more a little later: a start or an exit told while this connection was

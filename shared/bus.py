@@ -86,11 +86,14 @@ def _auth(identity: Identity | None) -> dict:
     return {"nkeys_seed_str": identity.seed, "inbox_prefix": identity.inbox_prefix}
 
 
-async def connect(url: str, name: str, identity: Identity | None = None) -> NATS:
+async def connect(url: str, name: str, identity: Identity | None = None,
+                  reconnected_cb: Callable[[], Awaitable[None]] | None = None) -> NATS:
     """A server's connection (services, agents): supervised processes that must outlive a nats-server
-    restart, so every attempt is retried for ever, with one log line per failure rather than a traceback."""
+    restart, so every attempt is retried for ever, with one log line per failure rather than a traceback.
+    ``reconnected_cb``: what was sent to it while it was cut is lost (core NATS): ask for it again there."""
+    extra = {"reconnected_cb": reconnected_cb} if reconnected_cb is not None else {}
     return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=RECONNECT_WAIT,
-                              allow_reconnect=True, error_cb=_log_error(url), **_auth(identity))
+                              allow_reconnect=True, error_cb=_log_error(url), **extra, **_auth(identity))
 
 
 async def connect_client(url: str, name: str, *, timeout: float, reconnect_window: float, source: str = "",

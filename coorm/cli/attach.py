@@ -39,6 +39,7 @@ from coorm.cli.fast import (
 
 RECONNECT_WINDOW = 30.0  # Settings.reconnect_window's default: seconds a client tries to connect again
 CANCEL_WAIT = 10.0  # seconds a cancelled job's end is waited for after Ctrl-C
+SILENCE = 10.0  # seconds without a word from the server before it is PINGed (the batch service probes every 2 s)
 _SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 _EVENTS, _REPLIES, _STOPPING = "1", "2", "3"  # subscription ids
 
@@ -63,6 +64,8 @@ def submit(argv: list[str]) -> int:
     sink = open(output, "a", buffering=1) if output else None  # noqa: SIM115 - closed below
     try:
         return _Attached(client, where, message, label, sink).run()
+    except KeyboardInterrupt:  # (before its signal handlers were set: nothing was submitted)
+        return 130
     finally:
         if sink is not None:
             sink.close()
@@ -78,6 +81,8 @@ class _Attached:
         self.job: str | None = None
         self.signalled: int | None = None  # the exit code of the signal that came
         self.cancel_by: float | None = None
+        self.no_responders = False  # the last submission was served by no one
+        self.heard = time.monotonic()  # when the server last sent anything (it is PINGed when silent)
 
     # -- the job's life -----------------------------------------------------------------------------
     def run(self) -> int:
@@ -98,7 +103,7 @@ class _Attached:
                 try:
                     code = self._next()
                 except TimeoutError:
-                    continue
+                    code = self._silence()
                 except (OSError, ValueError):
                     code = self._reconnect()
                 if code is not None:
@@ -131,11 +136,10 @@ class _Attached:
         self.conn.sock.settimeout(10.0)
         while True:
             self._publish(subjects.batch_submit(self.client.user), self.message, self.replies)
+            self.no_responders = False
             try:
-                while self.job is None:
-                    reply = self._next(submitting=True)
-                    if reply is not None:  # no responders
-                        break
+                while self.job is None and not self.no_responders:
+                    self._next()
             except TimeoutError:
                 raise Failed(f"CooRM at {self.where} did not answer in time", EXIT_UNREACHABLE) from None
             except (OSError, ValueError):
@@ -150,12 +154,26 @@ class _Attached:
             delay = min(delay * 2, 1.0)
 
     # -- what comes -----------------------------------------------------------------------------------
-    def _next(self, submitting: bool = False) -> int | None:
-        """Read one frame and act on it: the exit code once the job ended (or, ``submitting``, -1 when no
-        one serves the submission); None otherwise."""
-        return self._handle(*self.conn.frame(), submitting=submitting)
+    def _next(self) -> int | None:
+        """Read one frame and act on it: the exit code once the job ended, None otherwise."""
+        frame = self.conn.frame()
+        self.heard = time.monotonic()
+        return self._handle(*frame)
 
-    def _handle(self, line: str, data: bytes | None, submitting: bool = False) -> int | None:
+    def _silence(self) -> int | None:
+        """Nothing came for a while: the server is PINGed (its PONG is something heard); silent for
+        twice as long, the connection is taken for lost (a host gone, a cable cut: no TCP reset comes)."""
+        quiet = time.monotonic() - self.heard
+        if quiet > 2 * SILENCE:
+            return self._reconnect()
+        if quiet > SILENCE:
+            try:
+                self.conn.send(b"PING\r\n")
+            except OSError:
+                return self._reconnect()
+        return None
+
+    def _handle(self, line: str, data: bytes | None) -> int | None:
         if line == "PING":
             self.conn.send(b"PONG\r\n")
             return None
@@ -171,7 +189,8 @@ class _Attached:
         if fields[0] == "HMSG":
             headers = int(fields[-2])
             if data[:headers].split(b"\r\n", 1)[0].split()[1:2] == [b"503"]:
-                return -1 if submitting and sid == _REPLIES else None  # no responders
+                self.no_responders = self.no_responders or sid == _REPLIES
+                return None
             data = data[headers:]
         if sid == _REPLIES:
             reply = json.loads(data)
@@ -233,8 +252,15 @@ class _Attached:
         history = f"{self.conn.inbox}.{os.urandom(8).hex()}"
         self.conn.send(f"SUB {history} 4\r\n".encode())
         self._publish(subjects.BATCH_QUERY, {"jobs": [self.job], "ended": True}, history)
+        self.heard = time.monotonic()
         while True:  # (events may come first: they are acted on)
-            line, data = self.conn.frame()
+            try:
+                line, data = self.conn.frame()
+            except TimeoutError:  # no answer: its end will come as an event, or not at all (asked again)
+                self.conn.sock.settimeout(0.5)
+                return None
+            except (OSError, ValueError):
+                return self._reconnect()
             fields = line.split()
             if data is not None and fields[2] == "4":
                 if fields[0] == "HMSG":

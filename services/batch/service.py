@@ -145,7 +145,8 @@ class BatchService:
     # ============================================================================================
     async def run(self, stop: asyncio.Event) -> None:
         self.redis = redis_client(self.settings.redis_url, ride_over=self.settings.reconnect_window)
-        self.nc = await bus.connect(self.settings.nats_url, "batch", self.settings.identity(Role.SERVICE))
+        self.nc = await bus.connect(self.settings.nats_url, "batch", self.settings.identity(Role.SERVICE),
+                                    reconnected_cb=self._reconnected)
         try:
             await self._load()
             subs = [
@@ -180,6 +181,13 @@ class BatchService:
                     await t
             await bus.shutdown(self.nc)
             await self.redis.aclose()
+
+    async def _reconnected(self) -> None:
+        """NATS is back: the starts, ends and exits sent to the jobs' sessions while it was cut are lost
+        (a job whose process exited then would run for ever): each session asks for them."""
+        log.info("NATS connection back: the jobs' sessions ask what they missed", sessions=len(self.sessions))
+        for session in list(self.sessions.values()):
+            session.reconnected()
 
     async def _load(self) -> None:
         """The queue as the last instance left it: every job not ended, and those ended lately (a dependency

@@ -154,6 +154,33 @@ def test_every_child_killed_comes_back_and_jobs_run_again(up):
     assert all(log.count(f"{name} killed by SIGKILL") == killed.count(name) for name in _pids(work)), log
 
 
+@pytest.mark.parametrize("victim", ["nats-server", "batch"])
+def test_an_attached_submit_rides_over_a_restart_and_exits_with_its_job_s_code(up, victim):
+    """``coorm submit`` (the fast path: a batch job attached to the command) while nats-server or the batch
+    service is SIGKILLed and started again: the job goes on, and the command still exits with its code
+    (nats-server: it connects again and asks the history; the batch service: the next instance tells it)."""
+    proc, env, work = up
+    gate = work / f"gate-{victim}"
+    job = subprocess.Popen([sys.executable, "-m", "coorm.cli.fast", "submit", "-c", "c0", "-N", "1", "-t", "5m", "--",
+                            "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done; echo through; exit 5"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: '"started"' in subprocess.run([*COORM, "requests", "--json"], env=env, capture_output=True,
+                                                       text=True).stdout, 30, "the job to start")
+        old = _pids(work)[victim]
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: (p := _pids(work)[victim]) != old and pid_alive(p), 30, f"{victim} to be started again")
+        if victim == "nats-server":
+            wait_for(lambda: _listens(_urls(env)["nats_url"]), 30, "nats-server to listen again")
+        gate.touch()  # (at once: the process exits while the services may still be reconnecting)
+        _, err = job.communicate(timeout=90)
+        assert job.returncode == 5, err
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
 def test_every_connected_application_is_told_why_coorm_up_stops(up):
     """A bare NATS subscriber gets ``SystemStopping`` with the reason; a job running through the SDK
     (``coorm submit``) ends with exit code 3 and says why; then ``coorm up`` exits 0."""
