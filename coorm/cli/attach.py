@@ -20,6 +20,7 @@ command not found...); 2 when the submission is refused; 3 when CooRM cannot be 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -96,7 +97,9 @@ class _Attached:
             while True:
                 if self.signalled is not None and self.cancel_by is None:
                     self.cancel_by = time.monotonic() + CANCEL_WAIT
-                    self._publish(subjects.batch_cancel(self.client.user), {"jobs": [self.job]}, self.replies)
+                    # (lost with the connection: the service cancels the job once this command is gone)
+                    with contextlib.suppress(OSError):
+                        self._publish(subjects.batch_cancel(self.client.user), {"jobs": [self.job]}, self.replies)
                 if self.cancel_by is not None and time.monotonic() > self.cancel_by:
                     _say(f"job {self.job} was cancelled; its end was not seen within {CANCEL_WAIT:g} s")
                     return self.signalled or 1
