@@ -189,3 +189,26 @@ def test_a_record_class_without_typing_is_a_named_tuple():
         class C(Light):
             x: int = 1
             y: int
+
+
+def test_a_frame_cut_by_a_read_timeout_is_read_whole_on_the_next_call():
+    """The attached submit reads with a short timeout (it looks at signals in between): a message whose
+    bytes straddle a timeout must come whole on the next call, not be lost or misparsed."""
+    import socket
+
+    a, b = socket.socketpair()
+    try:
+        a.settimeout(0.05)
+        conn = fast.Conn(a, "_INBOX.u.me", 0.0, "lost")
+        b.sendall(b"PING\r\nMSG _INBOX.u.me.x 1 11\r\nhello")
+        assert conn.frame() == ("PING", None)
+        with pytest.raises(TimeoutError):
+            conn.frame()  # the message's payload is not all there yet
+        b.sendall(b" world\r\nHMSG s 2 _INBOX.r 12 14\r\nNATS/1.0\r\n\r\nok\r\n")
+        assert conn.frame() == ("MSG _INBOX.u.me.x 1 11", b"hello world")
+        assert conn.frame() == ("HMSG s 2 _INBOX.r 12 14", b"NATS/1.0\r\n\r\nok")
+        b.close()
+        with pytest.raises(ConnectionError):
+            conn.frame()  # the server went away
+    finally:
+        a.close()
