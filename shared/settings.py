@@ -8,9 +8,9 @@ import getpass
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -56,7 +56,14 @@ class Settings(BaseSettings):
     pass_burst: int = Field(default=16, ge=1)
     fair_start: float = Field(default=5.0, ge=0)
     preempt_grace: float = Field(default=10.0, ge=0)
-    preemptible: Literal["filling", "strict"] = "filling"
+    # how the preemptible capacity is shared among malleable applications: filling, strict, fpsma, egs
+    # (COORM_PREEMPTIBLE, its former name, still works); precedence to running (KOALA's PRA) or waiting
+    # (PWA) applications; nodes per cluster never handed to malleable work. The policy engine checks the
+    # names and refuses to start on one it does not know (any other command does not read them)
+    malleable_policy: str = Field(default="filling", validation_alias=AliasChoices(
+        "coorm_malleable_policy", "coorm_preemptible", "malleable_policy"))
+    precedence: str = "waiting"
+    local_threshold: int = Field(default=0, ge=0, description="nodes per cluster never handed to malleable work")
     view_period: float = Field(default=0.1, ge=0, description="seconds at least between two rounds of views")
     view_rate: float = Field(default=2000.0, gt=0, description="view notifications a second at most, all apps")
 

@@ -9,8 +9,12 @@ Rules (DESIGN §4):
   application in priority order gets its non-preemptive view (the profile as it stands) and its waiting
   requests are placed by conservative backfilling (:mod:`.placement`);
 * every node not used non-preemptibly (so pre-allocated but unused nodes too) is preemptible capacity,
-  shared among the applications that want it (:mod:`.shares`); a waiting preemptible request starts when
-  it fits in its application's preemptive view;
+  shared among the applications that want it by the malleability policy (:mod:`.shares`: CooRMv2's
+  ``filling``/``strict``, KOALA's ``fpsma``/``egs``; ``local_threshold`` nodes per cluster never go to
+  it); a waiting preemptible request starts when it fits in its application's preemptive view;
+* precedence (KOALA's PWA/PRA): to waiting requests, the nodes held preemptibly are free for the
+  placement (their holders must give them back: a mandatory shrink); to running applications, they are
+  occupied until their holders give them back, and a waiting request is placed after them;
 * a request placed at "now" starts if its nodes are physically free; non-preemptible starts come first, in
   priority order, and if nodes are still held preemptibly the request waits (blocked) while the holders,
   whose preemptive views have dropped, must release within ``preempt_grace`` -- or are killed and their
@@ -32,13 +36,13 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from coorm.services.policy_engine import lifecycle, preemption
 from coorm.services.policy_engine.lifecycle import Phase
 from coorm.services.policy_engine.placement import Container, Placer
 from coorm.services.policy_engine.schedule import Schedule, interval_hash
-from coorm.services.policy_engine.shares import FILLING, POLICIES
+from coorm.services.policy_engine.shares import FILLING, INCREMENTAL, POLICIES
 from coorm.services.policy_engine.state import App, Hold, Request, RequestState
 from coorm.shared.events import (
     Accepted,
@@ -73,6 +77,10 @@ WAITING, STARTED, ENDED = RequestState.WAITING, RequestState.STARTED, RequestSta
 STORY_LINES = 32
 ENDED_STORIES = 10_000
 
+# KOALA's precedence (PolicySettings.precedence): to running applications (PRA) or to waiting ones (PWA)
+RUNNING_FIRST = "running"
+WAITING_FIRST = "waiting"
+
 
 class PolicySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -80,7 +88,16 @@ class PolicySettings(BaseModel):
     fair_start: float = Field(default=5.0, ge=0)
     reschedule_interval: float = Field(default=1.0, ge=0)
     preempt_grace: float = Field(default=5.0, ge=0)
-    preemptible: str = Field(default=FILLING, pattern="^(" + "|".join(POLICIES) + ")$")
+    # how the preemptible capacity is shared among malleable applications (:mod:`.shares`); the simulator's
+    # scenarios may call it malleable_policy
+    preemptible: str = Field(default=FILLING, pattern="^(" + "|".join(POLICIES) + ")$",
+                             validation_alias=AliasChoices("preemptible", "malleable_policy"))
+    # KOALA's precedence: "waiting" (PWA) -- a waiting request is placed on nodes held preemptibly, whose
+    # holders must give them back (a mandatory shrink, CooRMv2's rule); "running" (PRA) -- what running
+    # applications hold preemptibly stays theirs, a waiting request is placed after it
+    precedence: str = Field(default=WAITING_FIRST, pattern=f"^({RUNNING_FIRST}|{WAITING_FIRST})$")
+    # nodes per cluster never handed to preemptible work (KOALA's threshold, kept for local users)
+    local_threshold: int = Field(default=0, ge=0)
     # at most this many passes in any re-scheduling interval: the first ones of a quiet period run at once
     # (a request on an idle system starts without waiting for the interval), a burst is coalesced
     pass_burst: int = Field(default=1, ge=1)
@@ -560,6 +577,9 @@ class PolicyCore:
             schedule = self._schedule(ctx)
             started = self._start_due(ctx, schedule, stimulus)
             schedule.settle({s.request for s in started})
+            if self.settings.precedence == RUNNING_FIRST:
+                held = [self.requests[s.request] for s in started if s.type is RequestType.PREEMPTIBLE]
+                schedule.occupy([(r.cluster, (r.start, r.end, r.nodes)) for r in held])
             decisions.extend(self._end_decisions(stimulus))
             decisions.extend(started)
             deadlines, violators = preemption.enforce(self, schedule, stimulus)
@@ -600,8 +620,13 @@ class PolicyCore:
 
     def _base(self) -> dict[str, list[tuple[float, float, int]]]:
         base: dict[str, list[tuple[float, float, int]]] = {c: [] for c in self.clusters}
+        # PRA: nodes held preemptibly are occupied for the placement, so no waiting request is placed on
+        # them (it waits until they are given back). Only the placement sees them: they stay preemptible
+        # capacity, else their holders' views would drop under what they hold. (Preemptible nodes lent
+        # from pre-allocated but unused ones are then counted twice: waiting requests may start later.)
+        keep_preemptible = self.settings.precedence == RUNNING_FIRST
         for r in self.requests.values():
-            if r.state is STARTED and not r.preemptible and r.container is None:
+            if r.state is STARTED and r.container is None and (keep_preemptible or not r.preemptible):
                 base[r.cluster].append((r.start, r.end, r.nodes))
         for h in self.holds:
             base[h.cluster].append((h.begin, h.until, h.nodes))
@@ -662,7 +687,10 @@ class PolicyCore:
             np_signature=ctx.np_signatures,
             np_usage=placer.np_usage,
             priorities={a.id: a.priority for a in self.apps.values()},
+            threshold=self.settings.local_threshold,
         )
+        if self.settings.preemptible in INCREMENTAL:  # KOALA's rank: the order they first started in
+            sched.priorities = {a.id: (a.started_at, a.seq) for a in self.apps.values()}
         preemption.collect_demands(self, sched)
         return sched
 
@@ -735,6 +763,9 @@ class PolicyCore:
     def _start(self, r: Request, stimulus: str) -> StartRequest:
         self._move(r, "start")
         r.start = self.now
+        app = self.apps[r.app]
+        if app.started_at == INF:
+            app.started_at = self.now
         r.end = self.now + r.duration
         r.container = r.placed_in
         carry_from, carried = None, 0

@@ -3,11 +3,16 @@
 Rules:
 * a preemptible request's earliest start is a lower bound from its relations (COALLOC: when the request it
   is tied to starts; NEXT: when its predecessor ends; an unbounded predecessor ends only by ``done``);
-* it starts, in priority order and submission order within an application, when the application's
+* it starts, in rank order (:mod:`.shares`: priority; under KOALA's FPSMA and EGS, the order the
+  applications first started in) and submission order within an application, when the application's
   preemptive view at "now" covers what it already holds plus the request, and the nodes are free;
 * a holder whose preemptive view at "now" is below what it holds gets a deadline ``now + preempt_grace``;
   if it still holds too much when the deadline passes it is a violator (the core kills it and ends its
-  session); the deadline is lifted as soon as it holds no more than its view.
+  session); the deadline is lifted as soon as it holds no more than its view. This is KOALA's mandatory
+  shrink; a drop announced for later is its voluntary one (a hint the application may follow early).
+  Under precedence to running applications (PRA) waiting requests are placed after what is held
+  preemptibly (:meth:`PolicyCore._base`), so only nodes going down, a pre-allocation's owner using its
+  nodes or, under ``filling``/``strict``, another malleable application's share make a holder shrink.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from coorm.services.policy_engine.schedule import PreemptibleDemand, Schedule, interval_hash, name_hash
-from coorm.services.policy_engine.shares import preemptive_share
+from coorm.services.policy_engine.shares import INCREMENTAL, preemptive_share
 from coorm.services.policy_engine.state import Request, RequestState
 from coorm.shared.events import PreemptionDeadline
 from coorm.shared.requests import Relation
@@ -45,30 +50,46 @@ def _lower_bound(core: PolicyCore, r: Request, lbs: dict[str, float]) -> float:
 
 
 def collect_demands(core: PolicyCore, sched: Schedule) -> None:
-    """Fill ``sched.demands`` (per cluster, priority order) and the waiting requests' lower bounds."""
+    """Fill ``sched.demands`` (per cluster, rank order) and the waiting requests' lower bounds. The rank is
+    the priority, or under KOALA's policies the order the applications first started in ("previously
+    started"; one not started yet comes after, by priority), which the signature then carries with what
+    each holds."""
     lbs: dict[str, float] = {}
     per_cluster: dict[str, list[PreemptibleDemand]] = {}
     sig = 0
+    incremental = core.settings.preemptible in INCREMENTAL
     for app in core.priority_order():
         if not app.preemptible:
             continue
         mine: dict[str, list[tuple[float, float, int]]] = {}
+        held: dict[str, list[tuple[float, float, int]]] = {}
         for r in app.preemptible.values():
             if r.state is STARTED:
                 mine.setdefault(r.cluster, []).append((r.start, r.end, r.nodes))
+                held.setdefault(r.cluster, []).append((r.start, r.end, r.nodes))
             else:
                 lb = _lower_bound(core, r, lbs)
                 lbs[r.id] = lb
                 r.start = lb
                 if lb < INF:
                     mine.setdefault(r.cluster, []).append((lb, lb + r.duration, r.nodes))
+        rank = (app.started_at, app.seq) if incremental else app.priority
         for c, intervals in mine.items():
-            per_cluster.setdefault(c, []).append(PreemptibleDemand(app.id, app.priority, intervals))
+            per_cluster.setdefault(c, []).append(PreemptibleDemand(app.id, rank, intervals, held.get(c, [])))
             for item in intervals:
                 sig += interval_hash(app.id + "@" + c, item)
+            if incremental:
+                sig += hash(rank) + hash((name_hash(app.id), len(held.get(c, ()))))
+                for item in held.get(c, ()):
+                    sig += interval_hash(app.id + "#" + c, item)
+    if incremental:
+        for ds in per_cluster.values():
+            ds.sort(key=lambda d: d.priority)
     for c, items in sched.np_usage.items():
         for item in items:
             sig += interval_hash(c, item)
+    if sched.threshold:
+        sig += hash((-1, sched.threshold))
     sched.demands = per_cluster
     sched.p_signature = (sig + hash(tuple((name_hash(c), n) for c, n in sorted(sched.up.items())))) & ((1 << 64) - 1)
 
@@ -82,7 +103,8 @@ def _capacity_now(core: PolicyCore, sched: Schedule, cluster: str) -> int:
 
 
 def _wants_now(core: PolicyCore, sched: Schedule, cluster: str) -> list[tuple[str, int, int]]:
-    """(app, held, wanted) at now for each application with preemptible requests on ``cluster``."""
+    """(app, held, wanted) at now for each application with preemptible requests on ``cluster``, in rank
+    order."""
     now = core.now
     out = []
     for demand in sched.demands.get(cluster, ()):
@@ -102,17 +124,23 @@ def _wants_now(core: PolicyCore, sched: Schedule, cluster: str) -> list[tuple[st
     return out
 
 
+def _views_now(core: PolicyCore, sched: Schedule, cluster: str) -> list[tuple[str, int, int]]:
+    """(app, held, preemptive view) at now, in rank order."""
+    capacity = _capacity_now(core, sched, cluster)
+    ranked = _wants_now(core, sched, cluster)
+    wants = [w for _, _, w in ranked]
+    holds = [h for _, h, _ in ranked]
+    policy, threshold = sched.policy, sched.threshold
+    return [(app_id, held, preemptive_share(capacity, wants, idx, policy, holds, threshold))
+            for idx, (app_id, held, _) in enumerate(ranked)]
+
+
 def due_preemptible(core: PolicyCore, sched: Schedule, free: dict[str, int]) -> list[Request]:
     """The waiting preemptible requests that start now: each fits in its application's preemptive view
-    and in the nodes still free (taken from ``free``), in priority order."""
+    and in the nodes still free (taken from ``free``), in rank order."""
     starts: list[Request] = []
-    policy = core.settings.preemptible
     for cluster in sched.demands:
-        capacity = _capacity_now(core, sched, cluster)
-        ranked = _wants_now(core, sched, cluster)
-        wants = [w for _, _, w in ranked]
-        for idx, (app_id, held, _) in enumerate(ranked):
-            view = preemptive_share(capacity, wants, idx, policy)
+        for app_id, held, view in _views_now(core, sched, cluster):
             for r in list(core.apps[app_id].requests.values()):
                 if not (r.preemptible and r.state is WAITING and r.cluster == cluster and r.start <= core.now):
                     continue
@@ -128,20 +156,15 @@ def enforce(core: PolicyCore, sched: Schedule, stimulus: str) -> tuple[list[Pree
     """Deadlines for holders above their preemptive view; the applications past theirs."""
     decisions: list[PreemptionDeadline] = []
     violators: list[str] = []
-    policy = core.settings.preemptible
     now = core.now
     grace = core.settings.preempt_grace
     holding: set[tuple[str, str]] = set()
     for cluster in sched.demands:
-        capacity = _capacity_now(core, sched, cluster)
-        ranked = _wants_now(core, sched, cluster)
-        wants = [w for _, _, w in ranked]
-        for idx, (app_id, held, _) in enumerate(ranked):
+        for app_id, held, view in _views_now(core, sched, cluster):
             if held == 0:
                 continue
             holding.add((app_id, cluster))
             app = core.apps[app_id]
-            view = preemptive_share(capacity, wants, idx, policy)
             if held <= view:
                 app.deadlines.pop(cluster, None)
                 continue

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from hashlib import blake2b
 
-from coorm.services.policy_engine.shares import preemptive_share
+from coorm.services.policy_engine.shares import INCREMENTAL, preemptive_share
 from coorm.shared.stepfn import INF, StepFunction
 
 Interval = tuple[float, float, int]  # begin, end, nodes
@@ -41,8 +41,11 @@ def interval_hash(cluster: str, item: Interval) -> int:
 @dataclass(slots=True)
 class PreemptibleDemand:
     app: str
+    # its rank in the split: its priority, or (under KOALA's policies) (when it first started, its seq)
     priority: tuple[float, int]
     intervals: list[Interval]  # preemptible requests alive over [begin, end)
+    # those of them that have started: KOALA's policies grow and shrink from what is held
+    held: list[Interval] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -62,6 +65,7 @@ class Schedule:
     p_signature: int = 0
     priorities: dict[str, tuple[float, int]] = field(default_factory=dict)
     used_now: dict[str, int] = field(default_factory=dict)  # cluster -> nodes used non-preemptibly now
+    threshold: int = 0  # nodes per cluster never handed to preemptible work (KOALA's local users')
 
     def settle(self, started: set[str]) -> None:
         """Requests placed at "now" that started in this pass are running work: every application,
@@ -89,6 +93,17 @@ class Schedule:
             self.np_signature[app] = (self.np_signature[app] + suffix[k]) & _MASK
         self.log = [x for i, x in enumerate(self.log) if i not in gone]
         self.log_ids = [x for i, x in enumerate(self.log_ids) if i not in gone]
+
+    def occupy(self, items: list[tuple[str, Interval]]) -> None:
+        """Under precedence to running applications (PRA) the nodes held preemptibly are in every
+        non-preemptive view: those of preemptible requests started in this pass, after the placement, go
+        in now, as the next pass's base will have them."""
+        extra = 0
+        for c, item in items:
+            self.base[c].append(item)
+            extra += interval_hash(c, item)
+        for key in self.np_signature:
+            self.np_signature[key] = (self.np_signature[key] + extra) & _MASK
 
     # -- non-preemptive views ---------------------------------------------------------------------
     def np_view_key(self, app: str) -> int:
@@ -119,18 +134,22 @@ class Schedule:
         mine = next((d for d in demands if d.app == app), None)
         if priority is None:
             priority = mine.priority if mine else self.priorities.get(app, (INF, 0))
+        incremental = self.policy in INCREMENTAL
+        # KOALA's policies start from what each holds, its own too: when its requests end matters
+        held = mine.held if mine and incremental else []
         times = set(capacity.times)
-        for d in others:
-            for b, e, _ in d.intervals:
+        for intervals in [d.intervals for d in others] + [held]:
+            for b, e, _ in intervals:
                 for t in (b, e):
                     if self.now < t < INF:
                         times.add(t)
-        ranked = sorted(others + [PreemptibleDemand(app, priority, [])], key=lambda d: d.priority)
+        ranked = sorted(others + [PreemptibleDemand(app, priority, [], held)], key=lambda d: d.priority)
         me = next(i for i, d in enumerate(ranked) if d.app == app)
         steps = []
         for t in sorted(times):
             wants = [_demand_at(d.intervals, t) for d in ranked]
-            steps.append((t, preemptive_share(capacity.value_at(t), wants, me, self.policy)))
+            holds = [_demand_at(d.held, t) for d in ranked] if incremental else None
+            steps.append((t, preemptive_share(capacity.value_at(t), wants, me, self.policy, holds, self.threshold)))
         return StepFunction.from_steps(steps)
 
     def views(self, app: str, clusters: list[str] | None = None) -> dict[str, dict[str, StepFunction]]:

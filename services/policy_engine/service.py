@@ -34,12 +34,13 @@ from typing import Annotated
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, ValidationError
 from redis.exceptions import RedisError
 
 from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine import observe
-from coorm.services.policy_engine.core import PolicySettings
+from coorm.services.policy_engine.core import RUNNING_FIRST, WAITING_FIRST, PolicySettings
+from coorm.services.policy_engine.shares import POLICIES
 from coorm.services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
 from coorm.services.policy_engine.snapshot import Snapshot, SnapshotError
 from coorm.services.policy_engine.view_pacing import ViewPacer
@@ -146,9 +147,34 @@ def _changing_leader() -> bus.WireError:
 
 
 def policy_settings(s: Settings) -> PolicySettings:
-    return PolicySettings(fair_start=s.fair_start, reschedule_interval=s.reschedule_interval,
-                          preempt_grace=s.preempt_grace, preemptible=s.preemptible, pass_burst=s.pass_burst,
-                          oversize_waits=s.oversize_waits)
+    """The core's settings; a policy name it does not know is a :class:`SettingError` naming the variable
+    and the names it knows."""
+    try:
+        return PolicySettings(fair_start=s.fair_start, reschedule_interval=s.reschedule_interval,
+                              preempt_grace=s.preempt_grace, preemptible=s.malleable_policy,
+                              precedence=s.precedence, local_threshold=s.local_threshold,
+                              pass_burst=s.pass_burst, oversize_waits=s.oversize_waits)
+    except ValidationError as e:
+        raise SettingError(_explain_settings(s, e)) from None
+
+
+class SettingError(ValueError):
+    pass
+
+
+_VARIABLES = {"preemptible": "COORM_MALLEABLE_POLICY (or COORM_PREEMPTIBLE)", "precedence": "COORM_PRECEDENCE",
+              "local_threshold": "COORM_LOCAL_THRESHOLD"}
+_KNOWN = {"preemptible": "|".join(POLICIES), "precedence": f"{RUNNING_FIRST}|{WAITING_FIRST}"}
+
+
+def _explain_settings(s: Settings, err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        field = str(e["loc"][0]) if e["loc"] else ""
+        known = _KNOWN.get(field)
+        what = f"one of {known}" if known else e["msg"]
+        parts.append(f"{_VARIABLES.get(field, field)}={e.get('input')!r}: {what}")
+    return "; ".join(parts)
 
 
 def session_subjects(app: str) -> SessionSubjects:
@@ -645,6 +671,11 @@ async def main(settings: Settings | None = None, stop: asyncio.Event | None = No
     from coorm.services.runtime import stop_on_signals
 
     settings = settings or Settings()
+    try:
+        policy_settings(settings)
+    except SettingError as e:  # an unknown policy: say which variable and what it may be, no traceback
+        log.error("cannot start: a policy setting is not known", error=str(e))
+        raise SystemExit(1) from None
     metrics.serve(settings.metrics_port, settings.metrics_addr)
     engine = PolicyEngine(settings)
     try:

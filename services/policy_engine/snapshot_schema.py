@@ -55,13 +55,39 @@ from coorm.shared.events import EndReason
 from coorm.shared.requests import Relation, RequestType
 from coorm.shared.stepfn import INF
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Doc = dict[str, Any]
 
+
+def _v2_koala(doc: Doc) -> Doc:
+    """Version 2 (KOALA's malleability policies): an application's ``started_at``, a demand's ``held``
+    intervals, the schedule's ``threshold``. Version 1 kept none of them: an application started when its
+    earliest live started request did (the best it knew; "inf" if none); a version 1 schedule was worked
+    out under ``filling`` or ``strict``, which read neither holdings nor a threshold (the next pass works
+    them out under the restoring engine's settings)."""
+    policy = doc["policy"]
+    fields = policy["requests"]["fields"]
+    app_i, phase_i, start_i = fields.index("app"), fields.index("phase"), fields.index("start")
+    first: dict[str, float] = {}
+    for row in policy["requests"]["rows"]:
+        if row[phase_i] in ("running", "handing over"):
+            first[row[app_i]] = min(first.get(row[app_i], INF), float(row[start_i]))  # ("inf" reads as inf)
+    for app in policy["apps"]:
+        t = first.get(app["id"], INF)
+        app["started_at"] = "inf" if t == INF else t
+    schedule = policy.get("schedule")
+    if schedule is not None:
+        for _, demands in schedule["demands"]:
+            for d in demands:
+                d["held"] = []
+        schedule["threshold"] = 0
+    return doc
+
+
 # version N -> the function that turns a document of version N - 1 into one of version N. Each takes and
 # returns plain JSON (dicts, lists, str, numbers); it may assume its input is a valid document of N - 1.
-UPGRADES: dict[int, Callable[[Doc], Doc]] = {}
+UPGRADES: dict[int, Callable[[Doc], Doc]] = {2: _v2_koala}
 
 
 def upgrade(doc: Doc, version: int, upgrades: dict[int, Callable[[Doc], Doc]] | None = None,
@@ -176,6 +202,7 @@ class AppDoc(_Model):
     name: str
     kind: str
     adapts: bool
+    started_at: Num
     requests: list[str]  # ids of live requests (policy.requests), in the application's order
     preemptible: list[str]  # the preemptible ones among them, same order
     deadlines: list[tuple[str, Num]]
@@ -196,6 +223,7 @@ class DemandDoc(_Model):
     app: str
     priority: tuple[Num, int]
     intervals: list[Interval]
+    held: list[Interval]
 
 
 class ScheduleDoc(_Model):
@@ -213,6 +241,7 @@ class ScheduleDoc(_Model):
     p_signature: U64
     priorities: list[tuple[str, tuple[Num, int]]]
     used_now: list[tuple[str, int]]
+    threshold: int
 
 
 class PolicyDoc(_Model):
@@ -335,11 +364,11 @@ CARRIED: dict[type, dict[str, str]] = {
     },
     Request: _same("id app type cluster nodes duration related_to related_how submitted_at seq phase start end "
                    "container placed_in successor released done_at end_reason"),
-    App: _same("id opened_at seq user name kind adapts requests preemptible deadlines ended"),
+    App: _same("id opened_at seq user name kind adapts started_at requests preemptible deadlines ended"),
     Hold: _same("cluster begin until nodes physical request awaiting"),
     Schedule: _same("epoch now policy up base log log_ids marks np_signature np_usage demands p_signature "
-                    "priorities used_now"),
-    PreemptibleDemand: _same("app priority intervals"),
+                    "priorities used_now threshold"),
+    PreemptibleDemand: _same("app priority intervals held"),
     NodeAllocator: {
         **_same("now nodes allocations"),
         "_free": "free", "_owner_app": "owner_app", "_parked": "parked", "_held": "held",
@@ -389,7 +418,8 @@ def _dump_requests(requests: Iterable[Request]) -> Doc:
 def _dump_app(a: App) -> Doc:
     return {
         "id": a.id, "opened_at": _n(a.opened_at), "seq": a.seq, "user": a.user, "name": a.name, "kind": a.kind,
-        "adapts": a.adapts, "requests": list(a.requests), "preemptible": list(a.preemptible),
+        "adapts": a.adapts, "started_at": _n(a.started_at), "requests": list(a.requests),
+        "preemptible": list(a.preemptible),
         "deadlines": [[c, _n(t)] for c, t in a.deadlines.items()], "ended": list(a.ended),
     }
 
@@ -407,11 +437,13 @@ def _dump_schedule(s: Schedule) -> Doc:
         "marks": [[a, m] for a, m in s.marks.items()],
         "np_signature": [[a, str(sig)] for a, sig in s.np_signature.items()],
         "np_usage": [[c, _ivs(items)] for c, items in s.np_usage.items()],
-        "demands": [[c, [{"app": d.app, "priority": [_n(d.priority[0]), d.priority[1]], "intervals": _ivs(d.intervals)}
+        "demands": [[c, [{"app": d.app, "priority": [_n(d.priority[0]), d.priority[1]], "intervals": _ivs(d.intervals),
+                          "held": _ivs(d.held)}
                          for d in ds]] for c, ds in s.demands.items()],
         "p_signature": str(s.p_signature),
         "priorities": [[a, [_n(t), seq]] for a, (t, seq) in s.priorities.items()],
         "used_now": [[c, n] for c, n in s.used_now.items()],
+        "threshold": s.threshold,
     }
 
 
@@ -494,8 +526,9 @@ def _schedule(d: ScheduleDoc) -> Schedule:
         base={c: list(items) for c, items in d.base},
         log=list(d.log), log_ids=list(d.log_ids), marks=dict(d.marks), np_signature=dict(d.np_signature),
         np_usage={c: list(items) for c, items in d.np_usage},
-        demands={c: [PreemptibleDemand(x.app, x.priority, list(x.intervals)) for x in ds] for c, ds in d.demands},
-        p_signature=d.p_signature, priorities=dict(d.priorities), used_now=dict(d.used_now),
+        demands={c: [PreemptibleDemand(x.app, x.priority, list(x.intervals), list(x.held)) for x in ds]
+                 for c, ds in d.demands},
+        p_signature=d.p_signature, priorities=dict(d.priorities), used_now=dict(d.used_now), threshold=d.threshold,
     )
 
 
@@ -505,7 +538,7 @@ def _build_policy(p: PolicyCore, d: PolicyDoc) -> None:
     p.requests = {r.id: _request(r) for r in d.requests.rows}
     p.apps = {}
     for a in d.apps:
-        app = App(a.id, a.opened_at, a.seq, a.user, a.name, a.kind, a.adapts)
+        app = App(a.id, a.opened_at, a.seq, a.user, a.name, a.kind, a.adapts, started_at=a.started_at)
         app.requests = _pick(p.requests, a.requests, f"application {a.id}")
         app.preemptible = _pick(p.requests, a.preemptible, f"application {a.id}")
         app.deadlines = dict(a.deadlines)

@@ -87,6 +87,8 @@ class App:
     requests: dict[str, Request] = field(default_factory=dict)
     # the preemptible ones among them, same order (the preemptible phase of a pass reads only these)
     preemptible: dict[str, Request] = field(default_factory=dict)
+    # when its first request started: KOALA's FPSMA and EGS rank malleable applications by it
+    started_at: float = INF
     # cluster -> time by which preemptible nodes above the preemptive view must be released
     deadlines: dict[str, float] = field(default_factory=dict)
     # its ended requests (the core's ``ended`` entries for them go when the session does)

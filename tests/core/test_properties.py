@@ -107,7 +107,9 @@ settings_st = st.builds(
     fair_start=st.sampled_from([0.0, 2.0, 5.0]),
     reschedule_interval=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
     preempt_grace=st.sampled_from([0.0, 1.0, 5.0]),
-    preemptible=st.sampled_from(["filling", "strict"]),
+    preemptible=st.sampled_from(["filling", "strict", "fpsma", "egs"]),
+    precedence=st.sampled_from(["waiting", "running"]),
+    local_threshold=st.sampled_from([0, 0, 1, 3]),
 )
 sizes_st = st.lists(st.integers(2, 16), min_size=1, max_size=3)
 

@@ -303,26 +303,28 @@ def test_what_cannot_be_loaded_is_refused_with_what_to_do():
     assert "pickle (format 5)" in why and f"versions 1 to {SCHEMA_VERSION}" in why and afresh in why
     assert "unknown format 'x'" in _refused(state, "x")
     assert "unknown format '0'" in _refused(state, "0")
-    assert "Invalid JSON" in _refused(state[:-1], "1")
-    assert "format says schema version 1, its state 2" in _refused(state.replace('"version":1', '"version":2', 1), "1")
-    assert "Input should be an object" in _refused("[1]", "1")
+    cur, other = str(SCHEMA_VERSION), str(SCHEMA_VERSION + 1)  # (a snapshot of this version: no upgrade runs)
+    assert "Invalid JSON" in _refused(state[:-1], cur)
+    assert f"format says schema version {cur}, its state {other}" in _refused(
+        state.replace(f'"version":{cur}', f'"version":{other}', 1), cur)
+    assert "Input should be an object" in _refused("[1]", cur)
     broken = json.loads(state)
     broken["policy"]["requests"]["rows"][0][4] = "four"
     broken["policy"]["clusters"] = {"c0": 32}
-    why = _refused(json.dumps(broken), "1")
+    why = _refused(json.dumps(broken), cur)
     assert "damaged" in why and "policy.requests.rows.0.4" in why and "policy.clusters" in why and afresh in why
     broken = json.loads(state)
     broken["policy"]["requests"]["fields"][4] = "cores"
-    assert "the request table's fields must be" in _refused(json.dumps(broken), "1")
+    assert "the request table's fields must be" in _refused(json.dumps(broken), cur)
     broken = json.loads(state)
     broken["policy"]["apps"][0]["requests"].append("nobody")
-    assert "application nea names request 'nobody'" in _refused(json.dumps(broken), "1")
+    assert "application nea names request 'nobody'" in _refused(json.dumps(broken), cur)
     broken = json.loads(state)
     broken["policy"]["now"] = "NaN"
-    assert "policy.now" in _refused(json.dumps(broken), "1")
+    assert "policy.now" in _refused(json.dumps(broken), cur)
     broken = json.loads(state)
     broken["allocator"]["allocations"].append(["zz", ["c9n1"]])
-    assert "unknown node(s) c9n1" in _refused(json.dumps(broken), "1")
+    assert "unknown node(s) c9n1" in _refused(json.dumps(broken), cur)
     with pytest.raises(SnapshotError, match="damaged"):
         Snapshot.from_fields({"state": state})
     assert Snapshot.from_fields({}) is None
