@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import typer
 
-from coorm.cli.live import _connect, _failure, _fmt_time, _human, _line, _settings
+from coorm.cli.live import _connect, _failure, _fmt_time, _human, _line, _settings, run
+from coorm.cli.table import SHORT_STATE, columns, print_queue
 
 # what squeue users read in the ST column
-SHORT_STATE = {"held": "PD", "blocked": "PD", "eligible": "PD", "queued": "PD", "running": "R", "completed": "CD",
-               "failed": "F", "timeout": "TO", "cancelled": "CA", "node_fail": "NF"}
 
 
 def _send(subject_of, body: dict) -> dict:
@@ -174,34 +171,9 @@ def _query(**kw):
 
     settings = _settings()
     try:
-        return asyncio.run(pages())
+        return run(pages())
     except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
         raise _failure(e, settings) from None
-
-
-def _columns(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: set[str], last_free: bool = True) -> None:
-    """A plain table, as squeue prints one: fast for ten thousand rows, and grep-able."""
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
-    if last_free:
-        widths[-1] = 0
-    def fmt(cells) -> str:
-        return " ".join(c.rjust(w) if h in right else c.ljust(w) for c, w, h in zip(cells, widths, header, strict=True))
-    out = [fmt(header).rstrip()] + [fmt(r).rstrip() for r in rows]
-    sys.stdout.write("\n".join(out) + "\n")
-
-
-def _reason(j) -> str:
-    if j.state == "running":
-        return ",".join(j.node_ids) if len(j.node_ids) <= 4 else f"{j.node_ids[0]}..(+{len(j.node_ids) - 1})"
-    if j.state == "held":
-        return "(held)"
-    if j.state == "blocked":
-        return f"({j.reason or 'Dependency'})"
-    if j.state == "eligible":
-        return "(entering the RMS)"
-    if j.start_estimate is not None:
-        return f"(Resources, ~{_fmt_time(j.start_estimate)})"
-    return f"({j.reason or 'Resources'})"
 
 
 def show_queue(user: str | None, states: list[str] | None, as_json: bool) -> None:
@@ -209,9 +181,7 @@ def show_queue(user: str | None, states: list[str] | None, as_json: bool) -> Non
     if as_json:
         print(json.dumps([j.model_dump() for j in reply.jobs], indent=2))
         return
-    rows = [(j.id, j.name[:12], j.user[:10], SHORT_STATE[j.state],
-             _human(reply.now - j.started) if j.started else "0s", str(j.nodes), _reason(j)) for j in reply.jobs]
-    _columns(("JOBID", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"), rows, {"JOBID", "TIME", "NODES"})
+    print_queue([j.model_dump() for j in reply.jobs], reply.now)
 
 
 def show_history(user: str | None, since: str | None, states: list[str] | None, as_json: bool) -> None:
@@ -231,7 +201,7 @@ def show_history(user: str | None, since: str | None, states: list[str] | None, 
         elapsed = (j.ended - j.started) if j.started and j.ended else 0.0
         rows.append((j.id, j.name[:12], j.user[:10], j.state.upper(), "-" if j.exit_code is None else str(j.exit_code),
                      _human(elapsed), f"{elapsed * j.nodes / 3600:.2f}"))
-    _columns(("JobID", "JobName", "User", "State", "ExitCode", "Elapsed", "NodeHours"), rows,
+    columns(("JobID", "JobName", "User", "State", "ExitCode", "Elapsed", "NodeHours"), rows,
              {"JobID", "ExitCode", "Elapsed", "NodeHours"}, last_free=False)
 
 

@@ -66,6 +66,8 @@ def run(argv: list[str]) -> int | None:
     """The exit code of a command this path handles, or None (or :class:`Fallback`) for the others."""
     if argv[:1] == ["batch"]:
         return batch(argv[1:])
+    if argv[:1] == ["queue"]:
+        return queue(argv[1:])
     if argv[:1] == ["submit"]:
         if "--no-wait" in argv[1:argv.index("--") if "--" in argv else len(argv)]:
             return submit_no_wait(argv[1:])
@@ -220,6 +222,65 @@ def submission(opts, *, argv: list[str], script: str | None, default_name: str, 
                "error": opts.error, "open_mode": open_mode, "array": opts.array, "dependency": opts.dependency,
                "hold": bool(opts.hold), "env": env, "cwd": cwd}
     return {k: v for k, v in message.items() if v is not None}
+
+
+def queue(argv: list[str]) -> int:
+    """``coorm queue [-u USER]`` (squeue): the jobs not ended, a page at a time over one connection, printed
+    from their JSON (no models: ten thousand jobs in well under a second)."""
+    body: dict = {}
+    if argv[:1] in (["-u"], ["--user"]) and len(argv) == 2:
+        body["user"] = argv[1]
+    elif len(argv) == 1 and argv[0].startswith("--user="):
+        body["user"] = argv[0].partition("=")[2]
+    elif argv:
+        raise Fallback  # --state, --json, --help: the full command line
+    from coorm.cli.table import print_queue
+    from coorm.shared import subjects
+
+    now, jobs = pages(subjects.BATCH_QUERY, body, "the batch service")
+    print_queue(jobs, now)
+    return 0
+
+
+PAGE = 2000  # jobs per reply (BatchQuery's most)
+
+
+def pages(subject: str, body: dict, service: str) -> tuple[float, list[dict]]:
+    """Every job a ``BatchQuery`` names, a page at a time over one connection: (the service's now, jobs)."""
+    from coorm.shared.connection import Client, CredentialsError, redact
+
+    try:
+        client = Client()
+    except CredentialsError as e:
+        raise Failed(str(e), EXIT_REFUSED) from None
+    if "," in client.nats_url or not client.nats_url.startswith("nats://"):
+        raise Fallback  # several servers, TLS: the full command line (nats-py)
+    where = f"{redact(client.nats_url)} (from {client.url_source})"
+    conn = connect(client, where)
+    jobs: list[dict] = []
+    try:
+        conn.sock.settimeout(10.0)
+        inbox = f"{conn.inbox}.{os.urandom(8).hex()}"
+        conn.send(f"SUB {inbox} 1\r\n".encode())
+        while True:
+            payload = json.dumps({**body, "offset": len(jobs), "limit": PAGE}).encode()
+            conn.send(f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\n")
+            data = conn.reply()
+            if data is None:
+                raise Failed(f"NATS at {where} answers but {service} does not: is it running? Start one with "
+                             "'coorm up'", EXIT_UNREACHABLE)
+            reply = json.loads(data)
+            if reply.get("ok") is False and isinstance(reply.get("error"), dict):
+                raise Failed(f"refused: {reply['error'].get('message')}", EXIT_REFUSED)
+            jobs += reply["jobs"]
+            if not reply["jobs"] or len(jobs) >= reply["total"]:  # (fewer than when the first page was read)
+                return reply["now"], jobs
+    except TimeoutError:
+        raise Failed(f"CooRM at {where} did not answer in time", EXIT_UNREACHABLE) from None
+    except (OSError, ValueError):
+        raise Failed(conn.unreachable, EXIT_UNREACHABLE) from None
+    finally:
+        conn.sock.close()
 
 
 # ================================================================================================

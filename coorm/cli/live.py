@@ -10,13 +10,13 @@ import json
 import os
 import re
 import sys
-from datetime import datetime
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from coorm.cli.table import fmt_time, human
 from coorm.launchers.kinds import BY_NAME
 from coorm.shared.settings import Settings
 from coorm.shared.when import parse_walltime  # noqa: F401 - (the command line's, re-exported)
@@ -33,25 +33,7 @@ def _settings() -> Settings:
     return Settings()
 
 
-def _fmt_time(t: float | None, now: float | None = None) -> str:
-    if t is None:
-        return "never"
-    stamp = datetime.fromtimestamp(t).strftime("%H:%M:%S")
-    if now is None:
-        return stamp
-    d = t - now
-    if abs(d) < 0.5:
-        return f"{stamp} (now)"
-    return f"{stamp} ({'in ' if d > 0 else ''}{_human(abs(d))}{' ago' if d < 0 else ''})"
-
-
-def _human(seconds: float) -> str:
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+_fmt_time, _human = fmt_time, human  # (the names this module and its importers use)
 
 
 UNREACHABLE = 3  # the exit code of a command that could not reach CooRM (or lost it), as documented
@@ -102,6 +84,19 @@ def _redis_unreachable(e: BaseException) -> bool:
     import redis
 
     return isinstance(e, redis.ConnectionError | redis.TimeoutError)
+
+
+def run(coro):
+    """``asyncio.run(coro)``'s result, kept out of the main task: on Python 3.11 ``asyncio.run`` ends by
+    reading the SIGINT handler back (``signal.getsignal``), which formats the handler -- a partial holding
+    the main task -- and so the task's result: 2 s of pydantic ``repr`` for a 10,000-job queue."""
+    box: list = []
+
+    async def main() -> None:
+        box.append(await coro)
+
+    asyncio.run(main())
+    return box[0]
 
 
 async def _connect(settings: Settings, name: str = "coorm-cli"):
@@ -322,7 +317,7 @@ async def _status(settings: Settings, *, everything: bool = True):
 def fetch_status(everything: bool = True):
     settings = _settings()
     try:
-        return asyncio.run(_status(settings, everything=everything))
+        return run(_status(settings, everything=everything))
     except Exception as e:  # noqa: BLE001 - _failure re-raises what is not about reaching CooRM
         raise _failure(e, settings) from None
 
@@ -473,7 +468,7 @@ def estimate(cluster: str, nodes: int, walltime: str, as_json: bool) -> None:
             await s.close()
         return views
 
-    views = asyncio.run(go())
+    views = run(go())
     view = views.non_preemptive.get(cluster)
     if view is None:
         err.print(f"[red]no cluster {cluster!r}[/red] (known: {', '.join(sorted(views.non_preemptive)) or 'none'})")

@@ -208,9 +208,8 @@ class Up:
 
     def _wait_nodes(self, timeout: float) -> None:
         """Until the policy engine reports every node up (polling its status: nothing to wait on)."""
-        import asyncio
 
-        from coorm.cli.live import _status
+        from coorm.cli.live import _status, run
 
         deadline = time.monotonic() + timeout
         last = None
@@ -222,7 +221,7 @@ class Up:
                     code = c.proc.returncode if c.proc is not None else None
                     raise RuntimeError(f"{name} exited with code {code}; see {self.log_dir / name}.log")
             try:
-                st = asyncio.run(_status(self.settings, everything=False))
+                st = run(_status(self.settings, everything=False))
                 up = {c.cluster: c.up for c in st.clusters}
                 if all(up.get(c) == n for c, n in self.clusters.items()):
                     return

@@ -134,6 +134,23 @@ def test_an_attached_submit_killed_outright_has_its_job_cancelled(up):
             job.wait()
 
 
+def test_the_fast_queue_prints_what_the_full_command_line_prints(up):
+    """``coorm queue`` on the coorm script's light path (the jobs' JSON, no models) and through the full
+    command line: the same table, byte for byte (held jobs: nothing in it changes between the two)."""
+    proc, env, tmp, conn = up
+    r = _run(env, "batch", "-H", "-J", "same-table", "--array=0-2", "--wrap", "true", entry=FAST)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[-1]
+    try:
+        fast, full = _run(env, "queue", entry=FAST), _run(env, "queue")
+        assert (fast.returncode, full.returncode) == (0, 0), (fast.stderr, full.stderr)
+        assert fast.stdout == full.stdout and f"{job}_2 same-table" in fast.stdout, (fast.stdout, full.stdout)
+        mine = _run(env, "queue", "-u", "nobody-at-all", entry=FAST)
+        assert mine.stdout.split() == full.stdout.splitlines()[0].split()  # the header only
+    finally:
+        _run(env, "cancel", job)
+
+
 def test_bad_submissions_are_refused_clearly(up, entry):
     proc, env, tmp, conn = up
     r = _run(env, "submit", "-c", "nowhere", "-N", "1", "-t", "1m", "--", "true", entry=entry)
