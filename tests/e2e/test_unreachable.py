@@ -24,6 +24,10 @@ NATS_COMMANDS = {
     "launch": ["launch", "--set", "task_duration=5", "psa", "--", "true"],
 }
 REDIS_COMMANDS = {"nodes": ["nodes"], "usage": ["usage"]}
+# what the coorm script's light path runs itself (a plain socket, no nats-py): the same failure, the same line
+FAST = [sys.executable, "-m", "coorm.cli.fast"]
+FAST_COMMANDS = {"submit": NATS_COMMANDS["submit"], "submit --no-wait": NATS_COMMANDS["submit --no-wait"],
+                 "batch": ["batch", "-N", "1", "--wrap", "true"], "queue": ["queue"]}
 
 
 def _closed_port() -> int:
@@ -31,11 +35,11 @@ def _closed_port() -> int:
     return free_port()
 
 
-def _run(args: list[str], env: dict[str, str], tmp_path) -> tuple[subprocess.CompletedProcess, float]:
+def _run(args: list[str], env: dict[str, str], tmp_path, entry=COORM) -> tuple[subprocess.CompletedProcess, float]:
     full = {**{k: v for k, v in os.environ.items() if not k.startswith("COORM_")},
             "COORM_CONNECTION_FILE": str(tmp_path / "connection.json"), **env}
     t0 = time.monotonic()
-    run = subprocess.run([*COORM, *args], env=full, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    run = subprocess.run([*entry, *args], env=full, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     return run, time.monotonic() - t0
 
 
@@ -79,6 +83,16 @@ def test_the_connect_timeout_bounds_a_server_that_never_answers(tmp_path):
     assert run.returncode == 3, run.stderr
     assert "within 1.5 s" in _one_line(run.stderr)
     assert 1.5 <= took < 5, f"took {took:.1f} s"
+
+
+@pytest.mark.parametrize("args", FAST_COMMANDS.values(), ids=FAST_COMMANDS.keys())
+def test_the_light_path_gives_up_on_an_unreachable_nats_with_exit_code_3(args, tmp_path):
+    url = f"nats://127.0.0.1:{_closed_port()}"
+    run, took = _run(args, {"COORM_NATS_URL": url}, tmp_path, entry=FAST)
+    assert run.returncode == 3, (run.returncode, run.stdout, run.stderr)
+    line = _one_line(run.stderr)
+    assert url in line and "COORM_NATS_URL" in line and "coorm up" in line, line
+    assert took < 5, f"took {took:.1f} s"
 
 
 @pytest.mark.parametrize("args", REDIS_COMMANDS.values(), ids=REDIS_COMMANDS.keys())
