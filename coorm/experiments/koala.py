@@ -1,0 +1,336 @@
+"""KOALA's malleability experiments (Buisson et al., KOALA + DYNACO, §VI-VII): FPSMA against EGS, under
+precedence to running applications (PRA, Fig. 7) and to waiting ones (PWA, Fig. 8), through the policy
+core that the live system runs (``COORM_MALLEABLE_POLICY``, ``COORM_PRECEDENCE``,
+``COORM_LOCAL_THRESHOLD``).
+
+The workload, as §VI-C describes it: jobs of two applications drawn uniformly, GADGET 2 (10 min on 2
+processors, best 4 min) and NAS FT (2 min on 2, best 1 min; powers of two only), malleable between 2 and
+46 (GADGET 2) or 32 (FT) nodes; ``Wm`` all malleable, ``Wmr`` half of them rigid jobs of 2 nodes; a fixed
+inter-arrival time, 2 min for PRA and 30 s for PWA (W'm, W'mr). What we cannot reproduce, and how we stand
+in for it:
+
+* the speed-up curves are read off Fig. 6 only at its two ends: we model T(n) = a + b/n + c*n through
+  T(2) and a minimum (4 min at 24 nodes for GADGET 2, 1 min at 16 for FT: "the maximum sizes ... are
+  greater than the sizes for which we have observed the minimum execution times");
+* DAS3's five clusters with worst-fit placement (not implemented): one cluster of 68 nodes (Delft's,
+  where Fig. 6 was measured), ``threshold`` of them kept for local users; no background load;
+* a malleable job is CooRMv2's: a non-preemptible request of its minimum (never shrunk) and preemptible
+  requests for what it grows into, each asked as its preemptive view allows (FT only to a power of two,
+  as its DYNACO side accepts); a mandatory shrink gives back whole growth requests, latest first;
+* KOALA polls its information service; our scheduling passes run at most once a second.
+
+Metrics (the paper's Fig. 7 and 8): average execution and response times of the malleable jobs, their
+average and maximum sizes, the share of them that never grew past their minimum, the platform's
+utilisation, and the malleability manager's activity (grow and shrink operations).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from coorm.experiments.common import md_table, write_csv
+from coorm.launchers.base import ClusterProps, Command, Launcher, Timer, Views
+from coorm.launchers.rigid import RigidLauncher
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared.requests import RequestSpec, RequestType
+from coorm.shared.stepfn import StepFunction
+from coorm.simulator.engine import Simulation
+
+CLUSTER = "delft"
+NODES = 68
+THRESHOLD = 4
+POLICIES = ("fpsma", "egs")
+WORKLOADS = ("Wm", "Wmr")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """An application's execution time on n nodes, T(n) = a + b/n + c*n, through T(2) and its minimum."""
+
+    name: str
+    t2: float
+    best: float
+    best_at: int
+    max_nodes: int
+    pow2: bool
+
+    def time(self, n: int) -> float:
+        # b = c * best_at**2 (the minimum), and a + 2*c*best_at = best, a + c*(best_at**2 / 2 + 2) = t2
+        c = (self.t2 - self.best) / (self.best_at ** 2 / 2 + 2 - 2 * self.best_at)
+        a = self.best - 2 * c * self.best_at
+        return a + c * self.best_at ** 2 / n + c * n
+
+
+GADGET2 = Curve("GADGET 2", t2=600.0, best=240.0, best_at=24, max_nodes=46, pow2=False)
+FT = Curve("FT", t2=120.0, best=60.0, best_at=16, max_nodes=32, pow2=True)
+MIN_NODES = 2
+
+
+class KoalaMalleable(Launcher):
+    """A malleable job of KOALA's experiments: ``min_nodes`` non-preemptible nodes, then as many more
+    (up to its maximum, FT to a power of two) as its preemptive view allows; its work progresses at
+    1/T(n) per second on n nodes."""
+
+    kind = "malleable"
+    wants_preemptive = True
+    views_after_start = True
+
+    def __init__(self, app: str, cluster: str, curve: Curve, min_nodes: int = MIN_NODES) -> None:
+        super().__init__(app)
+        self.cluster, self.curve, self.min_nodes = cluster, curve, min_nodes
+        self.base: str | None = None  # the non-preemptible request of its minimum
+        self.extra: dict[str, int] = {}  # started growth requests, oldest first -> nodes
+        self.asked: tuple[str, int] | None = None  # a growth request waiting
+        self.view: StepFunction | None = None
+        self.started: float | None = None
+        self.ended: float | None = None
+        self.progress = 0.0
+        self.size = 0
+        self.since = 0.0
+        self.area = 0.0  # node-seconds held while running
+        self.max_size = 0
+        self.grows = self.shrinks = 0
+        self._epoch = 0
+
+    def usable(self, n: int) -> int:
+        n = min(n, self.curve.max_nodes)
+        if self.curve.pow2:
+            p = 1
+            while p * 2 <= n:
+                p *= 2
+            n = p
+        return max(n, self.min_nodes)
+
+    # -- events -------------------------------------------------------------------------------------
+    def on_open(self, now: float, props: ClusterProps) -> list[Command]:
+        self.base = self.new_id()
+        walltime = self.curve.time(self.min_nodes) * 1.1  # it only ever runs faster than on its minimum
+        return [self.submit(RequestSpec(id=self.base, cluster=self.cluster, nodes=self.min_nodes, duration=walltime))]
+
+    def on_views(self, views: Views) -> list[Command]:
+        self.view = views.preemptive.get(self.cluster)
+        return self._adapt(views.now)
+
+    def on_start(self, now: float, request: str, nodes: tuple[str, ...]) -> list[Command]:
+        super().on_start(now, request, nodes)
+        if request == self.base:
+            self.started = now
+        elif self.asked is not None and request == self.asked[0]:
+            self.extra[request] = self.asked[1]
+            self.asked = None
+            self.grows += 1
+        return self._resize(now) + self._adapt(now)
+
+    def on_end(self, now: float, request: str, reason: str) -> list[Command]:
+        super().on_end(now, request, reason)
+        if self.asked is not None and request == self.asked[0]:
+            self.asked = None
+        if request in self.extra:
+            del self.extra[request]
+            return self._resize(now)
+        if request == self.base and self.ended is None:  # its walltime (never, by construction) or a kill
+            self.ended = now
+            return self._stop(now)
+        return []
+
+    def on_timer(self, now: float, key: str) -> list[Command]:
+        if key != f"end{self._epoch}" or self.ended is not None:
+            return []
+        self._account(now)
+        self.ended = now
+        return self._stop(now)
+
+    # -- decisions ----------------------------------------------------------------------------------
+    def _adapt(self, now: float) -> list[Command]:
+        if self.started is None or self.ended is not None or self.view is None:
+            return []
+        allowed = max(self.view.value_at(now), 0)
+        held = sum(self.extra.values())
+        want = self.usable(self.min_nodes + allowed) - self.min_nodes
+        out: list[Command] = []
+        if self.asked is not None and held + self.asked[1] > allowed:
+            out.append(self.cancel(self.asked[0]))  # the view no longer holds it
+            self.asked = None
+        if held > allowed:  # a mandatory shrink: whole growth requests, latest first
+            while self.extra and sum(self.extra.values()) > want:
+                rid = next(reversed(self.extra))
+                del self.extra[rid]
+                out.append(self.finish(rid))
+            self.shrinks += 1
+            return out + self._resize(now)
+        if want > held and self.asked is None:
+            rid = self.new_id()
+            self.asked = (rid, want - held)
+            out.append(self.submit(RequestSpec(id=rid, type=RequestType.PREEMPTIBLE, cluster=self.cluster,
+                                               nodes=want - held)))
+        return out
+
+    def _account(self, now: float) -> None:
+        if self.size:
+            self.progress += (now - self.since) / self.curve.time(self.size)
+            self.area += (now - self.since) * self.size
+        self.since = now
+
+    def _resize(self, now: float) -> list[Command]:
+        """Its size changed (or it started): the work done so far at the old size, the end at the new."""
+        if self.started is None or self.ended is not None:
+            return []
+        self._account(now)
+        self.size = self.min_nodes + sum(self.extra.values())
+        self.max_size = max(self.max_size, self.size)
+        self._epoch += 1
+        left = max(1.0 - self.progress, 0.0) * self.curve.time(self.size)
+        return [Timer(now + left, f"end{self._epoch}")]
+
+    def _stop(self, now: float) -> list[Command]:
+        out: list[Command] = [self.finish(rid) for rid in list(self.running)]
+        if self.asked is not None:
+            out.append(self.cancel(self.asked[0]))
+            self.asked = None
+        self.extra.clear()
+        return out + self.close()
+
+
+# ==================================================================================================
+# one run
+# ==================================================================================================
+def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarrival: float, seed: int,
+             threshold: int = THRESHOLD, nodes: int = NODES) -> dict:
+    rng = random.Random(seed)
+    settings = PolicySettings(preemptible=policy, precedence=precedence, local_threshold=threshold,
+                              fair_start=0.0, reschedule_interval=1.0, preempt_grace=10.0)
+    sim = Simulation({CLUSTER: nodes}, settings)
+    malleable: list[tuple[KoalaMalleable, float]] = []
+    for i in range(jobs):
+        at = i * interarrival
+        curve = rng.choice((GADGET2, FT))
+        rigid = workload == "Wmr" and rng.random() < 0.5
+        if rigid:
+            t = curve.time(MIN_NODES)
+            sim.add(at, RigidLauncher(f"r{i}", CLUSTER, MIN_NODES, t * 1.1, t))
+        else:
+            job = KoalaMalleable(f"m{i}", CLUSTER, curve)
+            sim.add(at, job)
+            malleable.append((job, at))
+    result = sim.run()
+    done = [(j, at) for j, at in malleable if j.started is not None and j.ended is not None]
+    execution = [j.ended - j.started for j, _ in done]  # type: ignore[operator]
+    response = [j.ended - at for j, at in done]  # type: ignore[operator]
+    end = max((r.end or result.now) for r in result.requests) if result.requests else 0.0
+    used = sum(r.nodes * ((r.end or result.now) - r.start) for r in result.requests
+               if r.type != "pre-allocation")
+    return {
+        "policy": policy, "precedence": precedence, "workload": workload, "seed": seed, "jobs": jobs,
+        "malleable": len(malleable), "finished": len(done),
+        "exec_mean_s": statistics.fmean(execution) if execution else float("nan"),
+        "response_mean_s": statistics.fmean(response) if response else float("nan"),
+        "avg_size": statistics.fmean(j.area / (j.ended - j.started) for j, _ in done) if done else 0.0,  # type: ignore[operator]
+        "max_size_mean": statistics.fmean(j.max_size for j, _ in done) if done else 0.0,
+        "stuck_at_min_pct": 100.0 * sum(j.max_size <= MIN_NODES for j, _ in done) / max(len(done), 1),
+        "utilisation_pct": 100.0 * used / (nodes * end) if end else 0.0,
+        "grows": sum(j.grows for j, _ in malleable), "shrinks": sum(j.shrinks for j, _ in malleable),
+        "makespan_s": end,
+    }
+
+
+# ==================================================================================================
+# the experiments
+# ==================================================================================================
+FULL = (300, 4)  # jobs, seeds: the paper's 300 jobs, 4 runs per combination
+QUICK = (60, 2)
+SAME = 0.02  # two means within 2 % of each other: no difference, not a trend
+KEYS = ("exec_mean_s", "response_mean_s", "avg_size", "max_size_mean", "stuck_at_min_pct", "utilisation_pct",
+        "grows", "shrinks")
+
+
+def run_precedence(name: str, precedence: str, interarrival: float, out: Path, quick: bool) -> list[dict]:
+    jobs, seeds = QUICK if quick else FULL
+    rows = []
+    for workload in WORKLOADS:
+        for policy in POLICIES:
+            runs = [simulate(policy, precedence, workload, jobs=jobs, interarrival=interarrival, seed=s)
+                    for s in range(seeds)]
+            row = {"policy": policy, "precedence": precedence, "workload": workload,
+                   "interarrival_s": interarrival, "jobs": jobs, "seeds": len(runs),
+                   "unfinished": sum(r["malleable"] - r["finished"] for r in runs)}
+            row |= {k: statistics.fmean(r[k] for r in runs) for k in KEYS}
+            rows.append(row)
+    write_csv(out / f"{name}.csv", rows)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    return md_table(
+        ("workload", "policy", "exec. time (s)", "response time (s)", "avg size", "max size", "stuck at 2 (%)",
+         "utilisation (%)", "grows", "shrinks"),
+        [(r["workload"], r["policy"].upper(), f"{r['exec_mean_s']:.0f}", f"{r['response_mean_s']:.0f}",
+          f"{r['avg_size']:.1f}", f"{r['max_size_mean']:.1f}", f"{r['stuck_at_min_pct']:.0f}",
+          f"{r['utilisation_pct']:.1f}", f"{r['grows']:.0f}", f"{r['shrinks']:.0f}") for r in rows])
+
+
+def _cmp(a: float, b: float) -> str:
+    """Whether ``a`` is above ``b``: "holds", "no difference" (within SAME) or "opposite"."""
+    if abs(a - b) <= SAME * max(abs(a), abs(b)):
+        return "no difference"
+    return "holds" if a > b else "opposite"
+
+
+def trends(rows: list[dict], precedence: str) -> list[tuple[str, str]]:
+    """The paper's statements about its figures, each checked on our rows: (statement, verdict)."""
+    by = {(r["workload"], r["policy"]): r for r in rows}
+    out = []
+    if precedence == "running":
+        for w in WORKLOADS:
+            f, e = by[(w, "fpsma")], by[(w, "egs")]
+            out.append((f"{w}: EGS gives malleable jobs more nodes than FPSMA, on average",
+                        _cmp(e["avg_size"], f["avg_size"])))
+            out.append((f"{w}: ... and at their maximum", _cmp(e["max_size_mean"], f["max_size_mean"])))
+            out.append((f"{w}: EGS makes more grow operations than FPSMA", _cmp(e["grows"], f["grows"])))
+            out.append((f"{w}: no job is shrunk (PRA)", "holds" if e["shrinks"] == f["shrinks"] == 0 else "opposite"))
+        out.append(("Wm: EGS gives a higher utilisation than FPSMA",
+                    _cmp(by[("Wm", "egs")]["utilisation_pct"], by[("Wm", "fpsma")]["utilisation_pct"])))
+        for p in POLICIES:
+            out.append((f"{p.upper()}: more grow operations when all jobs are malleable (Wm vs Wmr)",
+                        _cmp(by[("Wm", p)]["grows"], by[("Wmr", p)]["grows"])))
+    else:
+        for w in WORKLOADS:
+            f, e = by[(w, "fpsma")], by[(w, "egs")]
+            out.append((f"{w}: more jobs stuck at their minimum with EGS than with FPSMA",
+                        _cmp(e["stuck_at_min_pct"], f["stuck_at_min_pct"])))
+            shrunk = e["shrinks"] > 0 and f["shrinks"] > 0
+            out.append((f"{w}: jobs are shrunk (PWA)", "holds" if shrunk else "opposite"))
+        worst = max(rows, key=lambda r: r["response_mean_s"])
+        out.append(("W'm: the response time is worst with EGS",
+                    "holds" if (worst["workload"], worst["policy"]) == ("Wm", "egs") else "opposite"))
+    return out
+
+
+def markdown_for(name: str, rows: list[dict], precedence: str, paper: str) -> dict[str, str]:
+    checks = "\n".join(f"- {v if v == 'holds' else f'**{v}**'}: {s}" for s, v in trends(rows, precedence))
+    r0 = rows[0]
+    return {name: f"**Paper:** {paper}\n\nOurs: {r0['jobs']} jobs, one inter-arrival of {r0['interarrival_s']:g} s, "
+                  f"means over {r0['seeds']} seeds; {NODES} nodes, {THRESHOLD} kept for local users.\n\n"
+                  + table(rows) + "\n\n" + checks}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m coorm.experiments.koala koala-pra|koala-pwa [--quick] [--out DIR]``: the experiment's rows
+    as a CSV in DIR and its table and trend checks on stdout (until ``coorm experiment`` lists them)."""
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="python -m coorm.experiments.koala")
+    parser.add_argument("name", choices=("koala-pra", "koala-pwa"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("out/experiments"))
+    args = parser.parse_args(argv)
+    module = importlib.import_module("coorm.experiments." + args.name.replace("-", "_"))
+    rows = module.run(args.out, quick=args.quick)
+    print("\n\n".join(module.markdown(rows).values()))
+
+
+if __name__ == "__main__":
+    main()
