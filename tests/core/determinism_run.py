@@ -9,6 +9,7 @@ writes the decisions it makes. ``replay IN OUT``: feeds every event to fresh cor
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from typing import Any
@@ -25,6 +26,9 @@ from coorm.shared.requests import RequestSpec
 EVENTS: TypeAdapter[Any] = TypeAdapter(list[LoggedEvent])
 CLUSTERS = {"c0": 24, "c1": 12}
 SETTINGS = PolicySettings(fair_start=5.0, reschedule_interval=1.0, preempt_grace=10.0, pass_burst=2)
+# or other policy settings, as JSON (the test runs KOALA's too): every process of a run reads the same
+if os.environ.get("COORM_DETERMINISM_SETTINGS"):
+    SETTINGS = PolicySettings.model_validate_json(os.environ["COORM_DETERMINISM_SETTINGS"])
 
 
 def _dump(out: list) -> list[dict]:
