@@ -205,24 +205,31 @@ class LiveRunner:
         return out + lz.close()
 
     async def _launch(self, st: Started) -> None:
-        assert self.command is not None  # (launched only for a command)
-        for node in st.nodes[:1] if self.first_node_only else st.nodes:
-            if node in st.kept or (self.resumed is not None and node in self.resumed.nodes_launched):
-                continue
+        command = self.command
+        assert command is not None  # (launched only for a command)
+        nodes = [node for node in (st.nodes[:1] if self.first_node_only else st.nodes)
+                 if node not in st.kept and not (self.resumed is not None and node in self.resumed.nodes_launched)]
+
+        async def on(node: str) -> list[int] | Exception:
             try:
                 # the launch's id names the request and the node: a launcher taken up after a crash that sends
                 # it again gets the pids of the first, not a second process
-                pids = await self.s.launch(st.request, node, self.command, env=self.env, cwd=self.cwd,
+                return await self.s.launch(st.request, node, command, env=self.env, cwd=self.cwd,
                                            launch_id=f"{st.request}@{node}", **self.launch_options)
             except (bus.WireError, NatsError) as e:  # refused, or no agent answers for the node
+                return e
+
+        # every node at once: one after the other, a 64-node job waited for 64 round trips and process starts
+        for node, got in zip(nodes, await asyncio.gather(*(on(node) for node in nodes)), strict=True):
+            if isinstance(got, Exception):
+                e = got
                 log.warning("launch refused", node=node, request=st.request, error=str(e))
                 code = e.code if isinstance(e, bus.WireError) else None
                 self.result.refused.append(f"launch on {node}: {e.message if isinstance(e, bus.WireError) else e!r}")
                 if self.result.exit_code == 0:
                     self.result.exit_code = CANNOT_RUN.get(code, 1) if code else 1
-                if code in CANNOT_RUN:
-                    break  # the command cannot run on any node: launching it on the others is pointless
                 continue
+            pids = got
             self._running_procs += len(pids)
             self.result.processes += len(pids)
             self.result.launched += [(node, pid) for pid in pids]
