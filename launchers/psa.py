@@ -15,9 +15,10 @@ launcher follows its preemptive view of one cluster with preemptible requests:
   one only if the view keeps that node for a whole task (``min`` of the view over the task's duration);
   otherwise it gives the node back, so nothing is killed when the announce came early enough.
 
-It never asks for more than its view shows now, keeps at most one growth request waiting, and sets a
-timer at the next time its view leaves what it holds, since a change announced earlier brings no new view
-when it happens.
+It never asks for more than its view shows now, nor past ``max_nodes`` (KOALA's maximum size of a
+malleable job: more "would just waste processors"; the RMS then offers the rest to the others), keeps at
+most one growth request waiting, and sets a timer at the next time its view leaves what it holds, since a
+change announced earlier brings no new view when it happens.
 """
 
 from __future__ import annotations
@@ -35,11 +36,15 @@ class PSALauncher(Launcher):
     views_after_start = True
 
     def __init__(
-        self, app: str, cluster: str, task_duration: float, *, total_tasks: int | None = None
+        self, app: str, cluster: str, task_duration: float, *, total_tasks: int | None = None,
+        max_nodes: int | None = None,
     ) -> None:
         super().__init__(app)
         if task_duration <= 0:
             raise ValueError("task_duration must be > 0")
+        if max_nodes is not None and max_nodes < 1:
+            raise ValueError("max_nodes must be >= 1")
+        self.max_nodes = max_nodes
         self.cluster = cluster
         self.task_duration = float(task_duration)
         self.total_tasks = total_tasks
@@ -123,6 +128,8 @@ class PSALauncher(Launcher):
         keep = min(now_value, view.min_over(now, now + self.task_duration))
         if self.total_tasks is not None:
             keep = min(keep, held + max(self.total_tasks - self.completed - len(self.tasks), 0))
+        if self.max_nodes is not None:
+            keep = min(keep, self.max_nodes)
         if keep > held and not self.asked:
             rid = self.new_id()
             out.append(self.submit(RequestSpec(id=rid, type=RequestType.PREEMPTIBLE, cluster=self.cluster,

@@ -81,6 +81,7 @@ class PsaApp(_App):
     cluster: str | None = None
     task_duration: float = Field(gt=0)
     total_tasks: int | None = Field(default=None, ge=1)
+    max_nodes: int | None = Field(default=None, ge=1)  # KOALA's maximum size: it never asks past it
 
 
 class AmrApp(_App):
@@ -199,7 +200,8 @@ def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) 
     if isinstance(spec, PsaApp):
         from coorm.launchers.psa import PSALauncher
 
-        return PSALauncher(app_id, cluster, spec.task_duration, total_tasks=spec.total_tasks)
+        return PSALauncher(app_id, cluster, spec.task_duration, total_tasks=spec.total_tasks,
+                           max_nodes=spec.max_nodes)
     if isinstance(spec, AmrApp):
         from coorm.launchers.amr import AMRLauncher
 

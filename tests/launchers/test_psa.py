@@ -95,3 +95,25 @@ def test_a_shrinks_successor_that_never_starts_is_forgotten_and_the_view_asked_a
     assert successor.id not in psa.handing and psa._held() == 0
     (again,) = [c for c in out if isinstance(c, Submit)]  # the view still offers 2: asked again
     assert again.requests[0].nodes == 2 and again.requests[0].related_to is None
+
+
+def test_it_never_asks_past_its_maximum():
+    psa = PSALauncher("p", "c0", 600, max_nodes=6)
+    (submit,) = [c for c in ask(psa, views(0, [(0, 10)])) if isinstance(c, Submit)]
+    assert submit.requests[0].nodes == 6
+    started(psa, 0, 6)
+    assert not [c for c in ask(psa, views(10, [(10, 12)])) if isinstance(c, Submit)]  # at its maximum
+
+
+def test_under_fpsma_what_the_first_psa_does_not_want_past_its_maximum_goes_to_the_next():
+    from coorm.launchers.rigid import RigidLauncher
+    from coorm.services.policy_engine.core import PolicySettings
+    from coorm.simulator.engine import Simulation
+
+    sim = Simulation({"c0": 16, "c1": 1}, PolicySettings(preemptible="fpsma", fair_start=0.0))
+    first, second = PSALauncher("p1", "c0", 60, max_nodes=10), PSALauncher("p2", "c0", 60)
+    sim.add(0.0, first)
+    sim.add(5.0, second)
+    sim.add(0.0, RigidLauncher("r", "c1", 1, 30.0, 20.0))  # PSAs are background work: this keeps time going
+    sim.run()
+    assert sim.now >= 20.0 and (first._held(), second._held()) == (10, 6)
