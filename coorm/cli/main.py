@@ -159,7 +159,8 @@ def _simulate_report(console: Console, scenario: Path, summary: dict | None, doc
                   f"{out / 'allocations.png'}" + (f", {jobs_csv}" if jobs_csv else ""))
 
 
-EXPERIMENTS = ("coorm_fig6", "coorm_fig7", "coormv2_fig3_4", "coormv2_fig9", "coormv2_fig10", "coormv2_fig11")
+EXPERIMENTS = ("coorm_fig6", "coorm_fig7", "coorm_fairstart_idle", "coormv2_fig3_4", "coormv2_fig9", "coormv2_fig10",
+               "coormv2_fig11")
 
 
 def _experiments() -> dict:
@@ -182,9 +183,17 @@ def experiment(
     name: str = typer.Argument(..., help="an experiment's name, or 'all'; 'list' shows them"),
     out: Path = typer.Option(Path("out/experiments"), "--out", help="folder for the CSV and PNG files"),
     quick: bool = typer.Option(False, "--quick", help="fewer seeds and points (minutes instead of more)"),
+    instances: int | None = typer.Option(None, "--instances", help="coorm-fig7: workload instances (default 60)"),
+    markdown: bool = typer.Option(False, "--markdown", help="print the tables EXPERIMENTS.md shows"),
+    update_doc: Path | None = typer.Option(None, "--update-doc", help="store the rows next to this doc "
+                                           "(experiments/NAME.json) and rewrite its generated tables"),
+    stored: bool = typer.Option(False, "--stored", help="do not run: render the rows stored next to --update-doc"),
 ) -> None:
     """Reproduce a paper's experiment: writes NAME.csv and NAME.png (medians and quartiles over seeds)."""
+    import inspect
     import time
+
+    from coorm.experiments import common
 
     known = _experiments()
     if name == "list":
@@ -196,9 +205,34 @@ def experiment(
         if n not in known:
             typer.echo(f"unknown experiment {n}; known: {', '.join(sorted(known))}", err=True)
             raise typer.Exit(2)
-        t0 = time.perf_counter()
-        rows = known[n].run(out, quick=quick)
-        typer.echo(f"{n}: {len(rows)} points in {time.perf_counter() - t0:.1f} s -> {out / (n + '.csv')}")
+        documented = hasattr(known[n], "markdown")  # renders its tables for EXPERIMENTS.md
+        if (markdown or update_doc is not None) and not documented:
+            typer.echo(f"{n} renders no tables (--markdown, --update-doc)", err=True)
+            raise typer.Exit(2)
+        if stored:
+            if update_doc is None:
+                raise typer.BadParameter("--stored renders what is stored next to --update-doc")
+            rows = common.load(update_doc, n)["rows"]
+        else:
+            t0 = time.perf_counter()
+            sized = instances is not None and "instances" in inspect.signature(known[n].run).parameters
+            rows = known[n].run(out, quick=quick, **({"instances": instances} if sized else {}))
+            wall = time.perf_counter() - t0
+            typer.echo(f"{n}: {len(rows)} points in {wall:.1f} s -> {out / (n + '.csv')}", err=markdown)
+            if update_doc is not None:
+                if quick:
+                    raise typer.BadParameter("the doc shows the full runs: no --quick with --update-doc")
+                common.store(update_doc, n, rows, wall_s=round(wall, 1))
+        blocks = known[n].markdown(rows) if documented else {}
+        if markdown:
+            typer.echo("\n\n".join(blocks.values()))
+        if update_doc is not None:
+            try:
+                update_doc.write_text(common.with_blocks(update_doc.read_text(), blocks))
+            except KeyError as e:
+                typer.echo(f"{update_doc}: {e.args[0]}", err=True)
+                raise typer.Exit(1) from None
+            typer.echo(f"{n}: rewrote {', '.join(blocks)} in {update_doc}", err=markdown)
 
 
 @protocol.command("schema")

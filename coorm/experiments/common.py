@@ -73,3 +73,96 @@ def save(fig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ======================================================================================================
+# confidence intervals (seeded: the same runs give the same intervals)
+# ======================================================================================================
+def bootstrap_ci(values: Sequence[float], stat: Callable[[Sequence[float]], float] = statistics.fmean, *,
+                 level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``stat`` over ``values`` (instances drawn with replacement)."""
+    import random
+
+    v = list(values)
+    if not v:
+        return (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    stats = sorted(stat(rng.choices(v, k=len(v))) for _ in range(resamples))
+    lo = stats[int((1 - level) / 2 * resamples)]
+    hi = stats[min(resamples - 1, int((1 + level) / 2 * resamples))]
+    return (lo, hi)
+
+
+def wilson_ci(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``k / n`` (95 % by default): unlike a bootstrap it is not
+    [0, 0] when no instance of ``n`` was counted -- it says how large the true fraction may still be."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    d = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / d
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+# ======================================================================================================
+# results stored next to the doc, and the doc's generated blocks
+# ======================================================================================================
+# EXPERIMENTS.md holds, between ``<!-- BLOCK:begin -->`` and ``<!-- BLOCK:end -->``, tables that an
+# experiment's ``markdown(rows) -> {BLOCK: text}`` renders from its rows; ``coorm experiment NAME
+# --update-doc EXPERIMENTS.md`` runs it, stores the rows in ``experiments/NAME.json`` next to the doc and
+# rewrites its blocks. The tests check that each block equals the rendering of the stored rows.
+def results_path(doc: Path, name: str) -> Path:
+    return Path(doc).parent / "experiments" / f"{name}.json"
+
+
+def store(doc: Path, name: str, rows: list[dict], **meta: object) -> Path:
+    import json
+
+    path = results_path(doc, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"name": name, **meta, "rows": rows}, indent=1) + "\n")
+    return path
+
+
+def load(doc: Path, name: str) -> dict:
+    import json
+
+    data: dict = json.loads(results_path(doc, name).read_text())
+    return data
+
+
+def _markers(block: str) -> tuple[str, str]:
+    return f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
+
+
+def doc_block(text: str, block: str) -> str:
+    """What the doc holds between a block's markers (without them)."""
+    begin, end = _markers(block)
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise KeyError(f"the doc needs exactly one {begin} and one {end}")
+    return text.split(begin, 1)[1].split(end, 1)[0]
+
+
+def with_blocks(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with each block's content replaced (each block must be there, once)."""
+    for block, content in blocks.items():
+        begin, end = _markers(block)
+        doc_block(text, block)  # checks the markers
+        head, rest = text.split(begin, 1)
+        text = head + begin + "\n" + content.strip("\n") + "\n" + end + rest.split(end, 1)[1]
+    return text
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines.extend("| " + " | ".join(str(c) for c in r) + " |" for r in rows)
+    return "\n".join(lines)
+
+
+def fmt_q(row: dict, prefix: str, digits: int = 0) -> str:
+    """``median [q1–q3]`` of a row's quartile columns (``—`` when there were no runs)."""
+    med = row[f"{prefix}_median"]
+    if med != med:
+        return "—"
+    return f"{med:.{digits}f} [{row[f'{prefix}_q1']:.{digits}f}–{row[f'{prefix}_q3']:.{digits}f}]"

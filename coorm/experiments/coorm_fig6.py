@@ -427,6 +427,71 @@ def aggregate(runs: list[dict], clusters: Sequence[int]) -> list[dict]:
     return rows
 
 
+def _num(metric: str, v: float) -> str:
+    if metric == "computed_configurations":
+        return f"{v / 1e6:.2f}M" if v >= 1e5 else f"{v:.0f}"
+    if metric == "bytes":
+        return f"{v / 1e6:.2f}"
+    if metric == "bytes_per_app":
+        return f"{v / 1e3:.1f}"
+    return f"{v:.2f}"
+
+
+MD_TABLES = (
+    ("computed_configurations", "Computed configurations"),
+    ("sched_cpu_s", "Scheduling CPU (s): the cores, the views they send, and the launchers (OAR-SIM: cores, "
+                    "views and enumerations)"),
+    ("sim_cpu_s", "Simulation CPU (s), the whole run, plotted in the PNG"),
+    ("bytes", "Total message size (MB)"),
+    ("bytes_per_app", "Per application (KB)"),
+)
+
+
+def markdown(rows: list[dict]) -> dict[str, str]:
+    """EXPERIMENTS.md's Fig. 6 tables (median [min–max] over packs; W3 is one run) and the paper's numbers
+    next to ours."""
+    from coorm.experiments.common import md_table
+
+    clusters = sorted({r["clusters"] for r in rows})
+    series = list(dict.fromkeys((r["system"], r["workload"]) for r in rows))
+    by = {(r["system"], r["workload"], r["clusters"], r["metric"]): r for r in rows}
+    parts = []
+    for metric, title in MD_TABLES:
+        def cell(r: dict, metric: str = metric) -> str:
+            if r["packs"] == 1 or r["min"] == r["max"]:
+                return _num(metric, r["median"])
+            return f"{_num(metric, r['median'])} [{_num(metric, r['min'])}–{_num(metric, r['max'])}]"
+
+        body = [(f"{sy} {w}", *(cell(by[(sy, w, nc, metric)]) for nc in clusters)) for sy, w in series
+                if metric != "bytes_per_app" or w != "W1"]
+        parts.append(f"{title}:\n\n" + md_table(("series", *(f"nC={nc}" for nc in clusters)), body))
+
+    def over(w: str, metric: str, stat: str, system: str = "CooRM") -> list[float]:
+        return [by[(system, w, nc, metric)][stat] for nc in clusters]
+
+    def mean_per_app(w: str) -> float:
+        return sum(over(w, "bytes_per_app", "mean")) / len(clusters)
+
+    fewer = [o / c for o, c in zip(over("W0", "computed_configurations", "median", "OAR-SIM"),
+                                   over("W0", "computed_configurations", "median"), strict=True)]
+    paper = md_table(
+        ("the paper says", "ours"),
+        [("W0: total message size below 35 MB for 200 applications",
+          f"max {max(over('W0', 'bytes', 'max')) / 1e6:.1f} MB"),
+         ("W0: on average 175 KB per application", f"mean {mean_per_app('W0') / 1e3:.1f} KB, max "
+                                                     f"{max(over('W0', 'bytes_per_app', 'max')) / 1e3:.0f} KB"),
+         ("W2: below 60 MB", f"max {max(over('W2', 'bytes', 'max')) / 1e6:.1f} MB"),
+         ("W2: on average 300 KB per application", f"mean {mean_per_app('W2') / 1e3:.0f} KB, max "
+                                                     f"{max(over('W2', 'bytes_per_app', 'max')) / 1e3:.0f} KB"),
+         ("W2: scheduling below 400 s, usually below 100 s (Opteron 250, 2.4 GHz)",
+          f"simulation CPU max {max(over('W2', 'sim_cpu_s', 'max')):.1f} s"),
+         ("W0: CooRM computes fewer configurations than OAR-SIM",
+          f"{min(fewer):.0f}× to {max(fewer):.0f}× fewer (medians per nC)")])
+    packs = max(r["packs"] for r in rows)
+    return {"coorm-fig6": f"Median [min–max] over {packs} packs; W3 is a single run.\n\n" + "\n\n".join(parts),
+            "coorm-fig6-paper": paper}
+
+
 def plot(path: Path, rows: list[dict], jobs: int) -> None:
     import matplotlib.pyplot as plt
 

@@ -9,14 +9,21 @@
   ``A(75%)``; the upper bound depends on the profile (quartiles over seeds), ``safe_hi`` is the largest
   count good for every profile (none when the memory bound is above it).
 
-One CSV and one PNG, ``figure`` = ``fig3`` or ``fig4`` on each row.
+* **The memory per node** (``figure`` = ``memory``): the paper gives none. Its only constraints are that
+  ``n_eq`` "exists for e_t < 0.8" (§II-C) and that a static choice must not "run out of memory" (Fig. 4).
+  Without a memory bound ``n_eq`` always exists (:mod:`coorm.launchers.amr_model`), so the 0.8 is where
+  ``n_eq`` drops below ``ceil(Smax / M)``. Per target, the rows give ``Smax / n_eq`` (no memory bound) over
+  the profiles, in GiB: the per-node working set ``M`` below which ``n_eq`` no longer exists at that target
+  -- what the paper's "< 0.8" says about ``M``, and how far our 4 GiB is from it.
+
+One CSV and one PNG, ``figure`` = ``fig3``, ``fig4`` or ``memory`` on each row.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from coorm.experiments.common import quartiles, save, write_csv
+from coorm.experiments.common import md_table, quartiles, save, write_csv
 from coorm.launchers import amr_model as model
 
 NAME = "coormv2-fig3-4"
@@ -28,6 +35,8 @@ FULL = dict(
     seeds=range(100),
 )
 QUICK = dict(targets=(0.3, 0.5, 0.75, 0.85), smax_tib=(0.5, 3.16, 16.0), seeds=range(10))
+MEMORY_TARGETS = (0.7, 0.75, 0.78, 0.79, 0.8, 0.81, 0.82, 0.85)
+GIB = 1024.0
 
 
 def fig3_rows(targets, seeds) -> list[dict]:
@@ -53,12 +62,75 @@ def fig4_rows(smax_tib, seeds, target: float = 0.75) -> list[dict]:
     return rows
 
 
+def memory_rows(targets, seeds) -> list[dict]:
+    """Per target: ``Smax / n_eq`` without a memory bound, over profiles (GiB per node): with less memory
+    per node than that, the profile's ``n_eq`` cannot hold its peak working set."""
+    profiles = [model.working_set(seed) for seed in seeds]
+    rows = []
+    for target in targets:
+        per_node = []
+        for sizes in profiles:
+            n_eq = model.equivalent_static_allocation(sizes, target, None)
+            assert n_eq is not None  # without a memory bound it always exists
+            per_node.append(max(sizes) / n_eq / GIB)
+        row = {"figure": "memory", "target_efficiency": target, "profiles": len(profiles),
+               "assumed_gib": model.MEM_PER_NODE_MIB / GIB,
+               "missing_with_assumed": sum(g > model.MEM_PER_NODE_MIB / GIB for g in per_node)}
+        row |= {f"gib_per_node_{k}": v for k, v in quartiles(per_node).items()}
+        rows.append(row)
+    return rows
+
+
 def run(out: Path, quick: bool = False) -> list[dict]:
     cfg = QUICK if quick else FULL
-    rows = fig3_rows(cfg["targets"], cfg["seeds"]) + fig4_rows(cfg["smax_tib"], cfg["seeds"])
+    rows = (fig3_rows(cfg["targets"], cfg["seeds"]) + fig4_rows(cfg["smax_tib"], cfg["seeds"])
+            + memory_rows(MEMORY_TARGETS if not quick else (0.75, 0.8, 0.85), cfg["seeds"]))
     write_csv(out / f"{NAME}.csv", rows)
     _plot(out / f"{NAME}.png", rows)
     return rows
+
+
+def markdown(rows: list[dict]) -> dict[str, str]:
+    """EXPERIMENTS.md's Fig. 3, Fig. 4 and memory tables, from :func:`run`'s rows."""
+    f3 = [r for r in rows if r["figure"] == "fig3"]
+    f4 = [r for r in rows if r["figure"] == "fig4"]
+    mem = [r for r in rows if r["figure"] == "memory"]
+
+    def pct(r: dict, k: str) -> str:
+        v = r[f"increase_pct_{k}"]
+        return "—" if v != v else f"{v:.2f}"
+
+    fig3 = md_table(
+        ("target efficiency", "end-time increase %, median [q1–q3]", "max %", "profiles without n_eq",
+         "paper"),
+        [(f"{r['target_efficiency']:g}",
+          "—" if r["missing"] == r["profiles"] else
+          f"{pct(r, 'median')} [{pct(r, 'q1')}–{pct(r, 'q3')}]", pct(r, "max"),
+          f"{r['missing']}/{r['profiles']}",
+          "n_eq exists; increase ≤ 2.5%" if r["target_efficiency"] < 0.8 else "no n_eq")
+         for r in f3])
+
+    def nodes(r: dict, k: str) -> str:
+        v = r[f"max_nodes_{k}"]
+        return "—" if v != v else f"{v:.0f}"
+
+    fig4 = md_table(
+        ("Smax (TiB)", "min nodes (memory)", "max nodes, median [q1–q3]", "max nodes, min–max over profiles",
+         "safe range", "profiles with no choice"),
+        [(f"{r['smax_tib']:g}", r["memory_min_nodes"],
+          "—" if r["no_choice"] == r["profiles"] else f"{nodes(r, 'median')} [{nodes(r, 'q1')}–{nodes(r, 'q3')}]",
+          "—" if r["no_choice"] == r["profiles"] else f"{nodes(r, 'min')}–{nodes(r, 'max')}",
+          "none" if r["safe_hi"] is None else f"{r['memory_min_nodes']}–{r['safe_hi']}",
+          f"{r['no_choice']}/{r['profiles']}")
+         for r in f4])
+    memory = md_table(
+        ("target efficiency", "GiB per node below which n_eq does not exist: min", "median", "max",
+         f"profiles without n_eq at {mem[0]['assumed_gib']:g} GiB" if mem else "", "paper"),
+        [(f"{r['target_efficiency']:g}", f"{r['gib_per_node_min']:.2f}", f"{r['gib_per_node_median']:.2f}",
+          f"{r['gib_per_node_max']:.2f}", f"{r['missing_with_assumed']}/{r['profiles']}",
+          "n_eq exists" if r["target_efficiency"] < 0.8 else "no n_eq")
+         for r in mem])
+    return {"coormv2-fig3": fig3, "coormv2-fig4": fig4, "coormv2-fig3-memory": memory}
 
 
 def _plot(path: Path, rows: list[dict]) -> None:

@@ -9,12 +9,13 @@ import csv
 
 import pytest
 
-from coorm.experiments import coorm_fig6, coorm_fig7
+from coorm.experiments import coorm_fairstart_idle, coorm_fig6, coorm_fig7
 from coorm.launchers.cem import CEMLauncher, paper_platform
 from coorm.launchers.moldable import MoldableLauncher
 from coorm.launchers.rigid import RigidLauncher
 from coorm.simulator.trace import TraceJob
 from coorm.simulator.traces import SAMPLE
+from tests.experiments.stored import assert_same_shape, stored_rows
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -48,6 +49,12 @@ def fig6(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fig7(tmp_path_factory):
     return _run(coorm_fig7, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fairstart(tmp_path_factory):
+    out = tmp_path_factory.mktemp(coorm_fairstart_idle.NAME)
+    return coorm_fairstart_idle.run(out, quick=True)
 
 
 def _point(rows, system, workload, clusters, metric) -> dict:
@@ -180,3 +187,48 @@ def test_fig7_delay_above_fair_start_hurts(fig7):
     assert float(long["max"]) > 600  # some instance loses more than ten minutes
     assert float(long["frac_delayed"]) > float(short["frac_delayed"])
     assert float(long["median"]) >= float(short["median"])
+
+
+def test_fig7_instances_are_packs_times_three_positions():
+    packs = coorm_fig7.instance_packs(coorm_fig7.FULL, 9)
+    assert len(packs) == 3 and len(set(packs)) == 3
+    assert coorm_fig7.instance_packs(coorm_fig7.QUICK) == [coorm_fig6.pack_numbers(4)[1]]
+    with pytest.raises(ValueError):
+        coorm_fig7.instance_packs(coorm_fig7.FULL, 2)
+
+
+# ======================================================================================================
+# §IV-C: the idle time of the fair-start
+# ======================================================================================================
+def test_fairstart_holds_idle_nodes_only_with_a_fair_start_and_more_for_short_jobs(fairstart):
+    by = {(r["runtime_scale"], r["fair_start"]): r for r in fairstart}
+    for scale in ("trace", "300 s"):
+        assert by[(scale, 0.0)]["held_pct"] == 0 and by[(scale, 0.0)]["makespan_increase_pct"] == 0
+        assert by[(scale, 30.0)]["held_pct"] > 0
+        # never more than the paper's bound: every job's nodes held for the whole fair-start
+        assert by[(scale, 30.0)]["held_per_work_pct"] <= by[(scale, 30.0)]["estimate_pct"]
+    assert by[("300 s", 30.0)]["held_pct"] > 3 * by[("trace", 30.0)]["held_pct"]
+    assert by[("300 s", 30.0)]["estimate_pct"] == pytest.approx(10.0)
+
+
+def test_fairstart_quick_has_the_stored_shape_and_trend(fairstart):
+    stored = stored_rows(coorm_fairstart_idle.NAME)
+    assert_same_shape(fairstart, stored)
+    for table in (fairstart, stored):
+        by = {(r["runtime_scale"], r["fair_start"]): r for r in table}
+        assert by[("300 s", 30.0)]["held_pct"] > by[("trace", 30.0)]["held_pct"] > 0
+
+
+def test_the_held_node_meter_integrates_between_events():
+    meter = coorm_fairstart_idle._NodeMeter()
+
+    class _Sim:
+        def __init__(self, now, states):
+            self.now = now
+            nodes = {str(i): type("N", (), {"state": st})() for i, st in enumerate(states)}
+            self.cores = type("C", (), {"allocator": type("A", (), {"nodes": nodes})()})()
+
+    meter(_Sim(0.0, ["held", "held", "allocated"]))
+    meter(_Sim(10.0, ["free", "held", "allocated"]))
+    meter(_Sim(15.0, ["free", "free", "free"]))
+    assert meter.held_s == 2 * 10 + 1 * 5 and meter.allocated_s == 15
