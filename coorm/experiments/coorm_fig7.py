@@ -17,12 +17,12 @@ the fraction of instances delayed at all (> 1 s), by more than 10 minutes and by
 
 Full mode: ``instances`` (60 by default: ``--instances``) = packs x 3 positions (a quarter, half and three
 quarters of the pack), the packs spread evenly over the trace (:func:`coorm.experiments.coorm_fig6.pack_numbers`),
-delays 0, 1, 2, 5, 10, 20, 30 s: 420 simulations, about 25 min on the two cores of our machine. 60 is what
-resolves the paper's "up to 5% of the cases delayed more than an hour": 3 instances of 60, and a 95%
-interval that excludes 0 when the fraction is 5%. Every fraction comes with its Wilson 95% interval, the
-mean with a seeded bootstrap 95% interval over instances, and each delay with the paired bootstrap interval
-of its mean minus the previous delay's (the same instances run with both delays): whether the curve really
-goes down between two delays or only looks like it.
+delays 0, 1, 2, 5, 10, 20, 30 s: 420 simulations, 87 min on our 2-core machine under a heavy load from
+other work (EXPERIMENTS.md). 60 is what resolves the paper's "up to 5% of the cases delayed more than
+an hour": 3 instances of 60, and a 95% interval that excludes 0 when the fraction is 5%. Every fraction
+comes with its Wilson 95% interval, the mean with a seeded bootstrap 95% interval over instances, and each
+delay with the paired bootstrap interval of its mean minus the previous delay's (the same instances run
+with both delays): whether the curve really goes down between two delays or only looks like it.
 
 Quick mode: one pack (the second of 4 spread over the trace), whole (200 jobs), its 3 positions, delays 0,
 2, 10 s. It is the second pack, chosen because there, and not

@@ -189,6 +189,20 @@ def test_fig7_delay_above_fair_start_hurts(fig7):
     assert float(long["median"]) >= float(short["median"])
 
 
+def test_fig7_quick_has_the_stored_shape_and_trend(fig7):
+    rows, _ = fig7
+    stored = stored_rows(coorm_fig7.NAME)
+    assert_same_shape(rows, stored)
+    for table in (rows, stored):
+        by = {float(r["delay"]): r for r in table}
+        assert float(by[10.0]["mean"]) > float(by[2.0]["mean"])
+        assert float(by[10.0]["frac_delayed"]) > float(by[2.0]["frac_delayed"])
+        for r in table:  # the interval holds its estimate
+            assert float(r["mean_ci_lo"]) <= float(r["mean"]) <= float(r["mean_ci_hi"])
+            assert float(r["frac_over_1h_ci_lo"]) <= float(r["frac_over_1h"]) <= float(r["frac_over_1h_ci_hi"])
+    assert stored[0]["instances"] >= 60  # what resolves a 5% tail (EXPERIMENTS.md)
+
+
 def test_fig7_instances_are_packs_times_three_positions():
     packs = coorm_fig7.instance_packs(coorm_fig7.FULL, 9)
     assert len(packs) == 3 and len(set(packs)) == 3
