@@ -23,7 +23,10 @@ Tests (``--tests``, default all but queued10k):
 * queued10k  -- 10,000 held jobs (an array of 9,900 + 100 singles): the wall time of ``coorm queue``
   (``squeue``) and the whole system's RSS, then everything cancelled.
 
-Targets (issue 13) are printed next to the figures, met or not.
+Targets (issue 13) are printed next to the figures, met or not. The users' commands (``coorm batch``,
+``submit``, ``queue``...) run from a client install of this checkout, as README tells login-node users to
+install it (``--client-venv``, kept between runs; the checkout is installed again each run); ``--dev-client``
+runs them from the development venv instead (editable, server extras: about 30 ms more per command).
 
     python benchmarks/bench_batch.py --quick --no-slurm          # CooRM only, a fast check (~5 min)
     python benchmarks/bench_batch.py --quick                     # both, fewer jobs (~15 min)
