@@ -34,6 +34,7 @@ from coorm.cli.fast import (
     Conn,
     Failed,
     connect,
+    socket_client,
     submission,
     submit_options,
 )
@@ -47,21 +48,11 @@ _EVENTS, _REPLIES, _STOPPING = "1", "2", "3"  # subscription ids
 
 def submit(argv: list[str]) -> int:
     """``coorm submit [-c CLUSTER] [-N NODES] [-t TIME] [-J NAME] [-o FILE] [-l] -- COMMAND ARGS...``."""
-    from coorm.shared.connection import Client, CredentialsError, redact
-
     opts, label, command = submit_options(argv)
     output = opts.output
     message = submission(opts._replace(output=None), argv=command, script=None,
                          default_name=os.path.basename(command[0]))
-    try:
-        client = Client()
-    except CredentialsError as e:
-        raise Failed(str(e), EXIT_REFUSED) from None
-    if "," in client.nats_url or not client.nats_url.startswith("nats://"):
-        from coorm.cli.fast import Fallback
-
-        raise Fallback  # several servers, TLS: the full command line (nats-py)
-    where = f"{redact(client.nats_url)} (from {client.url_source})"
+    client, where = socket_client()
     sink = open(output, "a", buffering=1) if output else None  # noqa: SIM115 - closed below
     try:
         return _Attached(client, where, message, label, sink).run()

@@ -247,15 +247,7 @@ PAGE = 2000  # jobs per reply (BatchQuery's most)
 
 def pages(subject: str, body: dict, service: str) -> tuple[float, list[dict]]:
     """Every job a ``BatchQuery`` names, a page at a time over one connection: (the service's now, jobs)."""
-    from coorm.shared.connection import Client, CredentialsError, redact
-
-    try:
-        client = Client()
-    except CredentialsError as e:
-        raise Failed(str(e), EXIT_REFUSED) from None
-    if "," in client.nats_url or not client.nats_url.startswith("nats://"):
-        raise Fallback  # several servers, TLS: the full command line (nats-py)
-    where = f"{redact(client.nats_url)} (from {client.url_source})"
+    client, where = socket_client()
     conn = connect(client, where)
     jobs: list[dict] = []
     try:
@@ -366,6 +358,20 @@ def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | Non
         raise Failed(conn.unreachable, EXIT_UNREACHABLE) from None
     finally:
         conn.sock.close()
+
+
+def socket_client():
+    """The user's :class:`~coorm.shared.connection.Client` and where it reaches CooRM (for messages), for
+    this path's plain socket; :class:`Fallback` for a URL it does not read (several servers, TLS)."""
+    from coorm.shared.connection import Client, CredentialsError, redact
+
+    try:
+        client = Client()
+    except CredentialsError as e:
+        raise Failed(str(e), EXIT_REFUSED) from None
+    if "," in client.nats_url or not client.nats_url.startswith("nats://"):
+        raise Fallback  # the full command line (nats-py) reads those
+    return client, f"{redact(client.nats_url)} (from {client.url_source})"
 
 
 def connect(client, where: str) -> Conn:
