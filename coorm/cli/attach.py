@@ -34,6 +34,8 @@ from coorm.cli.fast import (
     Conn,
     Failed,
     connect,
+    no_service,
+    refuse_error,
     socket_client,
     submission,
     submit_options,
@@ -142,8 +144,7 @@ class _Attached:
                 self.conn.sock.settimeout(0.5)  # (signals are looked at between reads)
                 return
             if time.monotonic() + delay > deadline:
-                raise Failed(f"NATS at {self.where} answers but the batch service does not: is it running? Start "
-                             "one with 'coorm up'", EXIT_UNREACHABLE)
+                raise no_service(self.where, "the batch service")
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
@@ -188,9 +189,9 @@ class _Attached:
             data = data[headers:]
         if sid == _REPLIES:
             reply = json.loads(data)
-            if reply.get("ok") is False and isinstance(reply.get("error"), dict):
-                if self.job is None:
-                    raise Failed(f"refused: {reply['error'].get('message')}", EXIT_REFUSED)
+            if self.job is None:
+                refuse_error(reply)  # the submission refused
+            elif reply.get("ok") is False:
                 return None  # (a cancel that came too late: the job's end is on its way)
             if self.job is None and "job" in reply:
                 self.job = str(reply["job"])

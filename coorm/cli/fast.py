@@ -259,11 +259,9 @@ def pages(subject: str, body: dict, service: str) -> tuple[float, list[dict]]:
             conn.send(f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\n")
             data = conn.reply()
             if data is None:
-                raise Failed(f"NATS at {where} answers but {service} does not: is it running? Start one with "
-                             "'coorm up'", EXIT_UNREACHABLE)
+                raise no_service(where, service)
             reply = json.loads(data)
-            if reply.get("ok") is False and isinstance(reply.get("error"), dict):
-                raise Failed(f"refused: {reply['error'].get('message')}", EXIT_REFUSED)
+            refuse_error(reply)
             jobs += reply["jobs"]
             if not reply["jobs"] or len(jobs) >= reply["total"]:  # (fewer than when the first page was read)
                 return reply["now"], jobs
@@ -296,12 +294,22 @@ def request(subject_of: Callable[[str], str], body: dict, service: str) -> dict:
     else:
         data = _via_socket(client, subject, payload, where)
     if data is None:
-        raise Failed(f"NATS at {where} answers but {service} does not: is it running? Start one with 'coorm up'",
-                     EXIT_UNREACHABLE)
+        raise no_service(where, service)
     reply = json.loads(data)
+    refuse_error(reply)
+    return reply
+
+
+def no_service(where: str, service: str) -> Failed:
+    """NATS answered for the subject with "no responders" for as long as this path waits."""
+    return Failed(f"NATS at {where} answers but {service} does not: is it running? Start one with 'coorm up'",
+                  EXIT_UNREACHABLE)
+
+
+def refuse_error(reply: dict) -> None:
+    """:class:`Failed` (2) if ``reply`` is an error reply (``{"ok": false, "error": {...}}``)."""
     if reply.get("ok") is False and isinstance(reply.get("error"), dict):
         raise Failed(f"refused: {reply['error'].get('message')}", EXIT_REFUSED)
-    return reply
 
 
 def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
