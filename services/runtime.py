@@ -14,7 +14,7 @@ import structlog
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from coorm.shared import subjects
+from coorm.shared import subjects, valkey
 
 
 def clock() -> float:
@@ -49,18 +49,24 @@ def redis_client(url: str, max_connections: int = 32, *, ride_over: float = 0.0)
         cap = 1.0
         extra = {"retry": Retry(ExponentialBackoff(cap=cap, base=0.05), retries=max(1, int(ride_over / cap) + 5)),
                  "retry_on_error": [RedisConnectionError, RedisTimeoutError, OSError]}
-    pool = aioredis.BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=max_connections,
-                                                    timeout=None, **extra)
-    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes its connections
+    # one server or a primary under Sentinel (coorm.shared.valkey: the client follows a failover, and under
+    # Sentinel a write returns once a replica has it)
+    return valkey.async_client(url, max_connections=max_connections, **extra)
 
 
-async def ensure_streams(js) -> None:
+async def ensure_streams(js, replicas: int | None = None) -> None:
     """The durable streams: decisions for the node allocator, lifecycle events for accounting. Creating
-    them is idempotent (every service that uses one may do it)."""
+    them is idempotent (every service that uses one may do it). ``replicas``: copies of each on as many
+    servers of a NATS cluster (default ``COORM_STREAM_REPLICAS``); an existing stream is scaled to it."""
+    if replicas is None:
+        from coorm.shared.settings import Settings
+
+        replicas = Settings().stream_replicas
     for name, subject in ((subjects.DECISIONS_STREAM, subjects.DECISIONS),
                           (subjects.LIFECYCLE_STREAM, subjects.LIFECYCLE)):
         config = StreamConfig(name=name, subjects=[subject], retention=RetentionPolicy.LIMITS,
-                              storage=StorageType.FILE, duplicate_window=120.0, max_age=7 * 24 * 3600.0)
+                              storage=StorageType.FILE, duplicate_window=120.0, max_age=7 * 24 * 3600.0,
+                              num_replicas=replicas)
         try:
             await js.add_stream(config)
         except BadRequestError:

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from coorm.shared import subjects
-from coorm.shared.connection import redact, refused_text, unreachable_text
+from coorm.shared.connection import nats_servers, redact, refused_text, unreachable_text
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import DeadLetter, ErrorBody, ErrorReply
 from coorm.shared.requests import Identifier
@@ -92,8 +92,9 @@ async def connect(url: str, name: str, identity: Identity | None = None,
     restart, so every attempt is retried for ever, with one log line per failure rather than a traceback.
     ``reconnected_cb``: what was sent to it while it was cut is lost (core NATS): ask for it again there."""
     extra = {"reconnected_cb": reconnected_cb} if reconnected_cb is not None else {}
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=RECONNECT_WAIT,
-                              allow_reconnect=True, error_cb=_log_error(url), **extra, **_auth(identity))
+    return await nats.connect(nats_servers(url), name=name, max_reconnect_attempts=-1,
+                              reconnect_time_wait=RECONNECT_WAIT, allow_reconnect=True, error_cb=_log_error(url),
+                              **extra, **_auth(identity))
 
 
 async def connect_client(url: str, name: str, *, timeout: float, reconnect_window: float, source: str = "",
@@ -123,7 +124,7 @@ async def connect_client(url: str, name: str, *, timeout: float, reconnect_windo
             await reconnected_cb()
 
     try:
-        await asyncio.wait_for(nc.connect(url, name=name, connect_timeout=max(1, math.ceil(timeout)),
+        await asyncio.wait_for(nc.connect(nats_servers(url), name=name, connect_timeout=max(1, math.ceil(timeout)),
                                           allow_reconnect=True, max_reconnect_attempts=attempts,
                                           # nats-py annotates an int; it sleeps on any number
                                           reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]

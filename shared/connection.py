@@ -51,8 +51,15 @@ def file_values() -> dict[str, str]:
     return {k: v for k, v in data.items() if k in FROM_FILE}
 
 
+def nats_servers(url: str) -> list[str]:
+    """The servers of a NATS URL list (``nats://a:4222,nats://b:4222``: a cluster's), in order."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
 def redact(url: str) -> str:
-    """The URL without its password (it goes into messages and logs)."""
+    """The URL without its password (it goes into messages and logs); each of a list."""
+    if "," in url:
+        return ",".join(redact(u) for u in nats_servers(url))
     if "@" not in url:  # (no password: the hot paths do not import urllib.parse)
         return url
     from urllib.parse import urlsplit

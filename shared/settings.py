@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -31,8 +31,15 @@ class _ConnectionFileSource(PydanticBaseSettingsSource):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COORM_", extra="ignore")
 
+    # one NATS server, or several of a cluster, comma-separated: a client moves to another when its own goes
     nats_url: str = "nats://127.0.0.1:4222"
     redis_url: str = "redis://127.0.0.1:6379/0"  # with the services' user and password: redis://coorm:PW@...
+    # Valkey under Sentinel (host:port,host:port,...): the primary of ``redis_master`` is asked of them, again
+    # after a failover; redis_url then gives only the user, password and database (coorm.shared.valkey)
+    redis_sentinel: str | None = Field(default=None, description="the sentinels: host:port,host:port,...")
+    redis_master: str = Field(default="coorm", description="the name the sentinels monitor the primary by")
+    # copies of the decision and lifecycle streams, on as many servers of the NATS cluster (1: one server)
+    stream_replicas: int = Field(default=1, ge=1, le=5, description="JetStream replicas of CooRM's streams")
     # who this process is to NATS: its identity file (coorm.shared.credentials; 0600), or an operator's
     # credential store (what ``coorm up`` keeps) where each process finds its role's (a user's: their own)
     nats_credentials: Path | None = Field(default=None, description="this process's identity file (0600)")
@@ -91,6 +98,17 @@ class Settings(BaseSettings):
     # observability: each process serves its Prometheus metrics here (0: a free port, unset: none)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_addr: str = "0.0.0.0"
+
+    @model_validator(mode="after")
+    def _sentinel_in_url(self) -> Settings:
+        """With sentinels, ``redis_url`` becomes the Sentinel form: every consumer of the URL (services,
+        Celery, the command line) reads the one string (coorm.shared.valkey)."""
+        if self.redis_sentinel:
+            from coorm.shared import valkey
+
+            if valkey.parse(self.redis_url) is None:
+                self.redis_url = valkey.sentinel_url(self.redis_url, self.redis_sentinel, self.redis_master)
+        return self
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,

@@ -110,9 +110,9 @@ async def _connect(settings: Settings, name: str = "coorm-cli"):
 
 def _redis(settings: Settings):
     """A Redis client that gives up as a NATS client does (redis-py would wait for the OS's timeout)."""
-    import redis
+    from coorm.shared.valkey import sync_client
 
-    return redis.Redis.from_url(settings.redis_url, decode_responses=True,
+    return sync_client(settings.redis_url, decode_responses=True,
                                 socket_connect_timeout=settings.connect_timeout,
                                 socket_timeout=max(settings.connect_timeout, 10.0))
 

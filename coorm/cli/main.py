@@ -270,11 +270,13 @@ def protocol_doc(out: Path | None = typer.Option(None, help="write it to this fi
 def up(
     clusters: str = typer.Option("c0=16,c1=16", "--clusters", help="CLUSTER=NODES,... emulated by local agents"),
     workdir: Path | None = typer.Option(None, help="where the servers keep their data and the logs go"),
+    ha: bool = typer.Option(False, "--ha", help="replicated servers: a 3-server NATS cluster, Valkey with two "
+                            "replicas under three sentinels (docs/ha.md)"),
 ) -> None:
     """Start the embedded default: nats-server, valkey-server, every service and agents; Ctrl-C stops it."""
     from coorm.cli.up import run
 
-    run(clusters, workdir)
+    run(clusters, workdir, ha)
 
 
 @app.command()

@@ -13,7 +13,12 @@ servers go.
 
 Data survive a server's death: valkey writes and syncs its append-only file before it answers a write
 (``appendfsync always``: a killed valkey loses nothing it acknowledged), and JetStream keeps its streams in
-files."""
+files.
+
+With ``--ha`` the servers are replicated (:func:`~coorm.shared.servers.start_replicated_servers`): a
+3-server NATS cluster whose streams have 3 replicas, and a Valkey primary with two replicas under three
+sentinels; every process gets the three NATS URLs and the sentinels, and carries on when one NATS server
+or the Valkey primary dies (docs/ha.md). A dead server is started again as any child is."""
 
 from __future__ import annotations
 
@@ -32,11 +37,12 @@ from rich.console import Console
 from rich.panel import Panel
 
 from coorm.cli.supervise import Backoff, Child, describe, spawn
-from coorm.shared.bus import redact
-from coorm.shared.servers import free_port, start_servers
+from coorm.shared.servers import free_port, start_replicated_servers, start_servers
 from coorm.shared.settings import Settings, connection_file
+from coorm.shared.valkey import describe as where_redis
 
 ENGINES = ("policy-engine", "policy-engine-standby")
+STREAM_REPLICAS = 3  # with --ha: a copy of each stream on every server of the NATS cluster
 
 
 def parse_clusters(text: str) -> dict[str, int]:
@@ -56,8 +62,10 @@ class Up:
     """The running embedded system; :meth:`start` returns once every node is up."""
 
     def __init__(self, clusters: dict[str, int], workdir: Path | None = None, *, env: dict | None = None,
-                 log_dir: Path | None = None, accounting: bool | None = None, write_connection: bool = True) -> None:
+                 log_dir: Path | None = None, accounting: bool | None = None, write_connection: bool = True,
+                 ha: bool = False) -> None:
         self.clusters = clusters
+        self.ha = ha  # replicated servers (a NATS cluster, Valkey under Sentinel)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="coorm-up-"))
         self.log_dir = log_dir or self.workdir / "logs"
         self.extra_env = env or {}
@@ -69,6 +77,7 @@ class Up:
         self.write_connection = write_connection
         self.servers = None
         self.children: dict[str, Child] = {}
+        self.server_names: list[str] = []  # the children that are servers (stopped last)
         self.metrics_ports: dict[str, int] = {}  # process name -> where it serves its Prometheus metrics
         self.settings: Settings | None = None
         self.backoff = Backoff()
@@ -91,6 +100,8 @@ class Up:
         env["COORM_REDIS_URL"] = self.servers.redis_url
         # each child finds its role's identity there (the store's directory is the operator's: 0700)
         env["COORM_CREDENTIALS_DIR"] = str(self.servers.credentials)
+        env["COORM_STREAM_REPLICAS"] = str(STREAM_REPLICAS if self.ha else 1)
+        env.pop("COORM_REDIS_SENTINEL", None)  # (this instance's sentinels, if any, are in the URL)
         env.pop("COORM_NATS_CREDENTIALS", None)
         return env
 
@@ -112,10 +123,11 @@ class Up:
         child.due = None
 
     def _adopt_servers(self) -> None:
-        """nats-server and valkey, started by :func:`start_servers`, become children like the others: the
-        same command (ports, data directory) starts them again."""
+        """The servers (nats-server and valkey; with ``ha`` each NATS server, Valkey and sentinel) become
+        children like the others: the same command (ports, data directory) starts them again."""
         assert self.servers is not None
-        for name, proc in zip(("nats-server", "valkey"), self.servers.procs, strict=True):
+        self.server_names = list(self.servers.named_procs())
+        for name, proc in self.servers.named_procs().items():
             argv = [str(a) for a in proc.args]  # type: ignore[union-attr]
             log = self.log_dir / f"{name}.log"
             self.children[name] = Child(name, start=lambda argv=argv, log=log: spawn(argv, env=dict(os.environ),
@@ -125,13 +137,18 @@ class Up:
 
     def start(self, timeout: float = 60.0) -> Settings:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.servers = start_servers(self.workdir / "servers", fsync_always=True)
+        if self.ha:
+            self.servers = start_replicated_servers(self.workdir / "servers")
+        else:
+            self.servers = start_servers(self.workdir / "servers", fsync_always=True)
         self._adopt_servers()
         own = {k.removeprefix("COORM_").lower(): v for k, v in self.extra_env.items() if k.startswith("COORM_")}
         own = {k: v for k, v in own.items()
-               if k in Settings.model_fields and k not in ("nats_url", "redis_url", "credentials_dir")}
+               if k in Settings.model_fields and k not in ("nats_url", "redis_url", "credentials_dir",
+                                                           "redis_sentinel", "stream_replicas")}
         self.settings = Settings(nats_url=self.servers.nats_url, redis_url=self.servers.redis_url,
-                                 credentials_dir=self.servers.credentials, **own)
+                                 credentials_dir=self.servers.credentials,
+                                 stream_replicas=STREAM_REPLICAS if self.ha else 1, **own)
         for engine in ENGINES:  # the second stands by: it takes over within a lease of the leader's death
             self._spawn(engine, ["service", "policy-engine"])
         services = ["node-allocator", "view-publisher", "batch"]
@@ -236,9 +253,10 @@ class Up:
         """Tell every application why, stop the services, then the agents (they kill their processes), then
         the servers. Services first: none of them sees the agents go (nodes down, requests ended) and tells
         an application another story than ``SystemStopping``."""
-        if self.servers is not None and self.children.get("nats-server") and self.children["nats-server"].alive():
+        nats = [c for n, c in self.children.items() if n in self.server_names and n.startswith("nats")]
+        if self.servers is not None and any(c.alive() for c in nats):
             self._announce(reason)
-        servers = [self.children.pop(n) for n in ("nats-server", "valkey") if n in self.children]
+        servers = [self.children.pop(n) for n in self.server_names if n in self.children]
         agents = [self.children.pop(n) for n in list(self.children) if n.startswith("agent-")]
         for group in (list(self.children.values()), agents, servers):
             _terminate([c.proc for c in group if c.proc is not None])
@@ -268,7 +286,7 @@ class Up:
             from coorm.shared.endpoints import Role
 
             service = CredentialStore(self.servers.credentials).role(Role.SERVICE)
-            nc = await nats.connect(self.servers.nats_url, connect_timeout=1, allow_reconnect=False,
+            nc = await nats.connect(self.servers.nats_url.split(","), connect_timeout=1, allow_reconnect=False,
                                     nkeys_seed_str=service.seed, inbox_prefix=service.inbox_prefix)
             try:
                 await nc.publish(subjects.SYSTEM_STOPPING, bus.encode(SystemStopping(reason=reason)))
@@ -311,10 +329,10 @@ def _terminate(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
             p.wait()
 
 
-def run(clusters_text: str, workdir: Path | None) -> None:
+def run(clusters_text: str, workdir: Path | None, ha: bool = False) -> None:
     console = Console()
     clusters = parse_clusters(clusters_text)
-    up = Up(clusters, workdir)
+    up = Up(clusters, workdir, ha=ha)
 
     def on_signal(sig, _frame):
         up.stop_reason = up.stop_reason or f"coorm up was stopped ({signal.Signals(sig).name})"
@@ -337,7 +355,7 @@ def run(clusters_text: str, workdir: Path | None) -> None:
     nodes = ", ".join(f"{c}: {n} nodes" for c, n in clusters.items())
     console.print(Panel.fit(
         f"[bold]CooRM is up[/bold] — {nodes}\n\n"
-        f"NATS   {s.nats_url}\nRedis  {redact(s.redis_url)}\nlogs   {up.log_dir}\n"
+        f"NATS   {s.nats_url}\nRedis  {where_redis(s.redis_url)}\nlogs   {up.log_dir}\n"
         f"metrics  http://127.0.0.1:{up.metrics_ports['policy-engine']}/metrics (policy engine); every process's "
         f"in {up.targets_file} (Prometheus file_sd)\n\n"
         f"Other [bold]coorm[/bold] commands of this user find it (and their credentials) through "

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import sys
 
-import redis
 from rich.console import Console
 from rich.table import Table
 
 from coorm.services.accounting.core import TYPES, Totals, Usage, rollup
 from coorm.services.accounting.store import read_records, read_totals
+from coorm.shared.valkey import sync_client
 
 
 def _hours(seconds: float) -> float:
@@ -52,7 +52,7 @@ def usage_report(redis_url: str, user: str | None = None, since: float | None = 
                  connect_timeout: float | None = None) -> list[dict]:
     """Usage rows (see :func:`rows_of`): all time from the roll-ups, or since ``since`` (epoch seconds,
     by request end time; preemptions by when they were announced) from the per-request records."""
-    r = redis.Redis.from_url(redis_url, decode_responses=True, socket_connect_timeout=connect_timeout)
+    r = sync_client(redis_url, decode_responses=True, socket_connect_timeout=connect_timeout)
     try:
         if since is None:
             totals = read_totals(r)

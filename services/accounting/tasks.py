@@ -31,6 +31,7 @@ from coorm.services.accounting.core import (
 from coorm.services.accounting.store import CHUNK, read_records
 from coorm.shared import keys
 from coorm.shared.settings import Settings
+from coorm.shared.valkey import celery_config, sync_client
 
 log = structlog.get_logger("coorm.accounting.tasks")
 
@@ -58,8 +59,11 @@ return 1
 def make_celery(redis_url: str, *, set_as_current: bool = True) -> Celery:
     """A Celery app on ``redis_url`` (broker and result backend), JSON only. The service makes its own
     (``set_as_current=False``) to enqueue by task name on its configured Redis."""
-    app = Celery("coorm.accounting", broker=redis_url, backend=redis_url, set_as_current=set_as_current)
+    where = celery_config(redis_url)  # (one server, or kombu's sentinel:// URLs: coorm.shared.valkey)
+    app = Celery("coorm.accounting", broker=where.pop("broker_url"), backend=where.pop("result_backend"),
+                 set_as_current=set_as_current)
     app.conf.update(
+        **where,
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
@@ -80,7 +84,7 @@ celery_app = make_celery(Settings().redis_url)
 
 @functools.cache
 def _redis(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=True)
+    return sync_client(url, decode_responses=True)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -451,12 +451,14 @@ class PolicyEngine:
             # acknowledged by JetStream in the background: the decisions lost with a dying leader are
             # published again by the next one (the last events' decisions, de-duplicated by their ids)
             msg_id = f"{self.incarnation}.{event.stimulus_id}" + (f".{i}" if i else "")
-            await self.js.publish_async(subjects.DECISIONS, data, headers={"Nats-Msg-Id": msg_id})
+            ack = await self.js.publish_async(subjects.DECISIONS, data, headers={"Nats-Msg-Id": msg_id})
+            ack.add_done_callback(self._acknowledged)
         for i, d in enumerate(decisions):
             life = self._lifecycle(event, d)
             if life is not None:
-                await self.js.publish_async(subjects.LIFECYCLE, bus.encode(life),
-                                            headers={"Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}.life"})
+                ack = await self.js.publish_async(subjects.LIFECYCLE, bus.encode(life), headers={
+                    "Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}.life"})
+                ack.add_done_callback(self._acknowledged)
             if isinstance(d, ViewsChanged):
                 self.pacer.changed(d.apps)
             if isinstance(d, PreemptionDeadline):
@@ -466,6 +468,17 @@ class PolicyEngine:
                 self.sessions.pop(d.app, None)
                 self.last_seen.pop(d.app, None)
                 await self.redis.hdel(keys.SESSIONS, d.app)
+
+    def _acknowledged(self, ack: asyncio.Future) -> None:
+        """A stream message JetStream refused (in a NATS cluster, while the stream elects a leader after a
+        server died): it would be lost, so this leader steps down, and the next term publishes the last
+        events' decisions again (JetStream drops those it has, by id)."""
+        if ack.cancelled() or ack.exception() is None:
+            return
+        if self.leader.is_set() and not self._resign.is_set():
+            log.warning("JetStream did not take a decision: back to standby, to publish them again",
+                        instance=self.instance, error=repr(ack.exception()))
+            self._resign.set()
 
     def _lifecycle(self, event, d) -> Lifecycle | None:
         at = event.at
