@@ -289,8 +289,8 @@ def request(subject_of: Callable[[str], str], body: dict, service: str) -> dict:
     where = f"{redact(url)} (from {client.url_source})"
     payload = json.dumps(body).encode()
     subject = subject_of(client.user)
-    if "," in url or not url.startswith("nats://"):
-        data = _via_nats_py(subject, payload)  # several servers, TLS, websockets: nats-py's
+    if not all(u.startswith("nats://") for u in url.split(",")):
+        data = _via_nats_py(subject, payload)  # TLS, websockets: nats-py's
     else:
         data = _via_socket(client, subject, payload, where)
     if data is None:
@@ -370,14 +370,14 @@ def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | Non
 
 def socket_client():
     """The user's :class:`~coorm.shared.connection.Client` and where it reaches CooRM (for messages), for
-    this path's plain socket; :class:`Fallback` for a URL it does not read (several servers, TLS)."""
+    this path's plain socket; :class:`Fallback` for a URL it does not read (TLS)."""
     from coorm.shared.connection import Client, CredentialsError, redact
 
     try:
         client = Client()
     except CredentialsError as e:
         raise Failed(str(e), EXIT_REFUSED) from None
-    if "," in client.nats_url or not client.nats_url.startswith("nats://"):
+    if not all(u.startswith("nats://") for u in client.nats_url.split(",")):
         raise Fallback  # the full command line (nats-py) reads those
     return client, f"{redact(client.nats_url)} (from {client.url_source})"
 
@@ -388,19 +388,23 @@ def connect(client, where: str) -> Conn:
     from coorm.shared import subjects
     from coorm.shared.connection import CredentialsError, refused_text, sign_nonce, unreachable_text
 
-    url = client.nats_url
-    unreachable = unreachable_text(url, client.url_source, client.connect_timeout)
-    try:
-        parts = _Url(url)
-    except ValueError:
-        raise Fallback from None  # (the full command line says what is wrong with it)
+    unreachable = unreachable_text(client.nats_url, client.url_source, client.connect_timeout)
     deadline = time.monotonic() + client.connect_timeout
-    try:
-        # the host as bytes: a str would be encoded by the idna codec, which costs its import
-        sock = socket.create_connection((parts.hostname.encode(), parts.port),  # type: ignore[arg-type]
-                                        timeout=client.connect_timeout)
-    except (OSError, UnicodeError):
-        raise Failed(unreachable, EXIT_UNREACHABLE) from None
+    sock = None
+    for url in client.nats_url.split(","):  # a cluster's servers: the first that answers
+        try:
+            parts = _Url(url.strip())
+        except ValueError:
+            raise Fallback from None  # (the full command line says what is wrong with it)
+        try:
+            # the host as bytes: a str would be encoded by the idna codec, which costs its import
+            sock = socket.create_connection((parts.hostname.encode(), parts.port),  # type: ignore[arg-type]
+                                            timeout=max(0.1, deadline - time.monotonic()))
+            break
+        except (OSError, UnicodeError):
+            continue
+    if sock is None:
+        raise Failed(unreachable, EXIT_UNREACHABLE)
     try:
         # each of our writes goes at once: Nagle would hold the request back until the server's delayed
         # acknowledgement of the previous write (40 ms)
