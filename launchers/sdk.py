@@ -29,6 +29,7 @@ from coorm.launchers.base import ClusterProps, Views
 from coorm.shared import bus, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
+from coorm.shared.negotiation import Answer, NegotiationTerms
 from coorm.shared.protocol import (
     Ack,
     AllocationsQuery,
@@ -47,9 +48,13 @@ from coorm.shared.protocol import (
     KillNotify,
     LaunchMsg,
     LaunchReply,
+    NegotiateMsg,
+    OfferMsg,
     ProcessExited,
     ProcessOutput,
     RequestMsg,
+    RespondMsg,
+    RespondReply,
     SessionOpen,
     SessionOpenReply,
     StartNotify,
@@ -116,7 +121,15 @@ class Closed:
     error: Exception | None = None
 
 
-Event = ViewsChanged | Started | Killed | Exited | Closed
+@dataclass(frozen=True)
+class OfferReceived:
+    """An offer the RMS sent on its own (``offer.unsolicited``: to a standing negotiation, as nodes freed
+    up), or the news that an offer lapsed (``offer.lapsed``)."""
+
+    offer: OfferMsg
+
+
+Event = ViewsChanged | Started | Killed | Exited | Closed | OfferReceived
 
 
 @dataclass
@@ -222,6 +235,7 @@ class Session:
             await self.nc.subscribe(s.change, cb=self._on_change),
             await self.nc.subscribe(s.start, cb=self._on_start),
             await self.nc.subscribe(s.kill, cb=self._on_kill),
+            await self.nc.subscribe(subjects.notify_offer(self.app), cb=self._on_offer),
             await self.nc.subscribe(subjects.app_exited(self.app), cb=self._on_exit),
             await self.nc.subscribe(subjects.app_output_any(self.app), cb=self._on_output),
             await self.nc.subscribe(subjects.SYSTEM_STOPPING, cb=self._on_system_stopping),
@@ -397,6 +411,44 @@ class Session:
         await self.request(bridge, spec)
         await self.done(current)
         return bridge.id, spec.id
+
+    # ============================================================================================
+    # negotiation (the adaptive-RMS paper: offer, accept / counter / reject)
+    # ============================================================================================
+    async def negotiate(self, terms: NegotiationTerms) -> OfferMsg:
+        """Open (or revise) a negotiation; the reply is the RMS's first offer (``offer`` None and
+        ``waiting`` for a standing one with nothing now: the offer comes as an :class:`OfferReceived`)."""
+        return await self._call(subjects.app_negotiate(self.app), NegotiateMsg(token=self.token, terms=terms),
+                                OfferMsg)
+
+    async def respond(self, offer: str, answer: Answer | str, nodes: int | None = None) -> RespondReply:
+        """Answer ``offer``: ``accept`` (the reply names the request it became), ``counter`` with ``nodes``
+        (the reply carries the next offer) or ``reject``."""
+        answer = Answer(answer)
+
+        def answered_before(e: bus.WireError) -> RespondReply:
+            # the attempt that timed out was taken: an accepted offer became the negotiation's request
+            if e.code is ErrorCode.UNKNOWN_OFFER and answer is Answer.ACCEPT:
+                return RespondReply(request=offer.rsplit(".o", 1)[0])
+            if e.code is ErrorCode.UNKNOWN_OFFER and answer is Answer.REJECT:
+                return RespondReply()
+            raise e
+
+        return await self._call(subjects.app_respond(self.app),
+                                RespondMsg(token=self.token, offer=offer, answer=answer, nodes=nodes),
+                                RespondReply, after_timeout=answered_before)
+
+    async def accept(self, offer: OfferMsg) -> str:
+        """Accept ``offer``: the id of the request it became (it starts as offered)."""
+        assert offer.offer is not None, "a waiting negotiation has no offer to accept"
+        reply = await self.respond(offer.offer, Answer.ACCEPT)
+        assert reply.request is not None
+        return reply.request
+
+    async def _on_offer(self, msg) -> None:
+        self.stats.notifications += 1
+        self.stats.notification_bytes += len(msg.data)
+        self._events.put_nowait(OfferReceived(OfferMsg.model_validate_json(msg.data)))
 
     async def wait_start(self, request: str, timeout: float | None = None) -> Started:
         if request in self._started:

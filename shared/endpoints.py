@@ -61,11 +61,15 @@ from coorm.shared.protocol import (
     LaunchMsg,
     LaunchReply,
     Lifecycle,
+    NegotiateMsg,
     NodeAssign,
     NodesEvent,
+    OfferMsg,
     ProcessExited,
     ProcessOutput,
     RequestMsg,
+    RespondMsg,
+    RespondReply,
     SessionOpen,
     SessionOpenReply,
     StartNotify,
@@ -299,6 +303,52 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         reply_example={"ok": True, "requests": ["alice.a7.run"]},
     ),
     Endpoint(
+        subject=subjects.app_negotiate(APP), names=("app_negotiate", "APP_NEGOTIATE_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST, request=NegotiateMsg, reply=OfferMsg, publishers=_AS_LAUNCHER,
+        subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="policy engine (the leader)",
+        paper="negotiation (adaptive RMS)",
+        errors=(*_BUS, *_SESSION, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.DUPLICATE),
+        description=(
+            "Open a negotiation (the adaptive-RMS paper's, §5.1): a request named ``negotiation`` of ``type`` "
+            "on ``cluster``, for ``duration`` seconds (absent: unbounded, preemptible only), whose size may be "
+            "any of ``sizes`` (absent or empty: any) from ``min_nodes`` to ``max_nodes``. The reply is the RMS's "
+            "first offer: the largest allowed size it can give now -- idle nodes, without delaying any "
+            "request already placed -- set aside until the offer's ``deadline`` (``respond_within`` seconds "
+            "later); if none fits now, the earliest ``start`` at which the smallest allowed size fits and the "
+            "largest size then (such a later offer sets nothing aside); ``start`` null and ``nodes`` 0 if "
+            "nothing ever fits as things stand. A ``standing`` negotiation with nothing to be given now gets "
+            "``offer`` null and ``waiting``: the RMS offers as soon as nodes free up, on "
+            "``app.<app>.notify.offer``. Answer each offer on ``app.<app>.respond`` by its deadline; an "
+            "offer not answered in time lapses (its nodes are free again, the negotiation ends). Asking again "
+            "under the name of an open negotiation revises it (its offer is withdrawn). The application "
+            "computes ``sizes`` from what it holds: a power-of-two application on 4 nodes growing to at most "
+            "32 sends 4, 12, 28."),
+        example={"token": _TOKEN, "terms": {"negotiation": "alice.a7.grow", "cluster": "c0", "type": "non-preemptible",
+                                            "min_nodes": 1, "max_nodes": 14, "duration": 600.0,
+                                            "respond_within": 5.0}},
+        reply_example={"app": "alice.a7", "negotiation": "alice.a7.grow", "offer": "alice.a7.grow.o1", "cluster": "c0",
+                       "nodes": 6, "start": _T0, "deadline": _T0 + 5, "round": 1},
+    ),
+    Endpoint(
+        subject=subjects.app_respond(APP), names=("app_respond", "APP_RESPOND_ANY"), part=Part.LAUNCHER,
+        kind=Kind.REQUEST, request=RespondMsg, reply=RespondReply, publishers=_AS_LAUNCHER,
+        subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="policy engine (the leader)",
+        paper="accept / counter offer / reject (adaptive RMS)",
+        errors=(*_BUS, *_SESSION, ErrorCode.UNKNOWN_OFFER, ErrorCode.OFFER_LAPSED, ErrorCode.NOT_YOURS,
+                ErrorCode.BAD_COUNTER, ErrorCode.DUPLICATE),
+        description=(
+            "Answer an offer. ``accept``: the offer becomes the application's request, named after the "
+            "negotiation (``request`` in the reply); one offered now starts on the nodes the offer set aside, "
+            "at the next pass, before any other waiting request. ``counter`` with ``nodes``, a size the "
+            "negotiation allows: the offer is withdrawn and the reply carries the next round's offer, of at "
+            "most that size (``waiting`` for a standing negotiation with nothing now). ``reject``: the "
+            "negotiation ends. As many rounds as the application wants; each offer has its own deadline. A "
+            "refused answer (an unknown, answered or lapsed offer, another application's, a counter outside "
+            "the range) changes nothing."),
+        example={"token": _TOKEN, "offer": "alice.a7.grow.o1", "answer": "accept"},
+        reply_example={"ok": True, "request": "alice.a7.grow", "offer": None},
+    ),
+    Endpoint(
         subject=subjects.app_heartbeat(APP), names=("app_heartbeat", "APP_HEARTBEAT_ANY"), part=Part.LAUNCHER,
         kind=Kind.REQUEST, request=HeartbeatMsg, reply=Ack, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_BUS, *_SESSION),
@@ -452,6 +502,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "session's end, or the end of the pre-allocation it ran in. ``nodes`` are the node IDs it held; "
             "their processes are being killed (the agents publish each exit)."),
         example={"app": "alice.a7", "request": "alice.a7.extra", "reason": "violation", "nodes": ["c0n16", "c0n17"]},
+    ),
+    Endpoint(
+        subject=subjects.notify_offer(APP), names=("notify_offer",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
+        request=OfferMsg, reply=None, publishers=(Role.SERVICE,), subscribers=_AS_LAUNCHER,
+        sent_by="policy engine (the leader)", served_by="the application's launcher", errors=(),
+        paper="offer (adaptive RMS)",
+        description=(
+            "An offer the application did not ask for in that message: to a standing negotiation, once nodes "
+            "freed up (``unsolicited``) -- answer it on ``app.<app>.respond`` by its ``deadline`` -- or the "
+            "news that an offer ``lapsed`` unanswered (its nodes are free again, its negotiation ended). Not "
+            "durable: an offer lost with a connection lapses, and the lapse notice may be lost too; a launcher "
+            "that hears nothing before a deadline it knows treats the offer as lapsed."),
+        example={"app": "alice.a7", "negotiation": "alice.a7.grow2", "offer": "alice.a7.grow2.o1", "cluster": "c0",
+                 "nodes": 4, "start": _T0, "deadline": _T0 + 5, "round": 1, "unsolicited": True},
     ),
     Endpoint(
         subject=subjects.SYSTEM_STOPPING, names=("SYSTEM_STOPPING",), part=Part.NOTIFY, kind=Kind.NOTIFICATION,
@@ -816,4 +880,9 @@ ERROR_MEANINGS: Mapping[ErrorCode, str] = {
                            "``coorm history`` has them)",
     ErrorCode.TOO_LARGE: "a request (or a batch job) asks for more nodes than its cluster has, up or down: it could "
                          "never start (unless the operator lets such requests wait: ``COORM_OVERSIZE_WAITS``)",
+    ErrorCode.UNKNOWN_OFFER: "no open offer with that id: never made, or answered already (or its session's)",
+    ErrorCode.OFFER_LAPSED: "the offer's deadline passed before the answer came: its nodes are free again and its "
+                            "negotiation ended (negotiate again)",
+    ErrorCode.BAD_COUNTER: "a counter-offer of a size the negotiation does not allow (outside its minimum and "
+                           "maximum, or not one of its sizes): the offer still stands",
 }

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from coorm.shared.negotiation import MAX_NODES, Answer, NegotiationTerms
 from coorm.shared.requests import Identifier, RequestSpec, RequestType
 
 _counter = itertools.count()
@@ -86,8 +87,32 @@ class Tick(_Event):
     kind: Literal["tick"] = "tick"
 
 
+class Negotiate(_Event):
+    """The adaptive-RMS paper's negotiation opened (or revised) by the application: a request ``negotiation``
+    (its id once an offer is accepted) of ``type`` on ``cluster`` whose size may be anything from
+    ``min_nodes`` to ``max_nodes`` that ``sizes`` allows (none: any). The RMS answers with an offer, each
+    to be answered within ``respond_within`` seconds. ``standing``: if nothing can be given now, the RMS
+    offers when nodes free up, instead of offering a later start (:mod:`coorm.shared.negotiation`)."""
+
+    kind: Literal["negotiate"] = "negotiate"
+    app: Identifier
+    terms: NegotiationTerms
+
+
+class Respond(_Event):
+    """The application's answer to an offer: ``accept`` (the offer becomes its request), ``counter`` with
+    ``nodes`` (a new round: the RMS offers again, at most that), or ``reject`` (the negotiation ends)."""
+
+    kind: Literal["respond"] = "respond"
+    app: Identifier
+    offer: Identifier
+    answer: Answer
+    nodes: int | None = Field(default=None, ge=1, le=MAX_NODES)
+
+
 PolicyEvent = Annotated[
-    OpenSession | CloseSession | Submit | Done | NodesChanged | Tick, Field(discriminator="kind")
+    OpenSession | CloseSession | Submit | Done | NodesChanged | Tick | Negotiate | Respond,
+    Field(discriminator="kind")
 ]
 
 
@@ -116,6 +141,9 @@ class ErrorCode(StrEnum):
     BAD_OUTPUT = "bad_output"  # a launch's output file cannot be opened by the user (permissions, no directory)
     UNKNOWN_JOB = "unknown_job"  # the batch queue has no such job (or it ended long ago)
     TOO_LARGE = "too_large"  # more nodes than the cluster has, up or down: it could never start
+    UNKNOWN_OFFER = "unknown_offer"  # no such offer (never made, or answered already)
+    OFFER_LAPSED = "offer_lapsed"  # the offer's deadline passed before the answer came: its nodes are free again
+    BAD_COUNTER = "bad_counter"  # a counter-offer outside the negotiation's range or sizes
 
 
 class EndReason(StrEnum):
@@ -226,8 +254,39 @@ class HoldReleased(_Decision):
     cluster: str
 
 
+class Offered(_Decision):
+    """An offer of the RMS in a negotiation: ``nodes`` of ``cluster`` from ``start`` (``None``: nothing can
+    be given as things stand), to be answered by ``deadline``. An offer starting at the time it is made
+    sets its nodes aside until its deadline; a later one reserves nothing (accepted, its request is placed
+    by the backfilling like any other). ``unsolicited``: made in a pass for a standing negotiation, not
+    as the answer to a command."""
+
+    kind: Literal["offer"] = "offer"
+    app: str
+    negotiation: str
+    offer: str
+    cluster: str
+    nodes: int
+    start: float | None
+    deadline: float
+    round: int
+    unsolicited: bool = False
+
+
+class OfferLapsed(_Decision):
+    """An offer was not answered by its deadline: its nodes are free again and its negotiation ended."""
+
+    kind: Literal["offer_lapsed"] = "offer_lapsed"
+    app: str
+    negotiation: str
+    offer: str
+    cluster: str
+
+
 PolicyDecision = (
     Accepted
+    | Offered
+    | OfferLapsed
     | Rejected
     | StartRequest
     | EndRequest

@@ -24,6 +24,7 @@ from coorm.shared.events import (
     SessionEnded,
     StartRequest,
 )
+from coorm.shared.negotiation import MAX_NODES, Answer, NegotiationTerms
 from coorm.shared.requests import MAX_BATCH, Identifier, RequestSpec
 
 Steps = list[tuple[float, int]]
@@ -125,6 +126,50 @@ class CloseMsg(Authenticated):
 
 class HeartbeatMsg(Authenticated):
     pass
+
+
+class NegotiateMsg(Authenticated):
+    """Open (or revise) a negotiation: the adaptive-RMS paper's request with a negotiable size."""
+
+    terms: NegotiationTerms
+
+
+class OfferMsg(_Msg):
+    """An offer of the RMS: ``nodes`` of ``cluster`` from ``start`` (absolute seconds; ``null``: nothing can
+    be given as things stand), to be answered by ``deadline`` with ``offer``'s id. As the reply to a
+    negotiation or a counter, ``offer`` is ``null`` when a standing negotiation has nothing to be given
+    now (``waiting``): the offer comes later, as a notification (``unsolicited``). A notification with
+    ``lapsed`` says the offer was not answered in time: its nodes are free again, its negotiation ended."""
+
+    app: Identifier
+    negotiation: Identifier
+    offer: Identifier | None = None
+    cluster: Identifier
+    nodes: int = Field(default=0, ge=0, le=MAX_NODES)
+    start: float | None = None
+    deadline: float | None = None
+    round: int = Field(default=0, ge=0)
+    unsolicited: bool = False
+    waiting: bool = False
+    lapsed: bool = False
+
+
+class RespondMsg(Authenticated):
+    """The answer to an offer: ``accept`` (``nodes`` absent, or the offer's), ``counter`` (``nodes``: the
+    size asked for instead, one the negotiation allows) or ``reject``."""
+
+    offer: Identifier
+    answer: Answer
+    nodes: int | None = Field(default=None, ge=1, le=MAX_NODES)
+
+
+class RespondReply(_Msg):
+    """``request``: the request an accepted offer became (it starts as offered); ``offer``: the next
+    round's offer after a counter."""
+
+    ok: Literal[True] = True
+    request: Identifier | None = None
+    offer: OfferMsg | None = None
 
 
 class Ack(_Msg):
@@ -630,7 +675,8 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     KillReply, NodeAssign, AgentRegister, AgentRegistered, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
     ViewsEpoch, ViewsQuery, NodesEvent, StatusQuery, StatusReply, AllocatorDecisions, DeadLetter,
     SystemStopping, AllocationsQuery, AllocationsReply, ExitsQuery, ExitsReply, BatchSubmit, BatchSubmitReply,
-    BatchControl, BatchControlReply, BatchQuery, BatchQueryReply, BatchAttached,
+    BatchControl, BatchControlReply, BatchQuery, BatchQueryReply, BatchAttached, NegotiateMsg, OfferMsg,
+    RespondMsg, RespondReply,
 )
 
 

@@ -49,6 +49,16 @@ def app_heartbeat(app: str) -> str:
     return f"{PREFIX}.app.{app}.heartbeat"
 
 
+def app_negotiate(app: str) -> str:
+    """launcher -> policy engine, reply: OfferMsg (a negotiation opened or revised)."""
+    return f"{PREFIX}.app.{app}.negotiate"
+
+
+def app_respond(app: str) -> str:
+    """launcher -> policy engine, reply: RespondReply (an offer accepted, countered or rejected)."""
+    return f"{PREFIX}.app.{app}.respond"
+
+
 # RMS -> launcher (notifications)
 def notify_change(app: str) -> str:
     return f"{PREFIX}.app.{app}.notify.change"
@@ -60,6 +70,11 @@ def notify_start(app: str) -> str:
 
 def notify_kill(app: str) -> str:
     return f"{PREFIX}.app.{app}.notify.kill"
+
+
+def notify_offer(app: str) -> str:
+    """policy engine -> launcher: OfferMsg (an unsolicited offer, or an offer that lapsed)."""
+    return f"{PREFIX}.app.{app}.notify.offer"
 
 
 # agent -> launcher: what its processes print, and how they ended
@@ -154,6 +169,8 @@ APP_REQUEST_ANY = f"{PREFIX}.app.*.*.request"
 APP_DONE_ANY = f"{PREFIX}.app.*.*.done"
 APP_CLOSE_ANY = f"{PREFIX}.app.*.*.close"
 APP_HEARTBEAT_ANY = f"{PREFIX}.app.*.*.heartbeat"
+APP_NEGOTIATE_ANY = f"{PREFIX}.app.*.*.negotiate"
+APP_RESPOND_ANY = f"{PREFIX}.app.*.*.respond"
 APP_VIEWS_ANY = f"{PREFIX}.app.*.*.views"
 APP_ALLOCATIONS_ANY = f"{PREFIX}.app.*.*.allocations"  # served by the node allocator
 

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from coorm.services.policy_engine import lifecycle, preemption
+from coorm.services.policy_engine import lifecycle, negotiation, preemption
 from coorm.services.policy_engine.lifecycle import Phase
+from coorm.services.policy_engine.negotiation import ANSWERED, LAPSED, Negotiation, NegotiationBook
 from coorm.services.policy_engine.placement import Container, Placer
 from coorm.services.policy_engine.schedule import Schedule, interval_hash
 from coorm.services.policy_engine.shares import FILLING, INCREMENTAL, POLICIES
@@ -52,18 +53,22 @@ from coorm.shared.events import (
     EndRequest,
     ErrorCode,
     HoldReleased,
+    Negotiate,
     NodesChanged,
+    Offered,
     OpenSession,
     PassDone,
     PolicyDecision,
     PolicyEvent,
     Rejected,
+    Respond,
     SessionEnded,
     StartRequest,
     Submit,
     Tick,
     ViewsChanged,
 )
+from coorm.shared.negotiation import Answer
 from coorm.shared.requests import Relation, RequestBatch, RequestSpec, RequestType
 from coorm.shared.stepfn import INF, Profile, StepFunction
 
@@ -162,6 +167,7 @@ class PolicyCore:
         self._signatures: dict[str, tuple[int, int]] = {}
         self.stories: dict[str, list[tuple[float, str, str]]] = {}
         self._ended_stories: deque[str] = deque()  # the ended requests whose stories are kept, oldest first
+        self.negotiations = NegotiationBook()  # offers and what they set aside (:mod:`.negotiation`)
 
     # ============================================================================================
     # public API
@@ -216,7 +222,7 @@ class PolicyCore:
     # ============================================================================================
     # commands
     # ============================================================================================
-    def _dispatch(self, event: PolicyEvent) -> Accepted | None:
+    def _dispatch(self, event: PolicyEvent) -> Accepted | Offered | None:
         if isinstance(event, Tick):
             return None
         if isinstance(event, NodesChanged):
@@ -230,6 +236,10 @@ class PolicyCore:
             return self._done(event)
         if isinstance(event, CloseSession):
             return self._close(event)
+        if isinstance(event, Negotiate):
+            return self._negotiate(event)
+        if isinstance(event, Respond):
+            return self._respond(event)
         raise CommandError(ErrorCode.BAD_REQUEST, f"unknown event {type(event).__name__}")
 
     def _app(self, app_id: str) -> App:
@@ -376,8 +386,122 @@ class PolicyCore:
         self.dirty = True
         return Accepted(stimulus_id=ev.stimulus_id, app=app.id, requests=(r.id,))
 
+    # -- negotiation (the adaptive-RMS paper; rules in :mod:`.negotiation`) ---------------------------
+    def _negotiate(self, ev: Negotiate) -> Accepted | Offered:
+        app = self._app(ev.app)
+        self._answered(app.id)
+        terms = ev.terms
+        if terms.cluster not in self.clusters:
+            known = ", ".join(sorted(self.clusters)) or "none"
+            raise CommandError(ErrorCode.UNKNOWN_CLUSTER,
+                               f"negotiation {terms.negotiation}: unknown cluster {terms.cluster} (known: {known})")
+        if terms.negotiation in self.requests or terms.negotiation in self.ended:
+            raise CommandError(ErrorCode.DUPLICATE, f"request id {terms.negotiation} is already used")
+        book = self.negotiations
+        neg = book.open.get(terms.negotiation)
+        if neg is not None and neg.app != app.id:
+            raise CommandError(ErrorCode.DUPLICATE,
+                               f"negotiation id {terms.negotiation} is already another application's")
+        if neg is None:
+            neg = book.open[terms.negotiation] = Negotiation(app.id, terms, self.now)
+        else:  # revised: its offer is withdrawn
+            book.withdraw(neg, ANSWERED)
+            neg.terms, neg.at_most = terms, None
+            self.dirty = True
+        return self._offer(app, neg, ev.stimulus_id)
+
+    def _offer(self, app: App, neg: Negotiation, stimulus: str) -> Accepted | Offered:
+        made = negotiation.make_offer(self, neg, self._profile_after_placement(neg.cluster), stimulus)
+        if made is None:
+            self.tell_negotiation(neg, "nothing to offer now: waits for nodes to free up")
+            return Accepted(stimulus_id=stimulus, app=app.id)
+        when = "now" if made.start == self.now else f"from {made.start}"
+        self.tell_negotiation(neg, f"offered {made.nodes} nodes {when} ({made.offer}, round {made.round})")
+        return made
+
+    def _profile_after_placement(self, cluster: str) -> StepFunction:
+        """The cluster's profile once every waiting request is placed: what is left never delays them."""
+        return self._place_all().placer.profiles[cluster].to_stepfunction()
+
+    def _respond(self, ev: Respond) -> Accepted | Offered:
+        app = self._app(ev.app)
+        self._answered(app.id)
+        book = self.negotiations
+        nid = book.offers.get(ev.offer)
+        if nid is None:
+            owner, outcome = book.recent.get(ev.offer, ("", ""))
+            if owner and owner != app.id:
+                raise CommandError(ErrorCode.NOT_YOURS, f"offer {ev.offer} is another application's")
+            if outcome == LAPSED:
+                raise CommandError(ErrorCode.OFFER_LAPSED, f"offer {ev.offer} lapsed: its deadline passed")
+            if outcome:
+                raise CommandError(ErrorCode.UNKNOWN_OFFER, f"offer {ev.offer} was answered already")
+            raise CommandError(ErrorCode.UNKNOWN_OFFER, f"no offer {ev.offer}")
+        neg = book.open[nid]
+        offer = neg.offer
+        assert offer is not None
+        if neg.app != app.id:
+            raise CommandError(ErrorCode.NOT_YOURS, f"offer {ev.offer} is another application's")
+        if offer.deadline <= self.now:  # its pass has not come yet: it lapses now
+            self.tell_negotiation(neg, f"offer {offer.id} lapsed (answered after its deadline)")
+            self.close_negotiation(neg, LAPSED)
+            raise CommandError(ErrorCode.OFFER_LAPSED, f"offer {ev.offer} lapsed at {offer.deadline}")
+        if ev.answer is Answer.ACCEPT:
+            return self._accept(app, neg, ev)
+        if ev.answer is Answer.COUNTER:
+            if ev.nodes is None or not neg.terms.allows(ev.nodes):
+                t = neg.terms
+                sizes = f" in {list(t.sizes)}" if t.sizes else ""
+                raise CommandError(ErrorCode.BAD_COUNTER,
+                                   f"counter {ev.nodes}: the negotiation allows {t.min_nodes}..{t.max_nodes}{sizes}")
+            book.withdraw(neg, ANSWERED)
+            neg.at_most = ev.nodes
+            self.dirty = True
+            return self._offer(app, neg, ev.stimulus_id)
+        self.tell_negotiation(neg, f"offer {offer.id} rejected")
+        self.close_negotiation(neg, ANSWERED)
+        return Accepted(stimulus_id=ev.stimulus_id, app=app.id)
+
+    def _accept(self, app: App, neg: Negotiation, ev: Respond) -> Accepted:
+        offer, terms = neg.offer, neg.terms
+        assert offer is not None
+        if ev.nodes is not None and ev.nodes != offer.nodes:
+            raise CommandError(ErrorCode.BAD_REQUEST,
+                               f"an accept takes the offer as it is ({offer.nodes} nodes): counter to change it")
+        if offer.nodes == 0:
+            raise CommandError(ErrorCode.BAD_REQUEST, f"offer {offer.id} gives no nodes: nothing to accept")
+        if neg.id in self.requests or neg.id in self.ended:
+            raise CommandError(ErrorCode.DUPLICATE, f"request id {neg.id} is already used")
+        self._seq += 1
+        r = Request(id=neg.id, app=app.id, type=terms.type, cluster=terms.cluster, nodes=offer.nodes,
+                    duration=INF if terms.duration is None else terms.duration, related_to=None,
+                    related_how=Relation.FREE, submitted_at=self.now, seq=self._seq)
+        self.requests[r.id] = r
+        app.requests[r.id] = r
+        if r.preemptible:
+            app.preemptible[r.id] = r
+        elif offer.reserved:
+            self.negotiations.promised.append(r.id)  # placed first by the next pass, on what the offer set aside
+        self._tell(r.id, "submitted", f"{r.type.value} {r.nodes} nodes on {r.cluster}, offer {offer.id} accepted")
+        self.negotiations.withdraw(neg, ANSWERED)
+        self.negotiations.open.pop(neg.id, None)
+        self.dirty = True
+        return Accepted(stimulus_id=ev.stimulus_id, app=app.id, requests=(r.id,))
+
+    def tell_negotiation(self, neg: Negotiation, what: str) -> None:
+        self._tell(neg.id, "negotiation", what)
+
+    def close_negotiation(self, neg: Negotiation, outcome: str) -> None:
+        """It ends without becoming a request: its story is kept as an ended request's (bounded)."""
+        self.negotiations.close(neg, outcome)
+        self._ended_stories.append(neg.id)
+        while len(self._ended_stories) > ENDED_STORIES:
+            self.stories.pop(self._ended_stories.popleft(), None)
+        self.dirty = True
+
     def _nodes_changed(self, ev: NodesChanged) -> None:
         self.clusters[ev.cluster] = ev.up
+        negotiation.overdrawn(self, ev.cluster)
         self._shrink_holds(ev.cluster, ev.lost_held)
         for rid in ev.lost_requests:
             r = self.requests.get(rid)
@@ -501,6 +625,8 @@ class PolicyCore:
 
     def _end_session(self, app: App, reason: str, end_reason: EndReason) -> None:
         self._answered(app.id, left=True)
+        for neg in [n for n in self.negotiations.open.values() if n.app == app.id]:
+            self.close_negotiation(neg, ANSWERED)
         for r in list(app.requests.values()):
             if r.state is not ENDED:
                 self._end(r, end_reason if r.state is STARTED else EndReason.CANCELLED, self.now)
@@ -566,6 +692,8 @@ class PolicyCore:
         # at the end of an iteration (possibly right after one of its requests started) gets its ends in
         # the next iteration, after those starts
         decisions: list[PolicyDecision] = []
+        decisions.extend(negotiation.lapse(self, stimulus))
+        decisions.extend(self._standing_offers(stimulus))
         while True:
             # holds ended early -- by a command, or by a violator's session ended in the last iteration --
             # reach the allocator before any start that counts their nodes as free
@@ -592,6 +720,10 @@ class PolicyCore:
                 break
             for app_id in violators:
                 self._end_session(self.apps[app_id], "protocol violation", EndReason.VIOLATION)
+        book = self.negotiations
+        if book.promised:
+            live = self.requests
+            book.promised = [rid for rid in book.promised if rid in live and live[rid].state is WAITING]
         self.dirty = False
         self.last_pass = self.now
         self.recent_passes = [*self.recent_passes, self.now][-self.settings.pass_burst:]
@@ -618,6 +750,14 @@ class PolicyCore:
         )
         return decisions
 
+    def _standing_offers(self, stimulus: str) -> list[Offered]:
+        book = self.negotiations
+        clusters = {n.cluster for n in book.open.values() if n.offer is None and n.terms.standing}
+        if not clusters:
+            return []
+        profiles = self._place_all().placer.profiles
+        return negotiation.standing_offers(self, {c: profiles[c].to_stepfunction() for c in clusters}, stimulus)
+
     def _base(self) -> dict[str, list[tuple[float, float, int]]]:
         base: dict[str, list[tuple[float, float, int]]] = {c: [] for c in self.clusters}
         # PRA: nodes held preemptibly are occupied for the placement, so no waiting request is placed on
@@ -630,6 +770,8 @@ class PolicyCore:
                 base[r.cluster].append((r.start, r.end, r.nodes))
         for h in self.holds:
             base[h.cluster].append((h.begin, h.until, h.nodes))
+        for c, item in self.negotiations.reservations():  # nodes an open offer sets aside
+            base[c].append(item)
         return base
 
     def _place_all(self) -> PassContext:
@@ -650,9 +792,22 @@ class PolicyCore:
         for h in self.holds:
             if h.physical:
                 placer.np_usage[h.cluster].append((h.begin, h.until, h.nodes))
+        for c, item in self.negotiations.reservations():
+            placer.np_usage[c].append(item)
         ctx = PassContext(placer, base)
         lookup = self.requests.get
         due = ctx.due
+        # accepted offers go first, on the nodes their offers set aside: the RMS gave its word
+        promised = {rid for rid in self.negotiations.promised
+                    if rid in self.requests and self.requests[rid].state is WAITING}
+        for rid in self.negotiations.promised:
+            if rid in promised:
+                r = self.requests[rid]
+                for pl in placer.place_app([r], {}, lookup):
+                    pl.request.start = pl.start
+                    pl.request.placed_in = None
+                if r.start <= now:
+                    due.append(r)
         for app in self.priority_order():
             ctx.marks[app.id] = len(placer.log)
             ctx.np_signatures[app.id] = placer.signature
@@ -660,7 +815,7 @@ class PolicyCore:
             containers: dict[str, list[Container]] = {}
             for r in app.requests.values():
                 if r.state is WAITING:
-                    if not r.preemptible:
+                    if not r.preemptible and r.id not in promised:
                         waiting.append(r)
                 elif r.is_preallocation:
                     inner = [i for i in app.requests.values() if i.container == r.id]
@@ -709,6 +864,8 @@ class PolicyCore:
         for h in self.holds:
             if h.physical:
                 free[h.cluster] -= h.nodes
+        for c in free:
+            free[c] -= self.negotiations.reserved_now(c, now)
         starts: list[StartRequest] = []
         waiting_for_nodes: list[tuple[Request, int]] = []  # (request, free nodes set aside for it)
         for r in ctx.due:
@@ -864,6 +1021,9 @@ class PolicyCore:
         for app in self.apps.values():
             for d in app.deadlines.values():
                 t = min(t, d)
+        for neg in self.negotiations.open.values():
+            if neg.offer is not None:
+                t = min(t, neg.offer.deadline)
         return min(t, preemption.next_change(self, schedule))
 
     # ============================================================================================

@@ -41,14 +41,23 @@ def check(core: PolicyCore) -> None:
     for c, n in used.items():
         if n > core.clusters[c]:
             raise InvariantError(f"cluster {c}: {n} nodes allocated or held, only {core.clusters[c]} up")
+    book = core.negotiations
+    for offer_id, nid in book.offers.items():
+        neg = book.open.get(nid)
+        if neg is None or neg.offer is None or neg.offer.id != offer_id:
+            raise InvariantError(f"offer {offer_id} is filed under {nid}, which is not open with it")
+        if core.apps.get(neg.app) is None:
+            raise InvariantError(f"negotiation {nid} outlived its session {neg.app}")
+        o = neg.offer
+        if o.nodes > 0 and not neg.terms.allows(o.nodes):
+            raise InvariantError(f"offer {offer_id} of {o.nodes} nodes is not a size negotiation {nid} allows")
+        if core.last_pass == now and o.deadline <= now:
+            raise InvariantError(f"offer {offer_id} outlived its deadline {o.deadline} past a pass")
     for c in core.clusters:
-        for p in core.requests.values():
-            if p.is_preallocation and p.state is STARTED and p.cluster == c:
-                inner = sum(i.nodes for i in core.requests.values()
-                            if i.container == p.id and i.state is STARTED)
-                if inner > p.nodes:
-                    raise InvariantError(
-                        f"pre-allocation {p.id} holds {inner} nodes of requests, more than its {p.nodes}")
-    order = [(a.opened_at, a.seq) for a in core.priority_order()]
-    if order != sorted(order) or len(order) != len(core.apps):
-        raise InvariantError("applications are not kept in priority order")
+        # an offer sets idle nodes aside: never nodes that run or are held (no double booking). An offer whose
+        # nodes went down is made due (it lapses at the next pass): it is not counted
+        reserved = sum(n.offer.nodes for n in book.open.values()
+                       if n.cluster == c and n.offer is not None and n.offer.reserved and n.offer.deadline > now)
+        if reserved and used.get(c, 0) + reserved > core.clusters[c]:
+            raise InvariantError(f"cluster {c}: offers set aside {reserved} nodes, {used.get(c, 0)} are used, "
+                                 f"only {core.clusters[c]} up")

@@ -54,20 +54,25 @@ from coorm.shared.events import (
     Done,
     EndRequest,
     ErrorCode,
+    Negotiate,
     NodeDown,
     NodeDrain,
     NodesAssigned,
     NodesFreed,
+    Offered,
+    OfferLapsed,
     OpenSession,
     PreemptionDeadline,
     RegisterNodes,
     Rejected,
+    Respond,
     SessionEnded,
     StartRequest,
     Submit,
     Tick,
     ViewsChanged,
 )
+from coorm.shared.negotiation import Answer
 from coorm.shared.protocol import (
     Ack,
     AllocatorDecisions,
@@ -77,8 +82,12 @@ from coorm.shared.protocol import (
     HeartbeatMsg,
     Lifecycle,
     LifecycleKind,
+    NegotiateMsg,
     NodesEvent,
+    OfferMsg,
     RequestMsg,
+    RespondMsg,
+    RespondReply,
     SessionOpen,
     SessionOpenReply,
     SessionSubjects,
@@ -92,7 +101,7 @@ from coorm.shared.settings import Settings
 log = structlog.get_logger("coorm.policy_engine")
 
 LoggedEvent = Annotated[
-    OpenSession | CloseSession | Submit | Done | Tick | RegisterNodes | NodeDown | NodeDrain,
+    OpenSession | CloseSession | Submit | Done | Tick | RegisterNodes | NodeDown | NodeDrain | Negotiate | Respond,
     Field(discriminator="kind")
 ]
 _EVENTS = TypeAdapter(LoggedEvent)
@@ -275,6 +284,8 @@ class PolicyEngine:
             await bus.serve(self.nc, subjects.APP_DONE_ANY, DoneMsg, self._on_done, concurrent=True),
             await bus.serve(self.nc, subjects.APP_CLOSE_ANY, CloseMsg, self._on_close, concurrent=True),
             await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat, concurrent=True),
+            await bus.serve(self.nc, subjects.APP_NEGOTIATE_ANY, NegotiateMsg, self._on_negotiate, concurrent=True),
+            await bus.serve(self.nc, subjects.APP_RESPOND_ANY, RespondMsg, self._on_respond, concurrent=True),
             await bus.serve(self.nc, subjects.NODES_EVENT, NodesEvent, self._on_nodes),
             await bus.serve(self.nc, subjects.VIEWS_QUERY, ViewsQuery, self._on_views_query),
             await bus.serve(self.nc, subjects.QUERY_STATUS, StatusQuery, self._on_status),
@@ -463,6 +474,10 @@ class PolicyEngine:
                 self.pacer.changed(d.apps)
             if isinstance(d, PreemptionDeadline):
                 self.pacer.changed((d.app,), urgent=True)
+            if isinstance(d, Offered) and d.unsolicited or isinstance(d, OfferLapsed):
+                # an offer made in a pass, or one that lapsed: the application hears of it here (the answer
+                # to a command carries its own offer). Not durable: a lost offer lapses
+                await self.nc.publish(subjects.notify_offer(d.app), bus.encode(self._offer_msg(d)))
             if isinstance(d, SessionEnded):
                 self.pacer.ended(d.app)
                 self.sessions.pop(d.app, None)
@@ -608,6 +623,45 @@ class PolicyEngine:
     async def _on_close(self, msg: CloseMsg, raw: Msg) -> Ack:
         app = self._check(raw.subject, msg.token)
         return self._answer(await self.apply(lambda at, sid: CloseSession(at=at, stimulus_id=sid, app=app)))
+
+    @staticmethod
+    def _offer_msg(d: Offered | OfferLapsed) -> OfferMsg:
+        if isinstance(d, OfferLapsed):
+            return OfferMsg(app=d.app, negotiation=d.negotiation, offer=d.offer, cluster=d.cluster, lapsed=True)
+        return OfferMsg(app=d.app, negotiation=d.negotiation, offer=d.offer, cluster=d.cluster, nodes=d.nodes,
+                        start=d.start, deadline=d.deadline, round=d.round, unsolicited=d.unsolicited)
+
+    @staticmethod
+    def _first(out: list) -> object:
+        first = out[0] if out else None
+        if isinstance(first, Rejected):
+            raise bus.WireError(first.code, first.reason)
+        if not isinstance(first, (Accepted, Offered)):
+            raise bus.WireError(ErrorCode.UNAVAILABLE, "the policy core gave no answer")
+        return first
+
+    async def _on_negotiate(self, msg: NegotiateMsg, raw: Msg) -> OfferMsg:
+        app = self._check(raw.subject, msg.token)
+        first = self._first(await self.apply(
+            lambda at, sid: Negotiate(at=at, stimulus_id=sid, app=app, terms=msg.terms)))
+        if isinstance(first, Offered):
+            return self._offer_msg(first)
+        return OfferMsg(app=app, negotiation=msg.terms.negotiation, cluster=msg.terms.cluster, waiting=True)
+
+    async def _on_respond(self, msg: RespondMsg, raw: Msg) -> RespondReply:
+        app = self._check(raw.subject, msg.token)
+        first = self._first(await self.apply(
+            lambda at, sid: Respond(at=at, stimulus_id=sid, app=app, offer=msg.offer, answer=msg.answer,
+                                    nodes=msg.nodes)))
+        if isinstance(first, Offered):
+            return RespondReply(offer=self._offer_msg(first))
+        assert isinstance(first, Accepted)
+        if first.requests:
+            return RespondReply(request=first.requests[0])
+        neg = self.cores.policy.negotiations.open.get(msg.offer.rsplit(".o", 1)[0])
+        if msg.answer is Answer.COUNTER and neg is not None:  # a standing negotiation with nothing now: it waits
+            return RespondReply(offer=OfferMsg(app=app, negotiation=neg.id, cluster=neg.cluster, waiting=True))
+        return RespondReply()  # rejected: the negotiation ended
 
     async def _on_heartbeat(self, msg: HeartbeatMsg, raw: Msg) -> Ack:
         self._check(raw.subject, msg.token)

@@ -49,13 +49,15 @@ from coorm.services.coupled import CoupledCores
 from coorm.services.node_allocator.core import Node, NodeAllocator
 from coorm.services.policy_engine.core import PolicyCore, PolicySettings
 from coorm.services.policy_engine.lifecycle import Phase
+from coorm.services.policy_engine.negotiation import Negotiation, NegotiationBook, Offer
 from coorm.services.policy_engine.schedule import PreemptibleDemand, Schedule
 from coorm.services.policy_engine.state import App, Hold, Request
 from coorm.shared.events import EndReason
+from coorm.shared.negotiation import NegotiationTerms
 from coorm.shared.requests import Relation, RequestType
 from coorm.shared.stepfn import INF
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Doc = dict[str, Any]
 
@@ -85,9 +87,16 @@ def _v2_koala(doc: Doc) -> Doc:
     return doc
 
 
+def _v3_negotiation(doc: Doc) -> Doc:
+    """Version 3 (the adaptive-RMS paper's negotiation): the policy's ``negotiations``. Version 2 had none:
+    no negotiation is open, no offer was made."""
+    doc["policy"]["negotiations"] = {"open": [], "offers": [], "recent": [], "promised": []}
+    return doc
+
+
 # version N -> the function that turns a document of version N - 1 into one of version N. Each takes and
 # returns plain JSON (dicts, lists, str, numbers); it may assume its input is a valid document of N - 1.
-UPGRADES: dict[int, Callable[[Doc], Doc]] = {2: _v2_koala}
+UPGRADES: dict[int, Callable[[Doc], Doc]] = {2: _v2_koala, 3: _v3_negotiation}
 
 
 def upgrade(doc: Doc, version: int, upgrades: dict[int, Callable[[Doc], Doc]] | None = None,
@@ -244,6 +253,30 @@ class ScheduleDoc(_Model):
     threshold: int
 
 
+class OfferDoc(_Model):
+    id: str
+    nodes: int
+    start: Num
+    made_at: Num
+    deadline: Num
+
+
+class NegotiationDoc(_Model):
+    app: str
+    terms: NegotiationTerms  # as on the wire (shared/negotiation.py)
+    opened_at: Num
+    round: int
+    offer: OfferDoc | None
+    at_most: int | None
+
+
+class NegotiationBookDoc(_Model):
+    open: list[NegotiationDoc]  # in opening order
+    offers: list[tuple[str, str]]  # open offer -> its negotiation
+    recent: list[tuple[str, tuple[str, str]]]  # closed offer -> [app, "lapsed"|"answered"], oldest first
+    promised: list[str]
+
+
 class PolicyDoc(_Model):
     now: Num
     clusters: list[tuple[str, int]]
@@ -265,6 +298,7 @@ class PolicyDoc(_Model):
     signatures: list[tuple[str, tuple[U64, U64]]]
     stories: list[tuple[str, list[tuple[Num, str, str]]]]
     ended_stories: list[str]
+    negotiations: NegotiationBookDoc
 
 
 class NodeDoc(_Model):
@@ -358,7 +392,7 @@ CARRIED: dict[type, dict[str, str]] = {
     CoupledCores: _same("policy allocator"),
     PolicyCore: {
         **_same("now clusters apps requests ended holds dirty last_pass recent_passes released_holds epoch "
-                "schedule stories"),
+                "schedule stories negotiations"),
         "_order": "order", "_pending_ends": "pending_ends", "_pending_sessions": "pending_sessions",
         "_seq": "seq", "_timer": "timer", "_signatures": "signatures", "_ended_stories": "ended_stories",
     },
@@ -375,10 +409,14 @@ CARRIED: dict[type, dict[str, str]] = {
         "_held_for": "held_for", "_order": "order",
     },
     Node: _same("id cluster order state owner held_until drain"),
+    NegotiationBook: _same("open offers recent promised"),
+    Negotiation: _same("app terms opened_at round offer at_most"),
+    Offer: _same("id nodes start made_at deadline"),
 }
 MODEL_OF: dict[type, type[BaseModel]] = {
     PolicyCore: PolicyDoc, App: AppDoc, Hold: HoldDoc, Schedule: ScheduleDoc,
     PreemptibleDemand: DemandDoc, NodeAllocator: AllocatorDoc, Node: NodeDoc,
+    NegotiationBook: NegotiationBookDoc, Negotiation: NegotiationDoc, Offer: OfferDoc,
 }
 FIELDS_OF: dict[type, list[str]] = {cls: list(model.model_fields) for cls, model in MODEL_OF.items()}
 FIELDS_OF[Request] = REQUEST_FIELDS
@@ -395,6 +433,7 @@ NOT_CARRIED: dict[type, dict[str, str]] = {
 VALUE_CLASSES: dict[type, str] = {
     PolicySettings: "not carried (PolicyCore.settings)",
     deque: "PolicyCore._ended_stories: an array",
+    NegotiationTerms: "Negotiation.terms: an object, as on the wire",
 }
 
 
@@ -469,6 +508,23 @@ def _dump_policy(p: PolicyCore) -> Doc:
         "signatures": [[a, [str(np), str(pp)]] for a, (np, pp) in p._signatures.items()],
         "stories": [[rid, [[_n(t), what, detail] for t, what, detail in story]] for rid, story in p.stories.items()],
         "ended_stories": list(p._ended_stories),
+        "negotiations": _dump_negotiations(p.negotiations),
+    }
+
+
+def _dump_offer(o: Offer | None) -> Doc | None:
+    if o is None:
+        return None
+    return {"id": o.id, "nodes": o.nodes, "start": _n(o.start), "made_at": _n(o.made_at), "deadline": _n(o.deadline)}
+
+
+def _dump_negotiations(b: NegotiationBook) -> Doc:
+    return {
+        "open": [{"app": n.app, "terms": n.terms.model_dump(mode="json"), "opened_at": _n(n.opened_at),
+                  "round": n.round, "offer": _dump_offer(n.offer), "at_most": n.at_most} for n in b.open.values()],
+        "offers": [[o, n] for o, n in b.offers.items()],
+        "recent": [[o, [app, outcome]] for o, (app, outcome) in b.recent.items()],
+        "promised": list(b.promised),
     }
 
 
@@ -560,6 +616,18 @@ def _build_policy(p: PolicyCore, d: PolicyDoc) -> None:
     p._signatures = dict(d.signatures)
     p.stories = {rid: list(story) for rid, story in d.stories}
     p._ended_stories = deque(d.ended_stories)
+    book = p.negotiations = NegotiationBook()
+    for n in d.negotiations.open:
+        o = n.offer
+        offer = None if o is None else Offer(o.id, o.nodes, o.start, o.made_at, o.deadline)
+        book.open[n.terms.negotiation] = Negotiation(n.app, n.terms, n.opened_at, n.round, offer, n.at_most)
+    book.offers = dict(d.negotiations.offers)
+    book.recent = {o: (app, outcome) for o, (app, outcome) in d.negotiations.recent}
+    book.promised = list(d.negotiations.promised)
+    for offer_id, nid in book.offers.items():
+        neg = book.open.get(nid)
+        if neg is None or neg.offer is None or neg.offer.id != offer_id:
+            raise Inconsistent(f"offer {offer_id!r} names negotiation {nid!r}, which is not open with it")
 
 
 def _build_allocator(a: NodeAllocator, d: AllocatorDoc) -> None:

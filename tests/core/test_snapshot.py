@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine import snapshot_schema as schema
 from coorm.services.policy_engine.core import PolicySettings
 from coorm.services.policy_engine.snapshot import SCHEMA_VERSION, Snapshot, SnapshotError, after, state_shape
-from coorm.shared.events import CloseSession, Done, NodeDrain, OpenSession, Tick
+from coorm.shared.events import CloseSession, Done, Negotiate, NodeDrain, OpenSession, Respond, Tick
+from coorm.shared.negotiation import NegotiationTerms
 from coorm.shared.stepfn import INF
 from tests.core.driver import Driver as Scenario
 from tests.core.driver import rq
@@ -84,6 +85,17 @@ def _rich_state() -> Scenario:
     d.done(7.1, "late", "l3")  # early, while "late" waits: its node is held for "late"
     d.submit(7.1, "rig", rq("r4", "c0", 32, 60), rq("r5", "c0", 8, 100))  # r5 fits if m1 gives nodes back
     d.done(7.1, "late", "l4")  # held for "late" and "rig"
+    # negotiations: an offer lapsed, one accepted (promised), one open, one standing with nothing to offer
+    d.cores.handle(Negotiate(at=7.2, app="mal", terms=NegotiationTerms(
+        negotiation="m-lapsed", cluster="c1", max_nodes=2, duration=50, respond_within=0.1)))
+    d.cores.handle(Negotiate(at=7.2, app="nea", terms=NegotiationTerms(
+        negotiation="n-acc", cluster="c1", max_nodes=1, duration=50)))
+    d.cores.handle(Respond(at=7.3, app="nea", offer="n-acc.o1", answer="accept"), pass_now=False)
+    d.cores.handle(Respond(at=7.3, app="mal", offer="m-lapsed.o1", answer="accept"), pass_now=False)  # too late
+    d.cores.handle(Negotiate(at=7.4, app="rig", terms=NegotiationTerms(
+        negotiation="r-open", cluster="c0", min_nodes=2, max_nodes=8, sizes=(2, 4, 8), duration=30)), pass_now=False)
+    d.cores.handle(Negotiate(at=7.4, app="mal", terms=NegotiationTerms(
+        negotiation="m-stand", cluster="c0", type="preemptible", max_nodes=64, standing=True)), pass_now=False)
     d.cores.handle(Done(at=7.5, app="late", request="l2"), pass_now=False)
     d.cores.handle(CloseSession(at=7.5, app="late"), pass_now=False)  # l3's hold ends: no one waits for it
     return d
@@ -174,6 +186,8 @@ def _leaves(root: object) -> list[tuple[str, str, object]]:
                 walk(v, f"{path}[{i}]")
         elif isinstance(obj, frozenset):
             out.append((path, kind, tuple(sorted(obj))))
+        elif isinstance(obj, BaseModel):  # a value (a negotiation's terms): carried as its JSON
+            out.append((path, kind, obj.model_dump_json()))
         else:
             cls = type(obj)
             skip = schema.NOT_CARRIED.get(cls, {})
