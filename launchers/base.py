@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from coorm.shared.negotiation import Answer, NegotiationTerms
 from coorm.shared.requests import RequestSpec
 from coorm.shared.stepfn import StepFunction
 
@@ -69,7 +70,39 @@ class Timer:
     key: str
 
 
-Command = Submit | Done | Close | Timer
+@dataclass(frozen=True, slots=True)
+class Negotiate:
+    """Open or revise a negotiation (the adaptive-RMS paper): the RMS answers with an offer."""
+
+    terms: NegotiationTerms
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """Answer an offer: accept, counter with ``nodes``, or reject."""
+
+    offer: str
+    answer: Answer
+    nodes: int | None = None
+
+
+Command = Submit | Done | Close | Timer | Negotiate | Respond
+
+
+@dataclass(frozen=True, slots=True)
+class OfferSeen:
+    """What a launcher is told of an offer: ``offer`` None and ``waiting`` when a standing negotiation has
+    nothing yet; ``lapsed`` when it was not answered in time; ``refused`` (an error code) when the RMS
+    refused the negotiation or the answer."""
+
+    negotiation: str
+    offer: str | None = None
+    nodes: int = 0
+    start: float | None = None
+    deadline: float | None = None
+    waiting: bool = False
+    lapsed: bool = False
+    refused: str | None = None
 
 
 class Launcher:
@@ -146,6 +179,15 @@ class Launcher:
         return []
 
     def on_timer(self, now: float, key: str) -> list[Command]:
+        return []
+
+    def on_offer(self, now: float, offer: OfferSeen) -> list[Command]:
+        """An offer of the RMS (the answer to a negotiation or a counter, or unsolicited), a lapse, a refusal."""
+        return []
+
+    def on_accepted(self, now: float, negotiation: str, request: str) -> list[Command]:
+        """An accepted offer became ``request``: it waits to start (a ``startNotify`` follows)."""
+        self.waiting.add(request)
         return []
 
 

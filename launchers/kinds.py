@@ -30,6 +30,8 @@ KINDS: tuple[LauncherKind, ...] = (
     LauncherKind("amr", "amr:AMRLauncher", live_views=True, preemptive_views=False, command_is_work=False),
     LauncherKind("next", "next_chain:NextChainLauncher", live_views=True, preemptive_views=False,
                  command_is_work=False),
+    LauncherKind("malleable", "malleable:MalleableLauncher", live_views=True, preemptive_views=True,
+                 command_is_work=False),
 )
 NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
 BY_NAME: dict[str, LauncherKind] = {k.name: k for k in KINDS}

@@ -19,11 +19,22 @@ from dataclasses import dataclass, field
 import structlog
 from nats.errors import Error as NatsError
 
-from coorm.launchers.base import Close, ClusterProps, Command, Done, Launcher, Submit, Timer
-from coorm.launchers.sdk import Closed, Exited, Killed, Session, Started, ViewsChanged
+from coorm.launchers.base import (
+    Close,
+    ClusterProps,
+    Command,
+    Done,
+    Launcher,
+    Negotiate,
+    OfferSeen,
+    Respond,
+    Submit,
+    Timer,
+)
+from coorm.launchers.sdk import Closed, Exited, Killed, OfferReceived, Session, Started, ViewsChanged
 from coorm.shared import bus
 from coorm.shared.events import ErrorCode
-from coorm.shared.protocol import RELEASE_KILL_REASONS, ProcessOutput
+from coorm.shared.protocol import RELEASE_KILL_REASONS, OfferMsg, ProcessOutput
 
 log = structlog.get_logger("coorm.launcher")
 
@@ -49,6 +60,12 @@ def process_exit_code(ev: Exited) -> int:
     if ev.code < 0:
         return 128 - ev.code
     return 128 + signal.SIGTERM if ev.killed else 0
+
+
+def offer_seen(offer: OfferMsg) -> OfferSeen:
+    """What a launcher is told of an offer message."""
+    return OfferSeen(offer.negotiation, offer.offer, offer.nodes, offer.start, offer.deadline, offer.waiting,
+                     offer.lapsed)
 
 
 @dataclass
@@ -189,6 +206,8 @@ class LiveRunner:
                     self.result.end_reason = self.result.end_reason or item.reason
             if self.command_ends_work and self._running_procs <= 0 and self._launched_any:
                 await self._execute(self._work_done())
+        elif isinstance(item, OfferReceived):
+            await self._execute(lz.on_offer(now, offer_seen(item.offer)))
         elif isinstance(item, Closed):
             if item.error is not None:
                 raise item.error  # CooRM is gone: what became of the work is unknown, so no exit code
@@ -271,6 +290,27 @@ class LiveRunner:
                 await self.s.close()
             elif isinstance(c, Timer):
                 self._arm(c)
+            elif isinstance(c, Negotiate):
+                try:
+                    offer = await self.s.negotiate(c.terms)
+                except bus.WireError as e:
+                    seen = OfferSeen(c.terms.negotiation, refused=e.code.value)
+                    await self._execute(self.launcher.on_offer(self.clock(), seen))
+                    continue
+                await self._execute(self.launcher.on_offer(self.clock(), offer_seen(offer)))
+            elif isinstance(c, Respond):
+                negotiation = c.offer.rsplit(".o", 1)[0]  # (an offer is named <negotiation>.o<round>)
+                try:
+                    reply = await self.s.respond(c.offer, c.answer, c.nodes)
+                except bus.WireError as e:
+                    lapsed = e.code is ErrorCode.OFFER_LAPSED
+                    seen = OfferSeen(negotiation, c.offer, lapsed=lapsed, refused=None if lapsed else e.code.value)
+                    await self._execute(self.launcher.on_offer(self.clock(), seen))
+                    continue
+                if reply.request is not None:
+                    await self._execute(self.launcher.on_accepted(self.clock(), negotiation, reply.request))
+                elif reply.offer is not None:
+                    await self._execute(self.launcher.on_offer(self.clock(), offer_seen(reply.offer)))
 
     def _arm(self, timer: Timer) -> None:
         async def fire() -> None:

@@ -465,15 +465,25 @@ def celery_worker(ctx: typer.Context) -> None:
 
 @app.command()  # (options anywhere before `--`: `coorm launch psa --set k=v -- cmd`, as the README writes it)
 def launch(
-    kind: str = typer.Argument(..., help="rigid | moldable | cem | psa | amr | next"),
+    kind: str = typer.Argument(..., help="rigid | moldable | cem | psa | amr | next | malleable"),
     command: list[str] = typer.Argument(None, help="after --: a command to run on every node the application gets"),
     cluster: str | None = typer.Option(None, "-c", "--cluster"),
     params: list[str] = typer.Option([], "--set", help="KEY=VALUE, as in a scenario file (e.g. task_duration=60)"),
     name: str = typer.Option("", "-J", "--name"),
+    sizes: str | None = typer.Option(None, "--sizes", help="malleable: the sizes it can run on, which it "
+                                     "negotiates: pow2, any, or a list (4,8,12); --set min_nodes=, max_nodes="),
 ) -> None:
     """Run one of the shipped launchers live (the same decision logic as in the simulator)."""
+    import json
+
     from coorm.cli.live import launch as run
 
+    if sizes is not None:
+        try:
+            rule = sizes if sizes in ("pow2", "any") else [int(n) for n in sizes.split(",")]
+        except ValueError:
+            raise typer.BadParameter("pow2, any, or sizes separated by commas", param_hint="--sizes") from None
+        params = [*params, f"sizes={json.dumps(rule)}"]
     run(kind, cluster, params, command or [], name)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coorm.launchers import amr_model
 from coorm.launchers.base import ClusterProps, Launcher
@@ -107,7 +107,31 @@ class NextApp(_App):
     phases: list[tuple[int, float]] = Field(min_length=1)
 
 
-AppSpec = Annotated[RigidApp | MoldableApp | CemApp | PsaApp | AmrApp | NextApp, Field(discriminator="kind")]
+class MalleableApp(_App):
+    """A malleable application that negotiates its growth (launchers/malleable.py)."""
+
+    kind: Literal["malleable"]
+    cluster: str | None = None
+    min_nodes: int = Field(default=1, ge=1)
+    max_nodes: int = Field(default=64, ge=1)
+    sizes: Literal["pow2", "any"] | list[int] = "pow2"  # the totals it can run on
+    duration: float = Field(default=3600.0, gt=0)  # its minimum's walltime
+    work: float | None = Field(default=None, gt=0)  # node-seconds (None: until the walltime)
+    respond_within: float = Field(default=5.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> MalleableApp:
+        from coorm.launchers.malleable import totals
+
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes {self.min_nodes} > max_nodes {self.max_nodes}")
+        if self.min_nodes not in totals(self.sizes, self.max_nodes):
+            raise ValueError(f"min_nodes {self.min_nodes} is not one of its sizes ({self.sizes})")
+        return self
+
+
+AppSpec = Annotated[RigidApp | MoldableApp | CemApp | PsaApp | AmrApp | NextApp | MalleableApp,
+                    Field(discriminator="kind")]
 
 
 class TraceSpec(_M):
@@ -214,6 +238,11 @@ def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) 
         from coorm.launchers.next_chain import NextChainLauncher
 
         return NextChainLauncher(app_id, cluster, list(spec.phases))
+    if isinstance(spec, MalleableApp):
+        from coorm.launchers.malleable import MalleableLauncher
+
+        return MalleableLauncher(app_id, cluster, spec.min_nodes, spec.max_nodes, sizes=spec.sizes,
+                                 duration=spec.duration, work=spec.work, respond_within=spec.respond_within)
     raise ValueError(f"unknown application kind {spec!r}")
 
 

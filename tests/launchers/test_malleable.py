@@ -1,0 +1,80 @@
+"""The malleable launcher's decisions (launchers/malleable.py), as a pure object: what it negotiates, what
+it accepts, counters or rejects, how it shrinks and when its work is done."""
+
+from __future__ import annotations
+
+import pytest
+
+from coorm.launchers.base import ClusterProps, Done, Negotiate, OfferSeen, Respond, Submit, Timer, Views
+from coorm.launchers.malleable import MalleableLauncher, totals
+from coorm.shared.negotiation import Answer
+from coorm.shared.stepfn import StepFunction
+
+PROPS = ClusterProps(nodes={"c0": 32})
+
+
+def started(sizes="pow2", min_nodes=4, max_nodes=16, work=None) -> tuple[MalleableLauncher, Negotiate]:
+    m = MalleableLauncher("a", "c0", min_nodes, max_nodes, sizes=sizes, work=work)
+    (sub,) = m.on_open(0.0, PROPS)
+    assert isinstance(sub, Submit) and sub.requests[0].nodes == min_nodes
+    out = m.on_start(1.0, sub.requests[0].id, tuple(f"n{i}" for i in range(min_nodes)))
+    neg = [c for c in out if isinstance(c, Negotiate)]
+    assert len(neg) == 1
+    return m, neg[0]
+
+
+def test_totals():
+    assert totals("pow2", 20) == (1, 2, 4, 8, 16)
+    assert totals([12, 4, 40], 20) == (4, 12)
+    assert totals("any", 3) == (1, 2, 3)
+    with pytest.raises(ValueError):
+        totals("odd", 8)
+
+
+def test_it_negotiates_growths_that_keep_it_at_a_power_of_two_and_accepts_an_offer_it_can_use():
+    m, neg = started()
+    t = neg.terms
+    assert (t.sizes, t.standing, t.type.value, t.max_nodes) == ((4, 12), True, "preemptible", 12)
+    (r,) = m.on_offer(2.0, OfferSeen(t.negotiation, f"{t.negotiation}.o1", 4, 2.0, 7.0))
+    assert r == Respond(f"{t.negotiation}.o1", Answer.ACCEPT)
+    assert m.on_accepted(2.1, t.negotiation, t.negotiation) == []
+    out = m.on_start(2.2, t.negotiation, ("n4", "n5", "n6", "n7"))
+    assert m.held() == 8 and m.grows == 1
+    (again,) = [c for c in out if isinstance(c, Negotiate)]
+    assert again.terms.sizes == (8,) and again.terms.negotiation != t.negotiation
+
+
+def test_an_offer_it_cannot_use_now_is_countered_or_rejected():
+    m, neg = started(sizes="any", min_nodes=2, max_nodes=6)
+    t = neg.terms
+    assert t.sizes == (1, 2, 3, 4)
+    (c,) = m.on_offer(2.0, OfferSeen(t.negotiation, "x.o1", 9, 2.0, 7.0))  # more than it can use: counter
+    assert c == Respond("x.o1", Answer.COUNTER, 4)
+    out = m.on_offer(2.0, OfferSeen(t.negotiation, "x.o2", 4, 50.0, 7.0))  # for later: rejected, asked again
+    assert out[0] == Respond("x.o2", Answer.REJECT) and isinstance(out[1], Negotiate)
+
+
+def test_a_lapsed_or_refused_negotiation_is_opened_again_and_a_stale_offer_rejected():
+    m, neg = started()
+    t = neg.terms
+    (again,) = m.on_offer(3.0, OfferSeen(t.negotiation, "o", lapsed=True))
+    assert isinstance(again, Negotiate) and m.lapsed == 1
+    assert m.on_offer(3.0, OfferSeen("elsewhere", "old.o1", 4, 3.0, 8.0)) == [Respond("old.o1", Answer.REJECT)]
+
+
+def test_a_view_below_its_growth_gives_whole_growths_back_latest_first():
+    m, neg = started(max_nodes=32)
+    m.on_offer(2.0, OfferSeen(neg.terms.negotiation, "g1.o1", 4, 2.0, 7.0))
+    m.on_start(2.0, neg.terms.negotiation, tuple(f"g{i}" for i in range(4)))
+    assert m.held() == 8
+    views = Views(3.0, {"c0": StepFunction.constant(32, 0)}, {"c0": StepFunction.constant(2, 0)})
+    out = m.on_views(views)
+    assert Done(neg.terms.negotiation) in out and m.held() == 4 and m.shrinks == 1
+
+
+def test_its_work_ends_it_at_the_rate_of_the_nodes_it_holds():
+    m, _ = started(work=40.0)  # 4 nodes from t=1: done at t=11
+    early = m.on_timer(10.0, f"work{m._timer}")  # (a stale timer: 36 node-seconds done, 4 to go)
+    assert not m.finished and Timer(11.0, f"work{m._timer}") in early
+    out = m.on_timer(11.0, f"work{m._timer}")
+    assert m.finished and any(isinstance(c, Done) for c in out)
