@@ -647,7 +647,11 @@ class Session:
         call = asyncio.ensure_future(_call_retrying(self.nc, subject, message, reply,
                                                     retry_unavailable=retry_unavailable,
                                                     after_timeout=after_timeout))
-        await asyncio.wait((call, self._gone), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait((call, self._gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            call.cancel()  # its caller is gone (a launcher stopped): it must not fail later, unheard
+            raise
         if call.done():
             return call.result()
         call.cancel()

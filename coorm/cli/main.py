@@ -161,6 +161,7 @@ def _simulate_report(console: Console, scenario: Path, summary: dict | None, doc
 
 EXPERIMENTS = ("coorm_fig6", "coorm_fig7", "coorm_fairstart_idle", "coormv2_fig3_4", "coormv2_fig9", "coormv2_fig10",
                "coormv2_fig11", "koala_pra", "koala_pwa")
+EXPERIMENTS += ("negotiation",)  # the adaptive-RMS paper's, live
 
 
 def _experiments() -> dict:

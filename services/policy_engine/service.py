@@ -206,6 +206,17 @@ def decision_messages(decisions: list, limit: int) -> list[bytes]:
     return decision_messages(decisions[:half], limit) + decision_messages(decisions[half:], limit)
 
 
+async def _cancelled(task: asyncio.Task) -> None:
+    """Cancel ``task`` and wait until it ended. Cancelled again while it goes on: nats-py swallows a
+    CancelledError that hits it while it flushes a publish, and a term's end that awaited such a task once
+    waited for ever (its subscriptions still answering "changing leader" to every request)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 async def _first(*events: asyncio.Event) -> None:
     """Until one of ``events`` is set."""
     waiters = [asyncio.create_task(e.wait()) for e in events]
@@ -316,10 +327,7 @@ class PolicyEngine:
             self.leader.clear()
             metrics.leader.set(0)
             for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+                await _cancelled(t)
             observe.clear()
             for sub in self._subs:
                 with contextlib.suppress(Exception):
