@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     # the batch queue
     batch_max_array: int = Field(default=100_000, ge=1, description="tasks an array may have at most")
     batch_history_days: float = Field(default=30.0, gt=0, description="days an ended batch job stays in the history")
+    # an array's tasks run in a task farm: one session for the array, slots that run its tasks one after the
+    # other (services/batch/farm.py); off: each task is a batch job of its own, with its own session
+    batch_farm: bool = Field(default=True, description="run an array's tasks in a task farm")
     # a request for more nodes than its cluster has (up or down) is refused: it could never start. CooRM's
     # paper lets such a request wait (nodes may be added): the operator may choose that
     oversize_waits: bool = Field(default=False, description="let a request larger than its cluster wait")

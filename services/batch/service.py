@@ -48,6 +48,7 @@ from coorm.services.batch.core import (
     JobState,
     Withdraw,
 )
+from coorm.services.batch.farm_runner import FarmRunner
 from coorm.services.runtime import clock, redis_client
 from coorm.shared import bus, keys, subjects
 from coorm.shared.endpoints import Role
@@ -113,6 +114,8 @@ class Record:
     node_ids: list[str] = field(default_factory=list)
     launched: list[list] = field(default_factory=list)  # [[node, pid, request], ...]
     exited: list[list] = field(default_factory=list)  # [[node, pid], ...]
+    farmed: bool = False  # an array's task run by its array's task farm (its session is the farm's)
+    slot: str | None = None  # the farm's request (slot) it runs on
 
     def to_job(self, nodes: int) -> Job:
         return Job(id=self.id, user=self.user, name=self.name, seq=self.seq, submitted=self.submitted,
@@ -139,6 +142,8 @@ class BatchService:
         self._lock = asyncio.Lock()  # one command at a time changes the queue (a handler awaits Redis)
         self._attached: dict[str, _Attached] = {}  # job -> its command's events, for attached jobs
         self._sizes: tuple[float, dict[str, int]] | None = None  # (when, nodes per cluster), read again after
+        self.farms: dict[str, FarmRunner] = {}  # array id -> its task farm (while it has tasks to run)
+        self._farm_runs: set[asyncio.Task] = set()
 
     # ============================================================================================
     # life
@@ -174,9 +179,9 @@ class BatchService:
             # the jobs go on: their sessions are taken up by the next instance (within the session timeout)
             for a in self._attached.values():
                 a.close()
-            for t in list(self.runners.values()):
+            for t in [*self.runners.values(), *self._farm_runs]:
                 t.cancel()
-            for t in list(self.runners.values()):
+            for t in [*self.runners.values(), *self._farm_runs]:
                 with contextlib.suppress(BaseException):
                     await t
             await bus.shutdown(self.nc)
@@ -186,7 +191,7 @@ class BatchService:
         """NATS is back: the starts, ends and exits sent to the jobs' sessions while it was cut are lost
         (a job whose process exited then would run for ever): each session asks for them."""
         log.info("NATS connection back: the jobs' sessions ask what they missed", sessions=len(self.sessions))
-        for session in list(self.sessions.values()):
+        for session in [*self.sessions.values(), *(f.session for f in self.farms.values() if f.session)]:
             session.reconnected()
 
     async def _load(self) -> None:
@@ -219,11 +224,25 @@ class BatchService:
                        {r.array_id: r.throttle for r in recs if r.array_id and r.throttle})
         self.core.take_changed()
         actions = self.core.settle_all(self.clock())
+        farms = await self.redis.hgetall(keys.BATCH_FARMS)
+        farmed: dict[str, list[str]] = {}
         for r in recs:
-            if r.state in (JobState.QUEUED, JobState.RUNNING):
+            if r.state in (JobState.QUEUED, JobState.RUNNING) and r.farmed:
+                farmed.setdefault(r.spec, []).append(r.id)
+            elif r.state in (JobState.QUEUED, JobState.RUNNING):
                 self._spawn(r.id)
             elif r.state not in ENDED and r.spec in self.specs:
                 self._attach(r.id, self.specs[r.spec]["submit"])  # waiting: its command is watched
+        for sid, tasks in farmed.items():
+            if sid in farms:
+                self._start_farm(sid, resume=json.loads(farms[sid]))
+            else:  # (its farm ended as they were entered: they run in a new one)
+                self.farm_again(sid, [t for t in tasks if self.core.jobs[t].state is JobState.QUEUED])
+                for t in tasks:
+                    if self.core.jobs[t].state is JobState.RUNNING:
+                        await self._end(t, JobState.NODE_FAIL, None, "its task farm was lost")
+        for sid in set(farms) - set(farmed):
+            await self._close_stale_farm(sid, json.loads(farms[sid]))
         await self._flush()
         self._act(actions)
 
@@ -307,9 +326,8 @@ class BatchService:
         self._act(actions)
         return BatchSubmitReply(job=sid, tasks=len(jobs))
 
-    async def _check_size(self, msg: BatchSubmit) -> str:
-        """The cluster (the first by name when none is named); a job larger than every node it has, up or
-        down, could never start: refused now rather than left to wait for ever."""
+    async def _cluster_sizes(self) -> dict[str, int]:
+        """Nodes per cluster, up or down (read again after ``SIZES_FOR``)."""
         assert self.redis is not None
         now = self.clock()
         if self._sizes is None or now - self._sizes[0] > SIZES_FOR:
@@ -318,7 +336,12 @@ class BatchService:
                 c = json.loads(rec)["cluster"]
                 counted[c] = counted.get(c, 0) + 1
             self._sizes = (now, counted)
-        sizes = self._sizes[1]
+        return self._sizes[1]
+
+    async def _check_size(self, msg: BatchSubmit) -> str:
+        """The cluster (the first by name when none is named); a job larger than every node it has, up or
+        down, could never start: refused now rather than left to wait for ever."""
+        sizes = await self._cluster_sizes()
         if not sizes:
             self._sizes = None  # (none yet: asked again next time)
             raise bus.WireError(ErrorCode.UNAVAILABLE, "no node is registered yet")
@@ -434,14 +457,87 @@ class BatchService:
         for a in actions:
             if isinstance(a, Enter):
                 j = self.core.jobs[a.job]
+                if j.array_id is not None and self.settings.batch_farm:
+                    self._farm(j.array_id).add(a.job)
+                    continue
                 heapq.heappush(self._to_enter, (j.seq, j.task or 0, a.job))
                 self._enter_wake.set()
             elif isinstance(a, Withdraw):
+                r = self.records.get(a.job)
+                if r is not None and r.farmed:
+                    farm = self.farms.get(r.spec)
+                    if farm is not None:
+                        farm.withdraw(a.job)
+                    continue
                 s = self.sessions.get(a.job)
                 if s is not None:  # closing its session cancels its request or ends its run
                     task = asyncio.create_task(s.close())
                     self._closing.add(task)
                     task.add_done_callback(self._closing.discard)
+
+    # -- task farms (an array's tasks) ----------------------------------------------------------------
+    def _farm(self, sid: str) -> FarmRunner:
+        farm = self.farms.get(sid)
+        return farm if farm is not None else self._start_farm(sid)
+
+    def _start_farm(self, sid: str, resume: dict | None = None) -> FarmRunner:
+        farm = self.farms[sid] = FarmRunner(self, sid)
+        task = asyncio.create_task(self._run_farm(farm, resume), name=f"farm-{sid}")
+        self._farm_runs.add(task)
+        task.add_done_callback(self._farm_runs.discard)
+        return farm
+
+    async def _run_farm(self, farm: FarmRunner, resume: dict | None) -> None:
+        sub = self.specs[farm.sid]["submit"]
+        try:
+            sizes = await self._cluster_sizes()
+            farm.core.width = max(1, sizes.get(sub.cluster or "", 1) // max(1, sub.nodes))
+            await farm.run(resume)
+        except asyncio.CancelledError:
+            raise  # the service stops: the farm goes on, the next instance takes it up
+        except bus.Unreachable:
+            log.error("NATS lost for good: the farm is taken up by the next instance", array=farm.sid)
+            raise
+        except Exception as e:  # noqa: BLE001 - one array's failure must not stop the others
+            log.exception("an array's task farm failed", array=farm.sid)
+            for t in self.core.arrays.get(farm.sid, ()):
+                j = self.core.jobs[t]
+                if j.state in (JobState.QUEUED, JobState.RUNNING) and self.records[t].farmed:
+                    await self._end(t, JobState.FAILED, None, f"internal error: {type(e).__name__}: {e}")
+            if farm.session is not None:
+                with contextlib.suppress(Exception):
+                    await farm.session.close()
+            with contextlib.suppress(Exception):
+                await self.redis.hdel(keys.BATCH_FARMS, farm.sid)
+        finally:
+            self.farm_closing(farm.sid, farm)
+
+    def farm_closing(self, sid: str, farm: FarmRunner) -> None:
+        """The farm has nothing left to run: tasks entered from now on go to a new one."""
+        if self.farms.get(sid) is farm:
+            del self.farms[sid]
+
+    def farm_again(self, sid: str, tasks: list[str]) -> None:
+        """Queued tasks whose farm's session was lost: a new farm runs them."""
+        if tasks:
+            farm = self._start_farm(sid)
+            for t in tasks:
+                farm.add(t)
+
+    async def _close_stale_farm(self, sid: str, rec: dict) -> None:
+        """A farm written down with no task left to it (the service died as it closed): its session goes."""
+        await self._close_stale(Record(id=sid, spec=sid, user="", name="", seq=0, submitted=0.0, state="",
+                                       session=rec["session"]))
+        assert self.redis is not None
+        await self.redis.hdel(keys.BATCH_FARMS, sid)
+
+    @staticmethod
+    def argv_of(sub: BatchSubmit) -> list[str]:
+        if sub.script is not None:
+            return ["/bin/sh", "-c", SCRIPT_RUNNER, "coorm-job", *sub.argv]
+        if sub.wrap is not None:  # (the shell runs it as it is: no copy of a script to make and remove)
+            return ["/bin/sh", "-c", sub.wrap, "coorm-job", *sub.argv]
+        return sub.argv
 
     def _spawn(self, job: str, session: Session | None = None) -> None:
         if job in self.runners:
@@ -540,12 +636,7 @@ class BatchService:
                 # (request ids are the app's, counted: the same again), its requests already sent
                 launcher = RigidLauncher(session.app, sub.cluster or "", sub.nodes, sub.walltime)
             self.sessions[job] = session
-            if sub.script is not None:
-                argv = ["/bin/sh", "-c", SCRIPT_RUNNER, "coorm-job", *sub.argv]
-            elif sub.wrap is not None:  # (the shell runs it as it is: no copy of a script to make and remove)
-                argv = ["/bin/sh", "-c", sub.wrap, "coorm-job", *sub.argv]
-            else:
-                argv = sub.argv
+            argv = self.argv_of(sub)
             attached = self._attach(job, sub)
             if attached is not None:  # (the agents send its output here: it goes on to its command)
                 options: dict = {}

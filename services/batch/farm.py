@@ -1,0 +1,189 @@
+"""An array's task farm: the decisions of the one launcher that runs all of an array's tasks.
+
+A task of an array run as a batch job of its own costs a session, a request, a start notification, a node
+assignment and an accounting record -- about 50 ms of CPU over the whole system for a ``true`` that runs
+for a millisecond. The farm runs an array's tasks in **slots** instead: one session for the array, one
+non-preemptible request per slot (``nodes`` nodes, the size of one task), and each slot runs the array's
+tasks one after the other, as HTCondor's and Flux's task farms do. The RMS keeps control: a slot is an
+ordinary request, placed, backfilled, ended and accounted like any other, and a slot's nodes go back as
+soon as nothing is left for it to run.
+
+A slot asks for as much time as the tasks it is expected to run need at their walltime (its share of the
+array's tasks still to run, times the walltime, and a margin for launches): the plan other jobs see is the
+one separate tasks would make, and it shrinks as the tasks end early. A slot starts a task only if what
+remains of its own request holds the task's whole walltime, so a task is never cut short by the end of a
+slot; a task that outlives its walltime has its slot released (which kills it) and ends ``timeout``, like a
+job at its walltime.
+
+Pure: events in (tasks added or withdrawn, slots started or ended, tasks ended, the time passed in), and
+:meth:`FarmCore.decide` says what to do (ask a slot, run a task on a slot, release a slot, wake up at a
+time). The shell (:mod:`coorm.services.batch.farm_runner`) carries it out over a session."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+# seconds a slot asks beyond its tasks' walltimes: what its start and each task's launch and exit take, so
+# that a slot asked for k tasks holds k whole walltimes from when it can run the first
+SLOT_MARGIN = 10.0
+
+@dataclass(frozen=True)
+class Ask:
+    """Request a slot: ``request`` (an id of the farm's session), ``duration`` seconds."""
+
+    request: str
+    duration: float
+
+
+@dataclass(frozen=True)
+class Run:
+    """Start ``task`` on the nodes of slot ``request``."""
+
+    task: str
+    request: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    """Give slot ``request`` back (``done``): nothing is left for it, or what runs there must stop."""
+
+    request: str
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Call :meth:`FarmCore.decide` again at ``at`` (a running task's walltime)."""
+
+    at: float
+
+
+Decision = Ask | Run | Release | Wake
+
+
+@dataclass
+class Slot:
+    nodes: tuple[str, ...] = ()
+    end: float = math.inf  # when its request ends (the RMS's walltime of the slot)
+    started: bool = False
+    task: str | None = None  # the task it runs
+    since: float = 0.0  # when that task started
+    releasing: bool = False  # released: its end (and its task's exit) is on the way
+
+
+@dataclass
+class FarmCore:
+    app: str
+    walltime: float  # of each task
+    width: int  # at most this many slots (the cluster's nodes // a task's nodes)
+    pending: deque[str] = field(default_factory=deque)  # tasks to run, in order
+    slots: dict[str, Slot] = field(default_factory=dict)  # request -> slot (asked, running or being released)
+    timed_out: set[str] = field(default_factory=set)  # tasks stopped at their walltime (their exit is on the way)
+    withdrawn: set[str] = field(default_factory=set)  # running tasks cancelled (their exit is on the way)
+    expected: int = 0  # tasks of the array still to run, as the shell last counted them (a slot's share)
+    asked: int = 0  # requests asked so far (their ids: "<app>.<n>")
+    _releases: list[str] = field(default_factory=list)  # slots to release at the next decision
+    _woken: float | None = None  # the Wake last decided, not yet passed
+
+    # -- events ---------------------------------------------------------------------------------------
+    def add(self, tasks: list[str], expected: int) -> None:
+        """Tasks to run (entered by the batch queue); ``expected``: how many of the array's tasks are still to
+        run in all, these included (those a throttle or a dependency keeps back too)."""
+        known = set(self.pending) | {s.task for s in self.slots.values()}
+        self.pending.extend(t for t in tasks if t not in known)
+        self.expected = max(expected, len(self.pending))
+
+    def withdraw(self, task: str) -> None:
+        """The task was cancelled: it does not start, or its slot is released (its exit then ends nothing)."""
+        if task in self.pending:
+            self.pending.remove(task)
+            return
+        for rid, s in self.slots.items():
+            if s.task == task and not s.releasing:
+                self.withdrawn.add(task)
+                s.releasing = True
+                self._releases.append(rid)
+
+    def started(self, request: str, nodes: tuple[str, ...], end: float) -> None:
+        """A slot started -- or, after a restart, one asked by the last instance is told of: adopted (it runs
+        the next task, or goes back at once)."""
+        s = self.slots.setdefault(request, Slot())
+        s.nodes, s.end, s.started = tuple(nodes), end, True
+
+    def running(self, request: str, task: str, since: float) -> None:
+        """Taken up after a restart: ``task`` was started on slot ``request`` at ``since``. The slot takes no
+        other task before its start is told again (its nodes and end are not known until then)."""
+        s = self.slots.setdefault(request, Slot())
+        s.task, s.since = task, since
+        if task in self.pending:
+            self.pending.remove(task)
+
+    def task_ended(self, task: str) -> str | None:
+        """Every process of ``task`` exited: its slot is free. Returns how the farm ended it, if it did
+        (``timeout``, ``withdrawn``), else None: its processes' exit codes tell."""
+        for s in self.slots.values():
+            if s.task == task:
+                s.task = None
+        if task in self.timed_out:
+            self.timed_out.discard(task)
+            return "timeout"
+        if task in self.withdrawn:
+            self.withdrawn.discard(task)
+            return "withdrawn"
+        return None
+
+    def slot_ended(self, request: str) -> str | None:
+        """The slot's request ended (released, or ended by the RMS). Returns the task it ran, if any: that
+        task's processes were killed with it."""
+        s = self.slots.pop(request, None)
+        return s.task if s is not None else None
+
+    # -- decisions ------------------------------------------------------------------------------------
+    def decide(self, now: float) -> list[Decision]:
+        out: list[Decision] = [Release(rid) for rid in self._releases if rid in self.slots]
+        self._releases.clear()
+        for rid, s in self.slots.items():  # tasks past their walltime: their slots go (which kills them)
+            if s.task is not None and not s.releasing and now >= s.since + self.walltime:
+                self.timed_out.add(s.task)
+                s.releasing = True
+                out.append(Release(rid))
+        for rid, s in self.slots.items():  # idle slots: the next task, if the slot holds its walltime
+            if not s.started or s.task is not None or s.releasing:
+                continue
+            if self.pending and s.end - now >= self.walltime:
+                s.task, s.since = self.pending.popleft(), now
+                out.append(Run(s.task, rid, s.nodes))
+            else:
+                s.releasing = True
+                out.append(Release(rid))
+        out += self._ask(now)
+        due = [s.since + self.walltime for s in self.slots.values() if s.task is not None and not s.releasing]
+        wake = min(due) if due else None
+        if wake is not None and wake != self._woken:
+            self._woken = wake
+            out.append(Wake(wake))
+        return out
+
+    def _ask(self, now: float) -> list[Ask]:
+        waiting = sum(1 for s in self.slots.values() if not s.started)
+        want = len(self.pending) - waiting  # tasks no slot that is yet to start will take
+        live = sum(1 for s in self.slots.values() if not s.releasing)
+        n = min(want, self.width - live)
+        if n <= 0:
+            return []
+        # each slot's share of what is still to run, at the walltime: the plan separate tasks would make
+        share = max(1, math.ceil(self.expected / max(1, live + n)))
+        out = []
+        for _ in range(n):
+            self.asked += 1
+            rid = f"{self.app}.{self.asked}"
+            self.slots[rid] = Slot()
+            out.append(Ask(rid, share * self.walltime + SLOT_MARGIN))
+        return out
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to run and no slot held or asked: the farm may close its session."""
+        return not self.pending and not self.slots

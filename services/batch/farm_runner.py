@@ -1,0 +1,389 @@
+"""The shell of an array's task farm (:mod:`coorm.services.batch.farm`): one session for the array, its
+slots' requests, its tasks' processes, and the tasks' records through the batch service.
+
+Inputs come one at a time through an inbox (tasks added or withdrawn by the queue, the session's starts,
+ends and exits, launches done, wake-ups); after each batch of inputs the core decides, and its decisions
+are carried out: slots asked (all of one decision in one request), tasks started (launched in the
+background: a slot's launch does not wait for another's), slots released.
+
+Written down, so that a batch service killed and started again takes the farm up: the session (``keys.
+BATCH_FARMS``: the array -> its session and the requests it has asked, before it asks them), and each
+task's record as a job's (started, the processes launched and exited). A slot that started while no
+instance ran is adopted when the session's recovery tells of it; one still waiting goes with the session."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from typing import TYPE_CHECKING
+
+import structlog
+
+from coorm.launchers.live import CANNOT_RUN, RunResult, process_exit_code
+from coorm.launchers.sdk import Closed, Exited, Killed, Session, Started
+from coorm.services.batch.core import ENDED, JobState
+from coorm.services.batch.farm import Ask, FarmCore, Release, Run, Wake
+from coorm.shared import bus, keys
+from coorm.shared.events import ErrorCode
+from coorm.shared.protocol import RELEASE_KILL_REASONS, SessionOpenReply
+from coorm.shared.requests import RequestSpec
+
+if TYPE_CHECKING:
+    from coorm.services.batch.service import BatchService
+
+log = structlog.get_logger("coorm.batch.farm")
+
+
+class _Task:
+    """A running task's processes: how many are still to exit, and what their ends say so far."""
+
+    def __init__(self, request: str) -> None:
+        self.request = request
+        self.launching = True
+        self.left = 0
+        self.result = RunResult(app="", exit_code=0, started=0.0)
+
+    def exited(self, ev: Exited) -> None:
+        self.left -= 1
+        code = process_exit_code(ev)
+        if code and not self.result.exit_code:
+            self.result.exit_code = code
+            if ev.killed and ev.reason not in RELEASE_KILL_REASONS:
+                self.result.end_reason = ev.reason
+
+    @property
+    def over(self) -> bool:
+        return not self.launching and self.left <= 0
+
+
+class FarmRunner:
+    def __init__(self, svc: BatchService, sid: str, width: int = 1) -> None:
+        self.svc = svc
+        self.sid = sid
+        sub = svc.specs[sid]["submit"]
+        self.sub = sub
+        self.core = FarmCore(app="", walltime=sub.walltime, width=max(1, width))
+        self.session: Session | None = None
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.tasks: dict[str, _Task] = {}
+        self.by_pid: dict[tuple[str, int], str] = {}
+        self.early: dict[tuple[str, int], Exited] = {}  # exits heard before their launch's reply
+        self.closing = False
+        self._background: set[asyncio.Task] = set()
+        self._wake: asyncio.TimerHandle | None = None
+
+    # -- from the batch service -----------------------------------------------------------------------
+    def add(self, task: str) -> None:
+        self.inbox.put_nowait(("add", task))
+
+    def withdraw(self, task: str) -> None:
+        self.inbox.put_nowait(("withdraw", task))
+
+    # -- life -----------------------------------------------------------------------------------------
+    async def run(self, resume: dict | None = None) -> None:
+        svc = self.svc
+        try:
+            if resume is None:
+                self.session = await Session.open(svc.settings, user=svc.specs[self.sid]["user"],
+                                                  name=svc.core.jobs[svc.core.arrays[self.sid][0]].name,
+                                                  kind="batch-array", preemptive_views=False, views=False,
+                                                  nc=svc.nc)
+                self.core.app = self.session.app
+                await self._write_down()
+            else:
+                if not await self._take_up(resume):
+                    return
+            pump = asyncio.create_task(self._pump())
+            try:
+                await self._loop()
+            finally:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+        except asyncio.CancelledError:
+            if self.session is not None:
+                await self.session.detach()  # the service stops: the next instance takes the farm up
+            raise
+        finally:
+            if self._wake is not None:
+                self._wake.cancel()
+            for t in list(self._background):
+                t.cancel()
+
+    async def _take_up(self, resume: dict) -> bool:
+        """Resume the session the last instance wrote down; False if the RMS reaped it meanwhile (its running
+        tasks were killed with it: they end ``node_fail``; its queued ones run in a new farm)."""
+        svc = self.svc
+        reply = SessionOpenReply.model_validate(resume["session"])
+        self.core.app, self.core.asked = reply.app, int(resume.get("asked", 0))
+        mine = [svc.core.jobs[t] for t in svc.core.arrays.get(self.sid, ())]
+        running = [j for j in mine if j.state is JobState.RUNNING]
+        launched: dict[tuple[str, int], str] = {}
+        for j in running:
+            r = svc.records[j.id]
+            for node, pid, request in r.launched:
+                if [node, pid] not in r.exited:
+                    launched[node, pid] = request
+        try:
+            self.session = await Session.resume(svc.settings, reply, svc.nc, launched)
+        except bus.WireError as e:
+            if e.code not in (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN):
+                raise
+            for j in running:
+                await svc._end(j.id, JobState.NODE_FAIL, None, "its session ended while the batch service was "
+                                                             "down (its processes were killed)")
+            await svc.redis.hdel(keys.BATCH_FARMS, self.sid)
+            svc.farm_again(self.sid, [j.id for j in mine if j.state is JobState.QUEUED])
+            return False
+        relaunch = []
+        for j in running:
+            r = svc.records[j.id]
+            left = [(n, p) for n, p, _ in r.launched if [n, p] not in r.exited]
+            request = r.slot or (r.launched[0][2] if r.launched else "")
+            self.core.running(request, j.id, j.started or svc.clock())
+            t = self.tasks[j.id] = _Task(request)
+            t.result.exit_code = j.exit_code or 0
+            for key in left:
+                self.by_pid[key] = j.id
+            t.left = len(left)
+            if {n for n, _, _ in r.launched} >= set(self._launch_nodes(tuple(r.node_ids))):
+                t.launching = False
+            else:  # killed between its start and its launch's record: launched again, under the same launch
+                # ids -- an agent that started it answers with its pids, one that did not starts it now
+                relaunch.append(Run(j.id, request, tuple(r.node_ids)))
+        for d in relaunch:
+            self._spawn(self._launch(d, again=True))
+        self.core.add([j.id for j in mine if j.state is JobState.QUEUED], self._expected())
+        log.info("farm taken up", array=self.sid, app=reply.app, running=len(running))
+        return True
+
+    async def _pump(self) -> None:
+        assert self.session is not None
+        async for ev in self.session.events():
+            self.inbox.put_nowait(ev)
+
+    async def _loop(self) -> None:
+        while True:
+            adds: list[str] = []
+            await self._handle(await self.inbox.get(), adds)
+            # what came meanwhile, decided on together -- with the tasks a task's end lets in (the queue's
+            # actions are carried out as it ends, so they are here before the freed slot is judged)
+            while not self.inbox.empty():
+                await self._handle(self.inbox.get_nowait(), adds)
+            if adds:
+                await self._enter(adds)
+            await self._execute(self.core.decide(self.svc.clock()))
+            if self.core.idle and self.inbox.empty() and not self.tasks:
+                await self._close()
+                return
+
+    async def _handle(self, item, adds: list[str]) -> None:
+        c = self.core
+        if isinstance(item, tuple):
+            what = item[0]
+            if what == "add":
+                adds.append(item[1])
+            elif what == "withdraw":
+                c.withdraw(item[1])
+            elif what == "launched":
+                await self._launched(*item[1:])
+            # ("wake",): only decide again
+        elif isinstance(item, Started):
+            c.started(item.request, item.nodes, item.end if item.end is not None else math.inf)
+        elif isinstance(item, Killed):
+            task = c.slot_ended(item.request)
+            if task is not None and item.reason not in RELEASE_KILL_REASONS and task in self.tasks:
+                self.tasks[task].result.end_reason = item.reason
+        elif isinstance(item, Exited):
+            key = (item.node, item.pid)
+            task = self.by_pid.pop(key, None)
+            if task is None:
+                self.early[key] = item
+                return
+            await self._exited(task, item)
+        elif isinstance(item, Closed):
+            if item.error is not None:
+                raise item.error  # CooRM is gone: the next instance takes the farm up
+
+    async def _enter(self, tasks: list[str]) -> None:
+        """Tasks the queue entered: queued in the farm (their 'request' is the farm's)."""
+        svc = self.svc
+        async with svc._lock:
+            took = [t for t in tasks if t in svc.core.jobs and svc.core.jobs[t].state is JobState.ELIGIBLE]
+            for t in took:
+                svc.core.entered(t)
+                svc.records[t].farmed = True
+            await svc._flush()
+        queued = [t for t in tasks if t in svc.core.jobs and svc.core.jobs[t].state is JobState.QUEUED]
+        self.core.add(queued, self._expected())
+
+    def _expected(self) -> int:
+        """The array's tasks still to run: a slot asks for its share of them."""
+        return sum(1 for t in self.svc.core.arrays.get(self.sid, ())
+                   if self.svc.core.jobs[t].state in (JobState.BLOCKED, JobState.ELIGIBLE, JobState.QUEUED))
+
+    # -- decisions ------------------------------------------------------------------------------------
+    async def _execute(self, decisions) -> None:
+        asks = [d for d in decisions if isinstance(d, Ask)]
+        for d in decisions:
+            if isinstance(d, Run):
+                await self._run(d)
+            elif isinstance(d, Release):
+                self._spawn(self._release(d.request))
+            elif isinstance(d, Wake):
+                self._arm(d.at)
+        if asks:
+            await self._ask(asks)
+
+    async def _ask(self, asks: list[Ask]) -> None:
+        assert self.session is not None
+        await self._write_down()  # (the ids it asks are never asked again by a next instance)
+        specs = [RequestSpec(id=a.request, cluster=self.sub.cluster or "", nodes=self.sub.nodes,
+                             duration=a.duration) for a in asks]
+        try:
+            await self.session.request(*specs)
+        except bus.WireError as e:  # the RMS refuses the farm's slots: its tasks cannot run
+            log.error("the RMS refused an array's slots", array=self.sid, error=e.message)
+            for a in asks:
+                self.core.slot_ended(a.request)
+            while self.core.pending:
+                task = self.core.pending.popleft()
+                await self.svc._end(task, JobState.FAILED, None, f"the RMS refused its request: {e.message}")
+
+    async def _run(self, d: Run) -> None:
+        svc = self.svc
+        j, r = svc.core.jobs.get(d.task), svc.records.get(d.task)
+        if j is None or r is None or j.state is not JobState.QUEUED:
+            self.core.task_ended(d.task)  # (cancelled meanwhile: the slot is free again)
+            return
+        now = svc.clock()
+        async with svc._lock:
+            actions = svc.core.started(d.task, now)
+            r.node_ids, r.slot = list(d.nodes), d.request
+            await svc._flush()
+        svc._act(actions)
+        self.tasks[d.task] = _Task(d.request)
+        self._spawn(self._launch(d))
+
+    def _launch_nodes(self, nodes: tuple[str, ...]) -> tuple[str, ...]:
+        """Where a task's processes run: every node of its slot, or the first for a script."""
+        return nodes[:1] if (self.sub.script is not None or self.sub.wrap is not None) else nodes
+
+    async def _launch(self, d: Run, again: bool = False) -> None:
+        """Start the task's processes on its slot, then hand the outcome to the loop. ``again``: launched
+        before a restart, maybe: the pids come back, and the session asks the agents for exits it missed."""
+        assert self.session is not None
+        svc, sub = self.svc, self.sub
+        j = svc.core.jobs[d.task]
+        argv = svc.argv_of(sub)
+        out, err = svc._files(j, sub)
+        r = svc.records[d.task]
+        nodes = tuple(n for n in self._launch_nodes(d.nodes) if not again or n not in {x[0] for x in r.launched})
+
+        async def on(node: str):
+            try:
+                return await self.session.launch(d.request, node, argv, env=svc._launch_env(j, sub),  # type: ignore[union-attr]
+                                                 cwd=sub.cwd, launch_id=f"{d.task}@{node}", stdout=out,
+                                                 stderr=err or None, open_mode=sub.open_mode)
+            except (bus.WireError, Exception) as e:  # noqa: BLE001 - refused, or no agent answers for it
+                return e
+
+        got = await asyncio.gather(*(on(n) for n in nodes))
+        self.inbox.put_nowait(("launched", d.task, list(zip(nodes, got, strict=True))))
+        if again:
+            self.session.reconnected()  # (its exit may have been told while no instance listened)
+
+    async def _launched(self, task: str, results: list) -> None:
+        t = self.tasks.get(task)
+        if t is None:
+            return
+        svc = self.svc
+        r = svc.records.get(task)
+        for node, got in results:
+            if isinstance(got, BaseException):
+                code = got.code if isinstance(got, bus.WireError) else None
+                t.result.refused.append(f"launch on {node}: {got.message if isinstance(got, bus.WireError) else got!r}")
+                t.result.exit_code = t.result.exit_code or (CANNOT_RUN.get(code, 1) if code else 1)
+                continue
+            for pid in got:
+                t.left += 1
+                self.by_pid[node, pid] = task
+                if r is not None:
+                    r.launched.append([node, pid, t.request])
+        t.launching = False
+        if r is not None and r.launched:
+            await svc._save(r)
+        for key in [k for k, v in self.by_pid.items() if v == task and k in self.early]:
+            self.by_pid.pop(key)
+            ev = self.early.pop(key)
+            t.exited(ev)
+            if r is not None:
+                r.exited.append([ev.node, ev.pid])
+        if t.over:
+            await self._task_over(task)
+
+    async def _exited(self, task: str, ev: Exited) -> None:
+        t = self.tasks.get(task)
+        if t is None:
+            return
+        t.exited(ev)
+        r = self.svc.records.get(task)
+        if r is not None:
+            r.exited.append([ev.node, ev.pid])
+        if t.over:
+            await self._task_over(task)
+
+    async def _task_over(self, task: str) -> None:
+        """Every process of the task ended: how it ended goes to the queue (whose next tasks then come in the
+        same batch of inputs), and its slot is free."""
+        from coorm.services.batch.service import _outcome
+
+        t = self.tasks.pop(task)
+        how = self.core.task_ended(task)
+        svc = self.svc
+        j = svc.core.jobs.get(task)
+        if j is None or j.state in ENDED or how == "withdrawn":
+            return  # cancelled: the queue knows
+        if how == "timeout":
+            await svc._end(task, JobState.TIMEOUT, t.result.exit_code or 124, "its walltime")
+            return
+        t.result.started = j.started
+        state, code, reason = _outcome(t.result)
+        await svc._end(task, state, code, reason)
+
+    async def _release(self, request: str) -> None:
+        assert self.session is not None
+        try:
+            await self.session.done(request)
+        except bus.WireError as e:
+            if e.code is not ErrorCode.ENDED:
+                log.warning("a slot's release was refused", request=request, error=e.message)
+            self.inbox.put_nowait(Killed(request, "done", ()))  # (it ended already: its end was told or is lost)
+
+    async def _close(self) -> None:
+        """Nothing left to run: the session goes, and the farm's record."""
+        self.svc.farm_closing(self.sid, self)
+        with contextlib.suppress(Exception):
+            await self.svc.redis.hdel(keys.BATCH_FARMS, self.sid)
+        if self.session is not None:
+            await self.session.close()
+        log.info("farm done", array=self.sid, slots=self.core.asked)
+
+    async def _write_down(self) -> None:
+        assert self.session is not None
+        await self.svc.redis.hset(keys.BATCH_FARMS, self.sid, json.dumps({
+            "session": self.session.reply.model_dump(mode="json"), "asked": self.core.asked}))
+
+    # -- plumbing -------------------------------------------------------------------------------------
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _arm(self, at: float) -> None:
+        if self._wake is not None:
+            self._wake.cancel()
+        delay = max(0.0, at - self.svc.clock())
+        self._wake = asyncio.get_running_loop().call_later(delay, self.inbox.put_nowait, ("wake",))
