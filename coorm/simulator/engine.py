@@ -10,7 +10,12 @@ Rules:
   notification; a launcher that takes time to select uses a timer (adaptation delay);
 * the simulation ends when every non-background application has finished, or at ``until``.
 
-Every message between launchers and the RMS is counted, with its size encoded as CooRM §IV-B did.
+Every message between launchers and the RMS is counted, with its size encoded as CooRM §IV-B did (and,
+per application, what it is told: ``AppRecord.notifications``).
+
+With :class:`~coorm.simulator.delays.Delays` (optional; none: the instant RMS above), the delays of the
+live system are modelled -- notification and command latencies, paced views, process launch and exit,
+session opening -- as that module's rules say.
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from coorm.launchers.base import Close, ClusterProps, Done, Launcher, Submit, Timer, Views
-from coorm.launchers.delivery import ViewDeliverer, notice
+from coorm.launchers.base import Close, ClusterProps, Done, Launcher, Negotiate, Respond, Submit, Timer, Views
+from coorm.launchers.delivery import ViewDeliverer, answer, notice
 from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine.core import PolicySettings
+from coorm.services.policy_engine.view_pacing import ViewPacer
 from coorm.shared import events as ev
 from coorm.shared.requests import RequestType
 from coorm.simulator import cdr
+from coorm.simulator.delays import Delays
 
 
 class SimulationError(RuntimeError):
@@ -54,6 +61,9 @@ class AppRecord:
     started: float | None = None
     ended: float | None = None
     end_reason: str | None = None
+    heard_started: float | None = None  # when its launcher heard of its first start (= started, instant RMS)
+    notifications: int = 0  # what its launcher was told (views, starts, ends), and their CDR size
+    notification_bytes: int = 0
 
 
 @dataclass
@@ -81,6 +91,7 @@ class Simulation:
         *,
         validate: bool = False,
         strict: bool = True,
+        delays: Delays | None = None,
     ) -> None:
         self.cores = CoupledCores(settings, validate=validate)
         self.clusters = dict(clusters)
@@ -98,13 +109,29 @@ class Simulation:
         self._views = ViewDeliverer()  # what each launcher was told of its views
         self._waiting_arrivals = 0
         self._cpu = 0.0
+        # the live system's delays (None: the papers' instant RMS, and the code paths it always had)
+        self.delays = None if delays is None or delays.instant else delays
+        self._process_work: set[str] = set()
+        self._heard_by: dict[str, float] = {}  # app -> when its latest notification reaches it
+        self._applied_by: dict[str, float] = {}  # app -> when its latest command reaches the RMS
+        self._pacer: ViewPacer | None = None
+        if self.delays is not None and self.delays.view_period is not None:
+            self._pacer = ViewPacer(period=self.delays.view_period, rate=self.delays.view_rate)
+        self._round_at: float | None = None  # when the pending round of views is on the heap
+        self._session_over: set[str] = set()  # the RMS ended these sessions: they hear of nothing more
+        self._in_flight = 0  # commands sent that the RMS has not applied yet (the run waits for them)
+        self._kept: dict[str, int] = {}  # request -> nodes it kept from its predecessor (nothing to launch there)
         for name, n in clusters.items():
             self._feed(lambda name=name, n=n: self.cores.register(0.0, name, [f"{name}n{i}" for i in range(n)]))
 
     # -- set-up ---------------------------------------------------------------------------------------
-    def add(self, at: float, launcher: Launcher, name: str | None = None) -> None:
+    def add(self, at: float, launcher: Launcher, name: str | None = None, *, process_work: bool = False) -> None:
+        """``process_work``: the application's work is its processes (it ends when they exit): with delays,
+        its work starts ``launch`` after it hears of its start and it hears of the end ``exit`` later."""
         if launcher.app in self.launchers:
             raise ValueError(f"application {launcher.app} added twice")
+        if process_work:
+            self._process_work.add(launcher.app)
         self.launchers[launcher.app] = launcher
         self.apps[launcher.app] = AppRecord(name or launcher.app, launcher.kind, at)
         self._waiting_arrivals += 1
@@ -141,11 +168,13 @@ class Simulation:
         return self.result()
 
     def _all_done(self) -> bool:
-        return self._waiting_arrivals == 0 and all(
+        return self._waiting_arrivals == 0 and self._in_flight == 0 and all(
             launcher.finished or launcher.background for launcher in self.launchers.values()
         )
 
     def _fire(self, kind: str, app: str, data) -> None:
+        if self.delays is not None and self._fire_delayed(kind, app, data):
+            return
         launcher = self.launchers[app]
         if kind == "arrive":
             self._waiting_arrivals -= 1
@@ -174,6 +203,9 @@ class Simulation:
             if isinstance(c, Timer):
                 self._push(max(c.at, self.now), "timer", app, c.key)
                 continue
+            if self.delays is not None and self.delays.command > 0:
+                self._send_later(app, c)
+                continue
             if isinstance(c, Submit):
                 self._count(cdr.request(app, [(r.id, r.cluster, r.related_to) for r in c.requests]))
                 event = ev.Submit(at=self.now, app=app, requests=list(c.requests))
@@ -186,13 +218,39 @@ class Simulation:
                 if record.ended is None:
                     record.ended, record.end_reason = self.now, "finished"
                 event = ev.CloseSession(at=self.now, app=app)
+            elif isinstance(c, (Negotiate, Respond)):
+                self._negotiate(app, c, queue)
+                continue
             else:
                 raise SimulationError(f"{app} sent an unknown command {c!r}")
-            t0 = time.process_time()
-            decisions = self.cores.handle(event)
-            self._cpu += time.process_time() - t0
-            for later in self._dispatch(decisions, collect=True):
-                queue.append(later)
+            self._apply(event, queue)
+
+    def _apply(self, event, queue: deque) -> None:
+        """A launcher's command reaches the cores; what its launchers answer at once joins ``queue``."""
+        t0 = time.process_time()
+        decisions = self.cores.handle(event)
+        self._cpu += time.process_time() - t0
+        for later in self._dispatch(decisions, collect=True):
+            queue.append(later)
+
+    def _negotiate(self, app: str, c: Negotiate | Respond, queue: deque) -> None:
+        """A negotiation's message (a request/reply live): the launcher hears the policy core's answer at once;
+        what else the event caused is dispatched as any command's. A refused answer (an offer that lapsed
+        meanwhile) is part of the protocol, not a launcher's mistake: it is told, not raised."""
+        if isinstance(c, Negotiate):
+            self._count(cdr.close(c.terms.negotiation) + 48)  # (the terms: a few numbers and a list of sizes)
+            event: object = ev.Negotiate(at=self.now, app=app, terms=c.terms)
+        else:
+            self._count(cdr.close(c.offer) + 16)
+            event = ev.Respond(at=self.now, app=app, offer=c.offer, answer=c.answer, nodes=c.nodes)
+        t0 = time.process_time()
+        decisions = self.cores.handle(event)  # type: ignore[arg-type]
+        self._cpu += time.process_time() - t0
+        reply = answer(app, c, decisions[0]) if decisions else None
+        queue.extend(self._dispatch(decisions[1:], collect=True))
+        launcher = self.launchers.get(app)
+        if reply is not None and launcher is not None and not launcher.finished:
+            queue.extend((app, later) for later in getattr(launcher, reply.method)(self.now, *reply.args))
 
     def _dispatch(self, decisions, collect: bool = False):
         replies: list[tuple[str, object]] = []
@@ -200,7 +258,9 @@ class Simulation:
             kind = d.kind
             if kind == "rejected":
                 self.rejections.append((self.now, d.code.value, d.reason))
-                if self.strict:
+                # (with delays, a done that reaches the RMS after the request's walltime is the race the live
+                # runner ignores too: "ended")
+                if self.strict and not (self.delays is not None and d.code.value == "ended"):
                     raise SimulationError(f"t={self.now}: a launcher's command was refused: {d.reason}")
             elif kind == "start":
                 self.requests[d.request] = RequestRecord(d.app, d.request, d.type.value, d.cluster, d.nodes, d.at)
@@ -209,6 +269,8 @@ class Simulation:
                     record.started = d.at
             elif kind == "assigned":
                 self._count(cdr.start_notify(d.request, list(d.nodes)))
+                if d.kept:  # its NEXT predecessor's nodes: its processes run on there already
+                    self._kept[d.request] = len(d.kept)
             elif kind == "end":
                 rec = self.requests.get(d.request)
                 if rec is not None:
@@ -218,12 +280,21 @@ class Simulation:
                 if d.started and d.reason.value not in ("done", "next"):
                     self._count(cdr.close(d.request))  # a kill notification
             elif kind == "session_ended":
+                self._session_over.add(d.app)
+                if self._pacer is not None:
+                    self._pacer.ended(d.app)
                 launcher = self.launchers.get(d.app)
                 record = self.apps.get(d.app)
                 if record is not None and record.ended is None:
                     record.ended, record.end_reason = self.now, d.reason
                 if launcher is not None:
                     launcher.finished = True
+            elif kind == "views" and self._pacer is not None:
+                self._pacer.changed(d.apps)
+                self._schedule_round()
+            elif kind == "preempt" and self._pacer is not None:
+                self._pacer.changed((d.app,), urgent=True)
+                self._schedule_round()
             elif kind == "views":
                 for app in d.apps:
                     replies += self._send_views(app)
@@ -238,16 +309,148 @@ class Simulation:
 
     def _tell(self, app: str, method: str, *args) -> list[tuple[str, object]]:
         launcher = self.launchers.get(app)
-        if launcher is None or launcher.finished:
+        if launcher is None or app in self._session_over:
             return []
-        return [(app, c) for c in getattr(launcher, method)(self.now, *args)]
+        size = (cdr.start_notify(args[0], list(args[1])) if method == "on_start"
+                else cdr.close(getattr(args[0], "negotiation", args[0])))  # (on_offer: an OfferSeen)
+        if self.delays is not None:
+            self._hear_later(app, (method, args, size))
+            return []
+        return self._heard(app, method, args, size)
+
+    def _heard(self, app: str, method: str, args: tuple, size: int) -> list[tuple[str, object]]:
+        """The launcher hears of a decision now."""
+        launcher = self.launchers.get(app)
+        record = self.apps.get(app)
+        if launcher is None or record is None:
+            return []
+        record.notifications += 1  # (one that closed is still told until the RMS ends its session, as live)
+        record.notification_bytes += size
+        if launcher.finished:
+            return []
+        if method == "on_views":
+            return [(app, c) for c in launcher.on_views(args[0])]
+        if method == "ignored":  # a view it is sent and no longer follows
+            return []
+        if method == "on_start" and record.heard_started is None and args[1]:
+            record.heard_started = self.now
+        commands = getattr(launcher, method)(self.now, *args)
+        fresh = len(args[1]) - self._kept.pop(args[0], 0) if method == "on_start" else 0
+        if fresh > 0 and self.delays is not None:
+            # it launches its processes on the new nodes, hearing of nothing else meanwhile
+            busy = self.delays.launch + self.delays.launch_per_node * fresh
+            self._heard_by[app] = max(self._heard_by.get(app, -math.inf), self.now + busy)
+        if method == "on_start" and self.delays is not None and args[1] and app in self._process_work:
+            # its work's end is heard ``exit`` after start + work
+            commands = [Timer(c.at + self.delays.exit, c.key) if isinstance(c, Timer) else c for c in commands]
+        return [(app, c) for c in commands]
+
+    # -- the live system's delays (Delays) ------------------------------------------------------------
+    def _hear_later(self, app: str, notice_: tuple) -> None:
+        assert self.delays is not None
+        at = max(self.now + self.delays.notify, self._heard_by.get(app, -math.inf))  # in the order taken
+        self._heard_by[app] = at
+        self._push(at, "hear", app, notice_)
+
+    def _send_later(self, app: str, command) -> None:
+        assert self.delays is not None
+        at = max(self.now + self.delays.command, self._applied_by.get(app, -math.inf))  # in the order sent
+        self._applied_by[app] = at
+        self._in_flight += 1
+        if isinstance(command, Close):
+            record = self.apps[app]
+            if record.ended is None:  # the application ended when it closed, not when the RMS heard of it
+                record.ended, record.end_reason = self.now, "finished"
+        self._push(at, "command", app, command)
+
+    def _schedule_round(self) -> None:
+        assert self._pacer is not None
+        due = self._pacer.due_at()
+        if due is None:
+            return
+        at = max(due, self.now)
+        if self._round_at is None or at < self._round_at:
+            self._round_at = at
+            self._push(at, "round", "", None)
+
+    def _fire_delayed(self, kind: str, app: str, data) -> bool:
+        """Handle a delayed step (True), or leave ``kind`` to the instant RMS's code (False)."""
+        assert self.delays is not None
+        if kind == "arrive":
+            self._waiting_arrivals -= 1
+            self._count(cdr.subscribe(app))
+            self._applied_by[app] = self.now + self.delays.command
+            # (the session first: at equal times the heap keeps this order, and a later command queues after it)
+            self._push(self.now + self.delays.command, "command", app, "open")
+            self._in_flight += 1
+            self._push(self.now + self.delays.open, "opened", app, None)
+            self._heard_by[app] = self.now + self.delays.open  # its launcher runs first, then hears
+        elif kind == "opened":
+            self._run_commands(app, self.launchers[app].on_open(self.now, self.props))
+        elif kind == "command":
+            self._in_flight -= 1
+            self._command_arrives(app, data)
+        elif kind == "hear":
+            method, args, size = data  # (views keep the time of their round, as live: ChangeNotify.now)
+            for a, c in self._heard(app, method, args, size):
+                self._run_commands(a, [c])
+        elif kind == "round":
+            self._round_at = None
+            assert self._pacer is not None
+            round_ = self._pacer.take(self.now)
+            if round_ is not None:
+                for a in round_[0]:
+                    self._send_views(a)
+            self._schedule_round()
+        else:
+            return False
+        return True
+
+    def _command_arrives(self, app: str, c) -> None:
+        launcher = self.launchers[app]
+        if c == "open":
+            if self._pacer is not None:
+                self._pacer.opened(app)
+            self._feed(lambda: self.cores.handle(ev.OpenSession(at=self.now, app=app, app_kind=launcher.kind,
+                                                                   adapts=launcher.adapts_to_views)))
+            if self.delays.live_views and launcher.adapts_to_views:
+                # the SDK asks for its views as they stand once subscribed (the first round may have gone
+                # before it listened): the same views once more, which its launcher has from the round
+                schedule = self.cores.policy.schedule
+                steps = [(c, len(schedule.np_view(app, c).times)) for c in self.clusters]
+                steps += [(c, len(schedule.p_view(app, c).times)) for c in self.clusters if launcher.wants_preemptive]
+                self._hear_later(app, ("ignored", (), cdr.change_notify(steps)))
+            return
+        if isinstance(c, Submit):
+            self._count(cdr.request(app, [(r.id, r.cluster, r.related_to) for r in c.requests]))
+            event: object = ev.Submit(at=self.now, app=app, requests=list(c.requests))
+        elif isinstance(c, Done):
+            self._count(cdr.done(app, c.request, len(c.released)))
+            event = ev.Done(at=self.now, app=app, request=c.request, released=c.released)
+        elif isinstance(c, Close):
+            self._count(cdr.close(app))
+            event = ev.CloseSession(at=self.now, app=app)
+        elif isinstance(c, (Negotiate, Respond)):
+            answered: deque = deque()  # (its answer is heard at once: a request/reply)
+            self._negotiate(app, c, answered)
+            for a, later in answered:
+                self._run_commands(a, [later])
+            return
+        else:
+            raise SimulationError(f"{app} sent an unknown command {c!r}")
+        queue: deque = deque()
+        self._apply(event, queue)
+        for a, later in queue:
+            self._run_commands(a, [later])
 
     def _send_views(self, app: str) -> list[tuple[str, object]]:
         launcher = self.launchers.get(app)
         record = self.apps.get(app)
         if launcher is None or launcher.finished or record is None:
             return []
-        if record.started is not None and not launcher.views_after_start:
+        live_views = self.delays is not None and self.delays.live_views
+        follows = record.started is None or launcher.views_after_start
+        if not follows and not live_views:
             return []
         schedule = self.cores.policy.schedule
         np_views, p_views = {}, {}
@@ -260,9 +463,13 @@ class Simulation:
         changes = self._views.changes(app, {c: (np_views[c], p_views.get(c)) for c in self.clusters})
         if not changes:
             return []
-        self._count(cdr.change_notify([(c, len(view.times)) for c, _, view in changes]))
+        size = cdr.change_notify([(c, len(view.times)) for c, _, view in changes])
+        self._count(size)
         views = Views(self.now, np_views, p_views)
-        return [(app, c) for c in launcher.on_views(views)]
+        if self.delays is not None:
+            self._hear_later(app, ("on_views", (views,), size) if follows else ("ignored", (), size))
+            return []
+        return self._heard(app, "on_views", (views,), size)
 
     # -- results --------------------------------------------------------------------------------------
     def result(self) -> Result:

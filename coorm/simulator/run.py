@@ -70,7 +70,8 @@ def simulate(scenario: Scenario, options: ReplayOptions | None = None, *,
     if refuse:
         settings = settings.model_copy(update={"oversize_waits": False})
     # refusing: the core's too_large refusals are expected (and checked below), so they must not stop the run
-    sim = Simulation(scenario.sizes, settings, scenario.props(), validate=validate, strict=not refuse)
+    sim = Simulation(scenario.sizes, settings, scenario.props(), validate=validate, strict=not refuse,
+                     delays=scenario.delays)
     for p in planned:
         if p.launcher is not None:
             sim.add(p.at, p.launcher, p.name)

@@ -15,6 +15,8 @@ portable:
       - {kind: next, at: 0, cluster: c0, phases: [[4, 600], [8, 600]]}
     trace: {file: LLNL-Atlas-2006-2.1-cln, jobs: 200, skip: 0,
             moldable_fraction: 0.2, arrival_interval: 1.0, seed: 1}
+    delays: {notify: 0.02, command: 0.003, launch: 0.1, launch_per_node: 0.03, open: 0.04,
+             view_period: 0.1}        # optional: the live system's delays (coorm.simulator.delays)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from coorm.launchers import amr_model
 from coorm.launchers.base import ClusterProps, Launcher
 from coorm.services.policy_engine.core import PolicySettings
+from coorm.simulator.delays import Delays
 from coorm.simulator.trace import TraceJob, read_swf
 
 
@@ -152,6 +155,7 @@ class Scenario(_M):
     apps: list[AppSpec] = Field(default_factory=list)
     trace: TraceSpec | None = None
     until: float | None = Field(default=None, gt=0)
+    delays: Delays | None = None  # none: the papers' instant RMS
 
     @field_validator("clusters", mode="before")
     @classmethod

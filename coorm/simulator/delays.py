@@ -1,0 +1,55 @@
+"""What the live system adds between the cores and the launchers, for the simulator to model (optional).
+
+The papers' simulator -- and ours by default -- has an instant RMS: a launcher's command is applied when it
+is sent, a decision is heard when it is taken, views go out after every pass, and an application's work
+starts when it hears of its start. The live system is not instant (CooRM §IV-D measured its prototype
+against its simulator; ``coorm experiment twin`` measures ours): each of these is a delay of its own, with
+the names below. ``Delays()`` is that instant RMS (every delay 0, views after every pass): a simulation
+given it, or given nothing, keeps the papers' experiments' results.
+
+Rules the engine keeps when it models delays:
+* a launcher hears of the RMS's decisions in the order they were taken (each one ``notify`` later), and the
+  RMS applies a launcher's commands in the order they were sent (each one ``command`` later);
+* with a ``view_period``, views go out in rounds paced by the live policy engine's own pure core
+  (:class:`~coorm.services.policy_engine.view_pacing.ViewPacer`), computed as they stand at the round;
+* a launcher that hears of a start with nodes launches its processes there: for ``launch + launch_per_node
+  x nodes`` it hears of nothing else (the live runner handles one input at a time);
+* an application whose work is a process (``Simulation.add(..., process_work=True)``: the live runner ends it
+  when its processes exit) hears of its work's end ``exit`` after its start plus its work (its processes'
+  start within the launch, and their exits' reports): the timers it arms on its start fire ``exit`` later;
+* a new application's launcher runs ``open`` after it arrives (opening its session, asking the clusters'
+  properties); the RMS knows of its session ``command`` after it arrives;
+* ``live_views``: what a live session is sent, counted as live (the launcher acts on the same views): the
+  views as they stand when it opens (the SDK asks for them), and its views after it started too (a launcher
+  that no longer follows them ignores them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Delays:
+    notify: float = 0.0  # an RMS decision (start, end, views) -> the launcher hears of it
+    command: float = 0.0  # a launcher sends a command (open, request, done, close) -> the policy core applies it
+    launch: float = 0.0  # a start heard -> its processes launched on its nodes: launch + launch_per_node x nodes
+    launch_per_node: float = 0.0
+    exit: float = 0.0  # process work: its end is heard this long after its start heard + its work
+    open: float = 0.0  # an application arrives -> its launcher has a session and the clusters' properties
+    view_period: float | None = None  # None: views after every pass; else at most a round per period
+    view_rate: float = 2000.0  # ... and at most this many view notifications a second (the live defaults)
+    live_views: bool = False  # count the views a live session is sent beyond what its launcher follows
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, bool) and value is not None and value < 0:
+                raise ValueError(f"delay {name} must be >= 0, not {value}")
+
+    @property
+    def instant(self) -> bool:
+        """The papers' RMS: nothing to model."""
+        return self == Delays()
+
+    def describe(self) -> dict[str, float | None]:
+        return asdict(self)

@@ -1,0 +1,113 @@
+"""The simulator's model of the live system's delays (:class:`coorm.simulator.delays.Delays`): off, it is the
+papers' instant RMS, bit for bit; on, each delay moves what it should by what it should -- worked out by
+hand on one or two applications on an idle cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from coorm.launchers.moldable import MoldableLauncher
+from coorm.launchers.psa import PSALauncher
+from coorm.launchers.rigid import RigidLauncher
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.simulator.delays import Delays
+from coorm.simulator.engine import Simulation
+
+# passes at once (no fair-start hold, a burst of passes allowed): a start is decided when its request arrives
+QUIET = PolicySettings(fair_start=0.0, reschedule_interval=1.0, pass_burst=16)
+
+
+def one_rigid(delays: Delays | None, *, process_work: bool = False, at: float = 10.0):
+    sim = Simulation({"c0": 4}, QUIET, delays=delays)
+    sim.add(at, RigidLauncher("r", "c0", 2, 100.0, runtime=5.0), process_work=process_work)
+    return sim.run()
+
+
+def mixed(delays: Delays | None):
+    sim = Simulation({"c0": 8}, PolicySettings(fair_start=1.0, reschedule_interval=0.2, pass_burst=16),
+                     delays=delays)
+    sim.add(0.0, PSALauncher("psa", "c0", task_duration=3.0))
+    sim.add(1.0, RigidLauncher("r1", "c0", 4, 30.0, runtime=4.0))
+    sim.add(2.0, MoldableLauncher("m", "c0", [(2, 8.0), (4, 4.0), (8, 2.0)]))
+    sim.add(2.5, RigidLauncher("r2", "c0", 6, 30.0, runtime=3.0))
+    return sim.run()
+
+
+def outline(result) -> list[tuple]:
+    return [(a.name, a.started, a.ended, a.notifications, a.notification_bytes) for a in result.apps.values()] + [
+        (r.request, r.nodes, r.start, r.end) for r in result.requests] + [(result.messages, result.bytes)]
+
+
+def test_no_delays_is_the_instant_rms_of_the_papers():
+    assert Delays().instant
+    assert outline(mixed(None)) == outline(mixed(Delays()))
+    r = one_rigid(None)
+    assert r.apps["r"].started == r.apps["r"].heard_started == 10.0 and r.apps["r"].ended == 15.0
+
+
+def test_a_command_reaches_the_rms_late_and_a_decision_reaches_the_launcher_late():
+    r = one_rigid(Delays(command=0.3, notify=0.5))
+    app = r.apps["r"]
+    assert app.started == pytest.approx(10.3)  # its request reached the policy core
+    assert app.heard_started == pytest.approx(10.8)  # ... whose start it heard of notify later
+    assert app.ended == pytest.approx(15.8)  # its work (5 s) from when it heard, then it closed
+    (req,) = r.requests
+    assert req.end == pytest.approx(16.1)  # the RMS freed its nodes when its done arrived
+
+
+def test_opening_a_session_delays_the_launchers_first_request():
+    app = one_rigid(Delays(open=0.25, command=0.1)).apps["r"]
+    assert app.started == pytest.approx(10.35)
+
+
+def test_process_work_is_heard_to_end_exit_later_and_only_for_process_work():
+    d = Delays(exit=0.4, launch=0.2)
+    assert one_rigid(d, process_work=True).apps["r"].ended == pytest.approx(15.4)
+    assert one_rigid(d, process_work=False).apps["r"].ended == pytest.approx(15.0)
+
+
+def test_a_launcher_launching_hears_of_nothing_else_meanwhile():
+    """A rigid job whose walltime (1 s) ends while it still launches on its 2 nodes (1 + 2 x 1 s): it hears
+    of the end once the launch is over, as the live runner, which handles one input at a time."""
+    sim = Simulation({"c0": 4}, QUIET, delays=Delays(launch=1.0, launch_per_node=1.0, notify=0.1))
+    sim.add(0.0, RigidLauncher("r", "c0", 2, 1.0))
+    r = sim.run()
+    assert r.apps["r"].heard_started == pytest.approx(0.1)
+    assert r.apps["r"].ended == pytest.approx(0.1 + 3.0)  # heard its end (at 1.1) only after launching
+
+
+def test_views_paced_in_rounds_are_fewer_and_come_later():
+    instant, paced = mixed(Delays(notify=1e-9)), mixed(Delays(notify=1e-9, view_period=2.0))
+    psa_i, psa_p = instant.apps["psa"], paced.apps["psa"]
+    assert psa_p.notifications < psa_i.notifications
+    assert all(a.ended is not None for n, a in paced.apps.items() if n != "psa")
+
+
+def test_live_views_counts_what_a_live_session_is_sent_and_changes_no_decision():
+    base, live = Delays(notify=0.01, command=0.01), Delays(notify=0.01, command=0.01, live_views=True)
+    a, b = mixed(base), mixed(live)
+    assert [(r.request, r.start, r.end) for r in a.requests] == [(r.request, r.start, r.end) for r in b.requests]
+    assert b.apps["m"].notifications > a.apps["m"].notifications  # the query on opening, views after start
+    assert b.apps["r1"].notifications > a.apps["r1"].notifications
+
+
+def test_negative_delays_are_refused():
+    with pytest.raises(ValueError):
+        Delays(notify=-1.0)
+
+
+def test_a_scenario_file_may_model_the_delays(tmp_path):
+    from coorm.simulator.run import simulate
+    from coorm.simulator.scenario import load
+
+    text = ("clusters: {c0: 4}\npolicy: {fair_start: 0, reschedule_interval: 1, pass_burst: 16}\n"
+            "apps:\n  - {kind: rigid, at: 10, cluster: c0, nodes: 2, duration: 100, runtime: 5}\n")
+    (tmp_path / "instant.yaml").write_text(text)
+    (tmp_path / "delayed.yaml").write_text(text + "delays: {command: 0.3, notify: 0.5}\n")
+    instant, _ = simulate(load(tmp_path / "instant.yaml"))
+    delayed, _ = simulate(load(tmp_path / "delayed.yaml"))
+    assert instant.apps["a1"].heard_started == pytest.approx(10.0)
+    assert delayed.apps["a1"].heard_started == pytest.approx(10.8)
+    (tmp_path / "bad.yaml").write_text(text + "delays: {notify: -1}\n")
+    with pytest.raises(ValueError):
+        load(tmp_path / "bad.yaml")
