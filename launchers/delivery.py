@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from coorm.shared.events import EndRequest, NodesAssigned, StartRequest
+from coorm.launchers.base import Negotiate, OfferSeen, Respond
+from coorm.shared.events import Accepted, EndRequest, NodesAssigned, Offered, OfferLapsed, Rejected, StartRequest
+from coorm.shared.negotiation import Answer
 from coorm.shared.requests import RequestType
 from coorm.shared.stepfn import StepFunction
 
@@ -18,7 +20,7 @@ from coorm.shared.stepfn import StepFunction
 @dataclass(frozen=True)
 class Notice:
     app: str
-    method: Literal["on_start", "on_end"]
+    method: Literal["on_start", "on_end", "on_offer", "on_accepted"]
     args: tuple
 
 
@@ -31,7 +33,35 @@ def notice(d: object) -> Notice | None:
         return Notice(d.app, "on_start", (d.request, ()))
     if isinstance(d, EndRequest) and d.started:
         return Notice(d.app, "on_end", (d.request, d.reason.value))
+    # the policy engine's own notifications (notify.offer): an offer made in a pass, a lapse
+    if isinstance(d, Offered) and d.unsolicited:
+        return Notice(d.app, "on_offer", (seen(d),))
+    if isinstance(d, OfferLapsed):
+        return Notice(d.app, "on_offer", (OfferSeen(d.negotiation, d.offer, lapsed=True),))
     return None
+
+
+def seen(d: Offered) -> OfferSeen:
+    return OfferSeen(d.negotiation, d.offer, d.nodes, d.start, d.deadline)
+
+
+def answer(app: str, command: Negotiate | Respond, reply: object) -> Notice | None:
+    """The launcher call the policy core's reply to a negotiation's message becomes, as the SDK's
+    ``negotiate`` / ``respond`` returns it live (``LiveRunner``): an offer, an accepted request, a standing
+    negotiation waiting, a refusal (a lapse among them); None for a reject's answer."""
+    negotiation = command.terms.negotiation if isinstance(command, Negotiate) else command.offer.rsplit(".o", 1)[0]
+    if isinstance(reply, Offered):
+        return Notice(app, "on_offer", (seen(reply),))
+    if isinstance(reply, Rejected):
+        lapsed = reply.code.value == "offer_lapsed"
+        offer = command.offer if isinstance(command, Respond) else None
+        return Notice(app, "on_offer", (OfferSeen(negotiation, offer, lapsed=lapsed,
+                                                  refused=None if lapsed else reply.code.value),))
+    if isinstance(reply, Accepted) and reply.requests:
+        return Notice(app, "on_accepted", (negotiation, reply.requests[0]))
+    if isinstance(command, Respond) and command.answer is Answer.REJECT:
+        return None
+    return Notice(app, "on_offer", (OfferSeen(negotiation, waiting=True),))  # standing, nothing now
 
 
 class ViewDeliverer:

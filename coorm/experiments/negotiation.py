@@ -176,10 +176,12 @@ async def _round_trips(settings, repeats: int) -> list[dict]:
                 t0 = time.perf_counter()
                 offer = await app.negotiate(terms)
                 for i in range(k - 1):
+                    assert offer.offer is not None
                     reply = await app.respond(offer.offer, "counter", 7 - i)
                     assert reply.offer is not None and reply.offer.nodes == 7 - i
                     offer = reply.offer
                 times[k].append(time.perf_counter() - t0)
+                assert offer.offer is not None
                 await app.respond(offer.offer, "reject")
         rows += [{"row": "rtt", "rounds": k, "paper_ms": PAPER_MS[k], **_ms("live", times[k])} for k in PAPER_MS]
         rows.append({"row": "heartbeat", **_ms("live", beats)})
