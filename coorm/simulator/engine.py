@@ -203,7 +203,8 @@ class Simulation:
             if isinstance(c, Timer):
                 self._push(max(c.at, self.now), "timer", app, c.key)
                 continue
-            if self.delays is not None and self.delays.command > 0:
+            # (a negotiation is a request/reply live: its latency is not modelled, it is answered at once)
+            if self.delays is not None and self.delays.command > 0 and isinstance(c, (Submit, Done, Close)):
                 self._send_later(app, c)
                 continue
             if isinstance(c, Submit):
