@@ -161,8 +161,8 @@ def _simulate_report(console: Console, scenario: Path, summary: dict | None, doc
 
 EXPERIMENTS: tuple[str, ...]  # (the experiments are listed once; each adds a name)
 EXPERIMENTS = ("coorm_fig6", "coorm_fig7", "coorm_fairstart_idle", "coormv2_fig3_4", "coormv2_fig9", "coormv2_fig10",
-               "coormv2_fig11", "koala_pra", "koala_pwa")
-EXPERIMENTS += ("negotiation",)  # the adaptive-RMS paper's, live
+               "coormv2_fig11", "koala_pra", "koala_pwa", "twin")
+EXPERIMENTS += ("negotiation", "malleable_fraction")  # issue 15's: the adaptive-RMS paper's, live; a PWA trace
 
 
 def _experiments() -> dict:

@@ -1,0 +1,286 @@
+"""The simulator against the live system (CooRM Fig. 8, done better): one scenario live and simulated.
+
+The same applications (:mod:`.twin_workload`: rigid, moldable, CEM, PSA, AMR, NEXT, the shipped launcher
+objects; rigid jobs' work a real ``sleep``) run over ``coorm up`` -- nats-server, valkey, every service,
+one agent per cluster starting and killing real processes (:mod:`.twin_live`) -- and then twice in the
+simulator with the same cores (:mod:`.twin_sim`): as the papers simulate (an instant RMS), and with the
+live system's delays (:class:`~coorm.simulator.delays.Delays`: notification and command latencies, view
+pacing, process launch and exit, session opening) calibrated from the live run's own measurements, which
+are stored with the results (``experiments/twin.json``). Per application: when it heard of its start, when
+it ended, the node-seconds it held, its notifications and their bytes, side by side; the distribution of
+the differences (median, p95, max); the paper's Fig. 8 (traffic and CPU, live over simulated).
+
+The stated tolerance: the calibrated simulator's starts agree with the live ones within
+:data:`TOLERANCE_P95_START` seconds at the 95th percentile of the applications; the run says whether it held.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from coorm.experiments import common
+from coorm.experiments import twin_sim as tsim
+from coorm.experiments.twin_workload import CLUSTERS, ENV, QUICK_CLUSTERS, workload
+
+NAME = "twin"
+TOLERANCE_P95_START = 1.0  # seconds: p95 over the applications of |start live - start simulated|
+MODELS = ("instant", "calibrated")  # the papers' simulator; with the live run's delays
+
+
+def _r(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """median, p95 and max of ``values`` (absolute differences), ``n`` of them."""
+    v = sorted(values)
+    if not v:
+        return {"n": 0, "median": float("nan"), "p95": float("nan"), "max": float("nan")}
+    p95 = v[min(len(v) - 1, max(0, int(round(0.95 * len(v) + 0.5)) - 1))]  # nearest rank
+    return {"n": len(v), "median": statistics.median(v), "p95": p95, "max": v[-1]}
+
+
+def run(out: Path, quick: bool = False) -> list[dict]:
+    """The quick run: one live run. The full one: two, the second to measure how far the live system is from
+    itself (the noise floor of any comparison) and to check the calibration on a run it was not taken from."""
+    from coorm.experiments import twin_live
+
+    clusters = QUICK_CLUSTERS if quick else CLUSTERS
+    specs = workload(quick)
+    runs = [twin_live.run(specs, clusters, ENV, limit=120.0 if quick else 900.0) for _ in range(1 if quick else 2)]
+    rows = compare(specs, clusters, runs[0], runs[1] if len(runs) > 1 else None)
+    common.write_csv(out / f"{NAME}.csv", [r for r in rows if r["row"] == "app"])
+    plot(rows, out / f"{NAME}.png")
+    return rows
+
+
+def completed(app, spec) -> bool:
+    """The application did its work live: a rigid job's processes all exited 0; the other kinds' work is
+    their timers, and a launch refused on nodes their request no longer held (it ended or was cancelled
+    between its start and the launch: ``not_owner``) is a race, not a failure. A PSA ends with the run."""
+    if app.error is not None:
+        return False
+    if spec.process_work:
+        return app.exit_code == 0
+    return spec.kind == "psa" or all("not_owner" in r for r in app.refused)
+
+
+def _live_half(live, spec) -> dict:
+    la = live.apps[spec.name]
+    return {"start": _r(la.heard_started), "end": _r(la.ended) if spec.kind != "psa" else None,
+            "node_s": _r(tsim.node_seconds(live.requests, spec.name, live.wall), 1),
+            "notes": la.notifications, "bytes": la.notification_bytes,
+            "choice": tsim.first_choice(live.requests, spec.name), "resubmissions": la.resubmissions}
+
+
+def _sim_half(sim: tsim.SimRun, spec) -> dict:
+    rec = sim.result.apps[spec.name]
+    return {"start": _r(rec.heard_started), "end": _r(rec.ended) if spec.kind != "psa" else None,
+            "node_s": _r(tsim.node_seconds(sim.requests, spec.name, sim.result.now), 1),
+            "notes": rec.notifications, "bytes": rec.notification_bytes,
+            "choice": tsim.first_choice(sim.requests, spec.name),
+            "resubmissions": getattr(sim.result.launchers[spec.name], "resubmissions", None)}
+
+
+def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
+    """The rows of the experiment: the run, the delays measured (on ``live``), each application live and
+    simulated (and live ``again``), the distributions of the differences from ``live``, Fig. 8."""
+    settings = tsim.policy(live.settings)
+    delays = tsim.calibrate(live.delays, live.settings)
+    sims = {"instant": tsim.simulate(specs, clusters, settings),
+            "calibrated": tsim.simulate(specs, clusters, settings, delays)}
+    others = [*MODELS, *(["again"] if again is not None else [])]
+    apps: list[dict] = []
+    for s in specs:
+        la = live.apps[s.name]
+        row: dict = {"row": "app", "name": s.name, "kind": s.kind, "arrived": s.at, "live_ok": completed(la, s),
+                     "live_exit": la.exit_code, "live_refused": la.refused[:1], "live_error": la.error}
+        halves = {"live": _live_half(live, s), **{m: _sim_half(sims[m], s) for m in MODELS}}
+        if again is not None:
+            halves["again"] = _live_half(again, s)
+            row["live_ok"] = row["live_ok"] and completed(again.apps[s.name], s)
+        for half, values in halves.items():
+            row.update({f"{half}_{k}": v for k, v in values.items()})
+        apps.append(row)
+    # (up to the end of the last application each run waited for: the PSAs' share after it is the run's end)
+    horizon = min([max((a[f"{h}_end"] or 0.0) for a in apps) for h in ["live", *others]])
+    curves = {"live": tsim.held_curve(live.requests, horizon),
+              **{m: tsim.held_curve(sims[m].requests, horizon) for m in MODELS}}
+    if again is not None:
+        curves["again"] = tsim.held_curve(again.requests, horizon)
+    diffs: list[dict] = []
+    for m in others:
+        for what, key in (("start (s)", "start"), ("end (s)", "end"), ("node-seconds", "node_s"),
+                          ("notifications", "notes")):
+            d = [abs(a[f"live_{key}"] - a[f"{m}_{key}"]) for a in apps
+                 if a[f"live_{key}"] is not None and a[f"{m}_{key}"] is not None
+                 and not (key == "node_s" and a["kind"] == "psa")]  # (a PSA's share runs to each run's end)
+            diffs.append({"row": "diff", "what": what, "model": m, **{k: _r(v) for k, v in spread(d).items()}})
+        diffs.append({"row": "diff", "what": "nodes held, every 0.5 s", "model": m,
+                      **{k: _r(v) for k, v in spread([abs(x - y) for x, y in
+                                                     zip(curves["live"], curves[m], strict=True)]).items()}})
+        adaptive = [a for a in apps if a["kind"] in ("moldable", "cem")]
+        differ = [a for a in adaptive if a["live_choice"] != a[f"{m}_choice"]]
+        diffs.append({"row": "diff", "what": "moldable and CEM choices that differ", "model": m, "n": len(adaptive),
+                      "median": None, "p95": None, "max": None, "count": len(differ)})
+        # until an adaptive launcher chooses differently, both run the same schedule, shifted by the delays;
+        # after, they run two different (valid) schedules
+        first = min((a["arrived"] for a in differ), default=float("inf"))
+        d = [abs(a["live_start"] - a[f"{m}_start"]) for a in apps if a["arrived"] < first
+             and a["live_start"] is not None and a[f"{m}_start"] is not None]
+        diffs.append({"row": "diff", "what": "start (s), before the first choice that differs", "model": m,
+                      **{k: _r(v) for k, v in spread(d).items()}, "until": None if first == float("inf") else first})
+    # how sensitive the schedule itself is: the calibrated simulator against itself with every delay 10 % longer
+    perturbed = tsim.simulate(specs, clusters, settings, tsim.scaled(delays, 1.1))
+    d = [abs(perturbed.result.apps[a["name"]].heard_started - a["calibrated_start"]) for a in apps
+         if a["calibrated_start"] is not None and perturbed.result.apps[a["name"]].heard_started is not None]
+    diffs.append({"row": "diff", "what": "start (s), against itself with every delay +10 %", "model": "calibrated",
+                  **{k: _r(v) for k, v in spread(d).items()}})
+    if again is not None:  # the calibration checked on the run it was not taken from
+        d = [abs(a["again_start"] - a["calibrated_start"]) for a in apps
+             if a["again_start"] is not None and a["calibrated_start"] is not None]
+        diffs.append({"row": "diff", "what": "start (s), against the second live run", "model": "calibrated",
+                      **{k: _r(v) for k, v in spread(d).items()}})
+    # the schedule as a whole: waits (start - arrival) and the last end, whatever application had which
+    dist: list[dict] = []
+    for h in ["live", *others]:
+        waits = [a[f"{h}_start"] - a["arrived"] for a in apps if a[f"{h}_start"] is not None]
+        dist.append({"row": "dist", "model": h, "mean_wait": _r(statistics.fmean(waits)),
+                     "median_wait": _r(statistics.median(waits)), "p95_wait": _r(spread(waits)["p95"]),
+                     "last_end": _r(max((a[f"{h}_end"] or 0.0) for a in apps))})
+    start = {d["model"]: d for d in diffs if d["what"] == "start (s)"}
+    rows: list[dict] = [{
+        "row": "run", "apps": len(specs), "clusters": ",".join(f"{c}={n}" for c, n in clusters.items()),
+        "live_runs": 1 + (again is not None), "live_wall_s": _r(live.wall, 1),
+        "live_failed": sum(not a["live_ok"] for a in apps), "tolerance_p95_start_s": TOLERANCE_P95_START,
+        "p95_start_instant": start["instant"]["p95"], "p95_start_calibrated": start["calibrated"]["p95"],
+        "p95_start_again": start["again"]["p95"] if again is not None else None,
+        "holds": bool(start["calibrated"]["p95"] <= TOLERANCE_P95_START), "settings": live.settings}]
+    used = delays.describe()
+    for name, samples in live.delays.items():
+        if name == "launch_nodes":
+            continue
+        sp = spread(samples)
+        rows.append({"row": "delay", "delay": name, "n": sp["n"], "median": _r(sp["median"]),
+                     "p95": _r(sp["p95"]), "max": _r(sp["max"]),
+                     "used": _r(used.get({"work_overhead": "exit"}.get(name, name)))})
+    rows.append({"row": "delay", "delay": "launch_per_node", "n": None, "median": None, "p95": None, "max": None,
+                 "used": _r(delays.launch_per_node, 4)})
+    rows += diffs + dist
+    live_bytes, live_notes = sum(a["live_bytes"] for a in apps), sum(a["live_notes"] for a in apps)
+    live_cpu = live.cpu_system + live.cpu_launchers
+    for m in MODELS:
+        sim_bytes, sim_notes = sum(a[f"{m}_bytes"] for a in apps), sum(a[f"{m}_notes"] for a in apps)
+        rows.append({"row": "fig8", "what": "notification bytes", "model": m, "live": live_bytes, "sim": sim_bytes,
+                     "ratio": _r(live_bytes / sim_bytes if sim_bytes else float("nan"))})
+        rows.append({"row": "fig8", "what": "notifications", "model": m, "live": live_notes, "sim": sim_notes,
+                     "ratio": _r(live_notes / sim_notes if sim_notes else float("nan"))})
+        rows.append({"row": "fig8", "what": "CPU seconds", "model": m, "live": _r(live_cpu, 2),
+                     "sim": _r(sims[m].cpu, 2), "ratio": _r(live_cpu / sims[m].cpu if sims[m].cpu else float("nan"), 1),
+                     "live_system": _r(live.cpu_system, 2), "live_launchers": _r(live.cpu_launchers, 2),
+                     "live_by_process": {k: _r(v, 2) for k, v in sorted(live.cpu_by_process.items())}})
+    return rows + apps
+
+
+# ======================================================================================================
+# EXPERIMENTS.md
+# ======================================================================================================
+def _f(x, digits: int = 2) -> str:
+    return "—" if x is None or x != x else f"{x:.{digits}f}"
+
+
+MODEL_NAMES = {"instant": "instant (the papers')", "calibrated": "calibrated", "again": "live, run again"}
+
+
+def markdown(rows: list[dict]) -> dict[str, str]:
+    run_ = next(r for r in rows if r["row"] == "run")
+    s = run_["settings"]
+    again = run_["p95_start_again"]
+    head = (f"{run_['apps']} applications on {run_['clusters']} emulated nodes; {run_['live_runs']} live run(s), the "
+            f"first {run_['live_wall_s']} s (re-scheduling interval {s['reschedule_interval']:g} s, fair start "
+            f"{s['fair_start']:g} s, preemption grace {s['preempt_grace']:g} s, view period {s['view_period']:g} s); "
+            f"applications that did not complete live: {run_['live_failed']}. Tolerance: p95 |Δstart| ≤ "
+            f"{run_['tolerance_p95_start_s']:g} s for the calibrated simulator — "
+            f"**{'holds' if run_['holds'] else 'does not hold'}** (p95 {_f(run_['p95_start_calibrated'])} s; the "
+            f"papers' instant simulator: {_f(run_['p95_start_instant'])} s"
+            + (f"; the live system against itself, run again: {_f(again)} s" if again is not None else "") + ").")
+    prefix = {d["model"]: d for d in rows if d["row"] == "diff"
+              and d["what"] == "start (s), before the first choice that differs"}
+    cal = prefix["calibrated"]
+    head += (f" Before the first moldable or CEM choice that differs from the live run's (the {cal['n']} "
+             f"applications that arrive before {_f(cal['until'], 1)} s): p95 |Δstart| {_f(cal['p95'])} s calibrated, "
+             f"{_f(prefix['instant']['p95'])} s instant"
+             + (f", {_f(prefix['again']['p95'])} s for the live system run again" if "again" in prefix else "") + ".")
+    delays = md_delays([r for r in rows if r["row"] == "delay"])
+    diffs = common.md_table(
+        ["live (first run) against", "difference (absolute)", "n", "median", "p95", "max"],
+        [[MODEL_NAMES[d["model"]], d["what"], d["n"], _f(d["median"]), _f(d["p95"]), _f(d["max"])]
+         if "count" not in d else [MODEL_NAMES[d["model"]], d["what"], d["n"], f"{d['count']} differ", "", ""]
+         for d in sorted((d for d in rows if d["row"] == "diff"), key=lambda d: (d["what"], d["model"]))])
+    diffs += "\n\n" + common.md_table(
+        ["the schedule as a whole", "mean wait (s)", "median wait (s)", "p95 wait (s)", "last end (s)"],
+        [[{"live": "live (first run)", **MODEL_NAMES}[d["model"]], _f(d["mean_wait"]), _f(d["median_wait"]),
+          _f(d["p95_wait"]), _f(d["last_end"])] for d in rows if d["row"] == "dist"])
+    fig8 = common.md_table(
+        ["Fig. 8", "simulator", "live", "simulated", "live / simulated", "paper (CORBA prototype)"],
+        [[r["what"], r["model"], r["live"], r["sim"], _f(r["ratio"]),
+          {"notification bytes": "up to 1.5", "CPU seconds": "up to 3.3", "notifications": "—"}[r["what"]]]
+         for r in rows if r["row"] == "fig8"])
+    cpu = next(r for r in rows if r["row"] == "fig8" and r["what"] == "CPU seconds")
+    by = ", ".join(f"{k} {v:g}" for k, v in sorted(cpu["live_by_process"].items(), key=lambda kv: -kv[1]))
+    fig8 += (f"\n\nLive CPU seconds: {cpu['live_system']} in the system's processes ({by}), "
+             f"{cpu['live_launchers']} in the launchers' process.")
+    has_again = any("again_start" in a for a in rows if a["row"] == "app")
+    header = ["app", "kind", "arrives", "start live", *(["again"] if has_again else []), "instant", "calibrated",
+              "end live", "calibrated", "nodes chosen live", "calibrated", "node-s live", "calibrated",
+              "notif. live", "calibrated", "bytes live", "CDR sim"]
+    apps = common.md_table(header, [
+        [a["name"], a["kind"], _f(a["arrived"]), _f(a["live_start"]), *([_f(a["again_start"])] if has_again else []),
+         _f(a["instant_start"]), _f(a["calibrated_start"]), _f(a["live_end"]), _f(a["calibrated_end"]),
+         a["live_choice"], a["calibrated_choice"], _f(a["live_node_s"], 1), _f(a["calibrated_node_s"], 1),
+         a["live_notes"], a["calibrated_notes"], a["live_bytes"], a["calibrated_bytes"]]
+        for a in rows if a["row"] == "app"])
+    return {"twin-summary": head + "\n\n" + delays, "twin-diffs": diffs, "twin-fig8": fig8,
+            "twin-apps": "<details><summary>every application, side by side</summary>\n\n" + apps + "\n\n</details>"}
+
+
+def md_delays(delays: list[dict]) -> str:
+    what = {"notify": "a start decided → its launcher hears of it",
+            "command": "a request sent → the policy core applies it",
+            "launch": "a start heard → every agent answered its launches (the launcher is busy)",
+            "work_overhead": "a rigid job: start heard → last exit heard, minus its work (the simulator's exit)",
+            "open": "arrival → the launcher runs (session open, clusters' properties)",
+            "views": "a round of views → its launcher hears of it",
+            "launch_per_node": "a launch's time per node (a line fitted to the launches' times)"}
+    return common.md_table(
+        ["delay (live)", "what", "samples", "median (s)", "p95 (s)", "max (s)", "simulator uses (s)"],
+        [[d["delay"], what.get(d["delay"], ""), "—" if d["n"] is None else d["n"], _f(d["median"], 3),
+          _f(d["p95"], 3), _f(d["max"], 3), "paced as live (view period)" if d["delay"] == "views"
+          else _f(d["used"], 4 if d["delay"] == "launch_per_node" else 3)] for d in delays])
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    apps = [a for a in rows if a["row"] == "app" and a["live_start"] is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ax = axes[0]
+    for m, colour in zip(MODELS, ("#d62728", "#1f77b4"), strict=True):
+        d = sorted(abs(a["live_start"] - a[f"{m}_start"]) for a in apps if a[f"{m}_start"] is not None)
+        ax.step(d, [(i + 1) / len(d) for i in range(len(d))], where="post", color=colour, label=f"{m} simulator")
+    ax.set_xscale("symlog", linthresh=0.1)
+    ax.set_xlabel("|start live − start simulated| (s)")
+    ax.set_ylabel("fraction of applications")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    f8 = [r for r in rows if r["row"] == "fig8" and r["what"] != "notifications"]
+    labels = [f"{r['what']}\n({r['model']})" for r in f8]
+    ax.bar(range(len(f8)), [r["ratio"] for r in f8], color="#7f7f7f")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(f8)), labels, fontsize=7)
+    ax.set_ylabel("live / simulated")
+    ax.set_title("CooRM Fig. 8: traffic and CPU")
+    fig.suptitle("The simulator against the live system (coorm experiment twin)")
+    common.save(fig, path)

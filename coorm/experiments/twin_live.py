@@ -1,0 +1,243 @@
+"""The twin's live half: the scenario over ``coorm up`` (nats-server, valkey, every service, one node agent
+per cluster starting and killing real processes), each application through the shipped launcher object
+and :class:`~coorm.launchers.live.LiveRunner` -- and what the simulator needs to model it, measured.
+
+What is measured, per application (times in seconds after the run's start):
+* ``arrived`` (its scheduled arrival), ``opened`` (its launcher runs: session open, clusters' properties
+  asked), when it heard of its first start and when it ended; its notifications and their bytes (what its
+  session received); its requests' lives as the policy engine published them (``coorm.lifecycle``: start
+  and end of each, decided when, with how many nodes);
+and the delays (each a list of samples):
+* ``notify``: a start decided (lifecycle ``started_at``) -> its launcher hears of it;
+* ``command``: a launcher sends a request -> the policy core applies it (lifecycle ``submitted_at``);
+* ``launch``: an application heard of a start -> every agent answered its launches there (and
+  ``launch_nodes``: on how many nodes);
+* ``work_overhead``: a rigid job heard of its start -> it heard of its last process's exit, minus its WORK:
+  the launch and exit delays together (the exit delay is what is left after the launch's);
+* ``open``: arrival -> the launcher runs;
+* ``views``: a round of views published (``ChangeNotify.now``) -> the launcher hears of it;
+and the CPU seconds of every process of the system (services, agents, servers) and of this one (the
+launchers), for CooRM's Fig. 8(b).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+
+from coorm.experiments.twin_workload import TwinApp, launcher, props
+from coorm.launchers.kinds import BY_NAME
+from coorm.launchers.live import LiveRunner
+from coorm.launchers.sdk import Exited, Session, Started, ViewsChanged
+from coorm.shared import bus, subjects
+from coorm.shared.endpoints import Role
+from coorm.shared.protocol import Lifecycle, LifecycleKind
+from coorm.shared.settings import Settings
+
+
+@dataclass
+class LiveApp:
+    name: str
+    kind: str
+    arrived: float
+    app: str = ""
+    opened: float | None = None
+    heard_started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    notifications: int = 0
+    notification_bytes: int = 0
+    resubmissions: int | None = None  # a moldable or CEM launcher's: how often it chose again before its start
+    refused: list[str] = field(default_factory=list)  # what the RMS or an agent refused it (LiveRunner's)
+    error: str | None = None
+
+
+@dataclass
+class LiveRun:
+    apps: dict[str, LiveApp]
+    requests: list[dict]  # name, request, type, nodes, start, end (RMS-side, lifecycle)
+    delays: dict[str, list[float]]
+    cpu_system: float
+    cpu_launchers: float
+    cpu_by_process: dict[str, float]
+    wall: float
+    settings: dict = field(default_factory=dict)
+
+
+class _TimedRunner(LiveRunner):
+    """A LiveRunner that notes when it hears of each input and sends each command (for the delays)."""
+
+    def __init__(self, *a, t0: float, spec: TwinApp, measure: dict[str, list[float]], **kw) -> None:
+        super().__init__(*a, **kw)
+        self.t0, self.spec, self.measure = t0, spec, measure
+        self.sent: dict[str, float] = {}  # request -> when the launcher sent it
+        self.heard: dict[str, float] = {}  # request -> when it heard of its start
+        self.launched_at: float | None = None
+
+    async def _handle(self, item) -> None:
+        heard = self.clock()
+        if isinstance(item, ViewsChanged):
+            self.measure["views"].append(heard - item.views.now)
+        elif isinstance(item, Started):
+            self.heard.setdefault(item.request, heard)
+        await super()._handle(item)
+        launched = [n for n in item.nodes if n not in item.kept] if isinstance(item, Started) else []
+        if launched and item.request in self.launcher.running:  # (it launched there: every agent answered)
+            self.measure["launch"].append(self.clock() - heard)
+            self.measure["launch_nodes"].append(float(len(launched)))
+        if isinstance(item, Started) and self.spec.process_work and item.nodes and self.launched_at is None:
+            self.launched_at = heard
+        elif (isinstance(item, Exited) and self.spec.process_work and self.launched_at is not None
+              and self._running_procs == 0):
+            # launch + exit: the processes ran WORK seconds of the time from the start heard to the last exit
+            self.measure["work_overhead"].append(heard - self.launched_at - self.spec.params["work"])
+
+    async def _execute(self, commands) -> None:
+        from coorm.launchers.base import Submit
+
+        for c in commands:
+            if isinstance(c, Submit):
+                for r in c.requests:
+                    self.sent.setdefault(r.id, self.clock())
+        await super()._execute(commands)
+
+
+def _cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU seconds of these processes so far, by name (what is gone counts 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            out[name] = 0.0
+            continue
+        out[name] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+async def _run_app(spec: TwinApp, settings: Settings, t0: float, rec: LiveApp, measure, runners: dict,
+                   clusters: dict[str, int]) -> None:
+    await asyncio.sleep(max(0.0, t0 + spec.at - time.time()))  # its arrival in the scenario
+    kind = BY_NAME[spec.kind]
+    session = await Session.open(settings, kind=spec.kind, name=spec.name, preemptive_views=kind.preemptive_views,
+                                 views=kind.live_views)
+    rec.app = session.app
+    await session.cluster_props()  # what a launcher asks first (part of its opening delay)
+    runner = _TimedRunner(session, launcher(spec, session.app, live=True), command=spec.command,
+                          command_ends_work=spec.process_work, props=props(clusters), t0=t0, spec=spec,
+                          measure=measure)
+    runners[spec.name] = runner
+    rec.opened = time.time() - t0
+    measure["open"].append(rec.opened - spec.at)
+    result = await runner.run()
+    rec.exit_code = result.exit_code
+    rec.ended = None if result.ended is None else result.ended - t0
+    rec.heard_started = None if result.started is None else result.started - t0
+    rec.notifications, rec.notification_bytes = result.notifications, result.notification_bytes
+    rec.resubmissions = getattr(runner.launcher, "resubmissions", None)
+    rec.refused = list(result.refused)
+
+
+async def _lifecycle(nc, apps: set[str], patience: float = 20.0) -> list[Lifecycle]:
+    """The lifecycle messages the policy engine published during the run, read back from its JetStream stream
+    (the twin runs no accounting that would consume them) until every one of ``apps`` has its session's end."""
+    import nats.errors
+
+    js = nc.jetstream()
+    psub = await js.pull_subscribe(subjects.LIFECYCLE, stream=subjects.LIFECYCLE_STREAM)
+    out: list[Lifecycle] = []
+    waiting = set(apps)
+    deadline = time.monotonic() + patience
+    while waiting and time.monotonic() < deadline:
+        try:
+            msgs = await psub.fetch(500, timeout=1.0)
+        except nats.errors.TimeoutError:
+            continue
+        for msg in msgs:
+            m = Lifecycle.model_validate_json(msg.data)
+            out.append(m)
+            if m.kind is LifecycleKind.SESSION_ENDED:
+                waiting.discard(m.app)
+            await msg.ack()
+    await psub.unsubscribe()
+    return out
+
+
+async def run_workload(settings: Settings, specs: list[TwinApp], clusters: dict[str, int], pids: dict[str, int],
+                       limit: float) -> LiveRun:
+    measure: dict[str, list[float]] = {k: [] for k in ("notify", "command", "launch", "launch_nodes",
+                                                       "work_overhead", "open", "views")}
+    nc = await bus.connect(settings.nats_url, "coorm-twin", settings.identity(Role.SERVICE))
+    apps = {s.name: LiveApp(s.name, s.kind, s.at) for s in specs}
+    runners: dict[str, _TimedRunner] = {}
+    cpu0, own0 = _cpu_of(pids), time.process_time()
+    t0 = time.time()
+    tasks = {s.name: asyncio.create_task(_run_app(s, settings, t0, apps[s.name], measure, runners, clusters))
+             for s in specs}
+    foreground = [tasks[s.name] for s in specs if not launcher(s, "x", live=True).background]
+    _, pending = await asyncio.wait(foreground, timeout=limit)
+    for name, r in runners.items():  # the background applications (the PSAs) end with the run
+        if not tasks[name].done():
+            await r.s.close()
+    await asyncio.wait(tasks.values(), timeout=30)
+    wall = time.time() - t0
+    cpu1, cpu_launchers = _cpu_of(pids), time.process_time() - own0
+    by_process = {k: cpu1[k] - cpu0[k] for k in pids}
+    life = await _lifecycle(nc, {a.app for a in apps.values() if a.app})
+    await bus.shutdown(nc)
+    for name, task in tasks.items():
+        if not task.done():
+            task.cancel()
+            apps[name].error = "did not end in time"
+        elif task.exception() is not None:
+            apps[name].error = repr(task.exception())
+    by_app = {a.app: a.name for a in apps.values() if a.app}
+    requests = _requests(life, by_app, t0)
+    for r in runners.values():  # the delays the lifecycle tells: start notification, request applied
+        for req, heard in r.heard.items():
+            decided = requests.get(req, {}).get("start")
+            if decided is not None:
+                measure["notify"].append(heard - t0 - decided)
+        for req, sent in r.sent.items():
+            submitted = requests.get(req, {}).get("submitted")
+            if submitted is not None:
+                measure["command"].append(submitted - (sent - t0))
+    return LiveRun(apps, list(requests.values()), measure, sum(by_process.values()), cpu_launchers, by_process, wall)
+
+
+def _requests(life: list[Lifecycle], by_app: dict[str, str], t0: float) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for m in life:
+        if m.request is None or m.app not in by_app:
+            continue
+        r = out.setdefault(m.request, {"name": by_app[m.app], "request": m.request, "type": m.type,
+                                       "nodes": m.nodes, "start": None, "end": None, "submitted": None})
+        if m.kind is LifecycleKind.STARTED:
+            r["start"] = m.at - t0
+            r["submitted"] = None if m.submitted_at is None else m.submitted_at - t0
+        elif m.kind is LifecycleKind.ENDED:
+            r["end"] = m.at - t0
+            if m.started_at is not None:
+                r["start"] = m.started_at - t0
+    return out
+
+
+def run(specs: list[TwinApp], clusters: dict[str, int], env: dict[str, str], limit: float = 600.0) -> LiveRun:
+    """Start the embedded system, run the scenario on it, stop it."""
+    from coorm.cli.up import Up
+
+    up = Up(clusters, env=env, write_connection=False, accounting=False)
+    try:
+        settings = up.start(120)
+        pids = {name: p.pid for name, p in up.procs.items()}
+        live = asyncio.run(run_workload(settings, specs, clusters, pids, limit))
+        live.settings = {k: getattr(settings, k) for k in ("reschedule_interval", "pass_burst", "fair_start",
+                                                            "preempt_grace", "view_period", "view_rate",
+                                                            "oversize_waits", "malleable_policy")}
+        return live
+    finally:
+        up.stop()

@@ -1,0 +1,110 @@
+"""The twin's simulated half: the same scenario through the simulator (the same cores and launcher objects
+in virtual time), with or without the live system's delays (:class:`~coorm.simulator.delays.Delays`), and
+the delays calibrated from what the live half measured."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+from coorm.experiments.twin_workload import TwinApp, launcher, props
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared.requests import RequestType
+from coorm.simulator.delays import Delays
+from coorm.simulator.engine import Result, Simulation
+
+# each delay is calibrated from the median of its live samples: they have long tails (a pass that ran late on
+# the loaded machine) that a constant delay cannot be
+
+
+@dataclass
+class SimRun:
+    result: Result
+    requests: list[dict]  # name, request, type, nodes, start, end (RMS-side, as the live lifecycle)
+    cpu: float  # the whole simulation's CPU seconds (cores, launchers, the engine)
+
+
+def policy(live_settings: dict) -> PolicySettings:
+    """The policy core's settings of the live run (the policy engine derives them the same way)."""
+    return PolicySettings(fair_start=live_settings["fair_start"],
+                          reschedule_interval=live_settings["reschedule_interval"],
+                          preempt_grace=live_settings["preempt_grace"], pass_burst=live_settings["pass_burst"],
+                          oversize_waits=live_settings["oversize_waits"],
+                          preemptible=live_settings["malleable_policy"])
+
+
+def calibrate(samples: dict[str, list[float]], live_settings: dict) -> Delays:
+    """The delays the live run measured (medians; a launch's time as a line in its nodes, Theil-Sen), and
+    its view pacing (its own settings)."""
+    med = {k: statistics.median(samples[k]) if samples.get(k) else 0.0
+           for k in ("notify", "command", "work_overhead", "open")}
+    launch, per_node = fit_line(samples.get("launch_nodes", []), samples.get("launch", []))
+    return Delays(notify=max(0.0, med["notify"]), command=max(0.0, med["command"]), open=max(0.0, med["open"]),
+                  exit=max(0.0, med["work_overhead"]), launch=max(0.0, launch), launch_per_node=max(0.0, per_node),
+                  view_period=live_settings["view_period"], view_rate=live_settings["view_rate"], live_views=True)
+
+
+def scaled(delays: Delays, factor: float) -> Delays:
+    """``delays`` with every delay (not the view pacing) ``factor`` times as long."""
+    return replace(delays, notify=delays.notify * factor, command=delays.command * factor,
+                   launch=delays.launch * factor, launch_per_node=delays.launch_per_node * factor,
+                   exit=delays.exit * factor, open=delays.open * factor)
+
+
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """A robust line ``y = a + b x`` (``b`` 0 when ``x`` does not vary)."""
+    if not y:
+        return 0.0, 0.0
+    if len(set(x)) < 2:
+        return statistics.median(y), 0.0
+    # Theil-Sen: the median of the pairwise slopes -- the launches that waited behind a loaded agent (seconds
+    # where the median is a tenth) would pull a least-squares line
+    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]
+    slope = statistics.median(slopes)
+    return statistics.median(yi - slope * xi for xi, yi in zip(x, y, strict=True)), slope
+
+
+def simulate(specs: list[TwinApp], clusters: dict[str, int], settings: PolicySettings,
+             delays: Delays | None = None) -> SimRun:
+    sim = Simulation(clusters, settings, props(clusters), strict=False, delays=delays)
+    for s in specs:
+        sim.add(s.at, launcher(s, s.name, live=False), s.name, process_work=s.process_work)
+    t0 = time.process_time()
+    result = sim.run()
+    cpu = time.process_time() - t0
+    requests = [{"name": r.app, "request": r.request, "type": r.type, "nodes": r.nodes, "start": r.start,
+                 "end": r.end} for r in result.requests]
+    return SimRun(result, requests, cpu)
+
+
+def node_seconds(requests: list[dict], name: str, until: float) -> float:
+    """Node-seconds ``name`` held (its pre-allocations aside: its nodes are counted in the requests inside)."""
+    return sum(r["nodes"] * ((r["end"] if r["end"] is not None else until) - r["start"])
+               for r in requests if r["name"] == name and r["start"] is not None
+               and r["type"] != RequestType.PRE_ALLOCATION.value)
+
+
+def held_curve(requests: list[dict], until: float, step: float = 0.5) -> list[int]:
+    """Nodes held (pre-allocations aside) at each ``step`` from 0 to ``until``."""
+    n = int(until / step) + 1
+    curve = [0] * n
+    for r in requests:
+        if r["start"] is None or r["type"] == RequestType.PRE_ALLOCATION.value:
+            continue
+        end = r["end"] if r["end"] is not None else until
+        for i in range(max(0, int(r["start"] / step + 0.999999)), min(n, int(end / step + 0.999999))):
+            curve[i] += r["nodes"]
+    return curve
+
+
+def first_choice(requests: list[dict], name: str) -> int | None:
+    """The nodes of the requests ``name`` started first (pre-allocations aside, and a request that ended as it
+    started): the configuration a moldable or CEM launcher chose."""
+    started = [r for r in requests if r["name"] == name and r["start"] is not None
+               and r["type"] != RequestType.PRE_ALLOCATION.value
+               and (r["end"] is None or r["end"] - r["start"] > 0.5)]  # (not one it had cancelled as it started)
+    if not started:
+        return None
+    first = min(r["start"] for r in started)
+    return sum(r["nodes"] for r in started if r["start"] - first < 0.5)
