@@ -37,6 +37,7 @@ import contextlib
 import errno
 import hmac
 import json
+import os
 import signal
 import subprocess
 import time
@@ -52,6 +53,7 @@ from nats.aio.msg import Msg
 from coorm.node_agent import procs, runas
 from coorm.node_agent.containment import Cgroups
 from coorm.node_agent.nodes import default_agent_id, host_node_info, parse_nodes
+from coorm.node_agent.spawn_client import Spawner, SpawnerGone, SpawnFailed
 from coorm.node_agent.state import NodeBook, ProcessRecord, Refused, token_hash
 from coorm.shared import metrics, subjects
 from coorm.shared.bus import WireError, call, connect, decode, encode, shutdown
@@ -115,13 +117,48 @@ class _Pipes(asyncio.SubprocessProtocol):
             self.exited.set_result(self.transport.get_returncode())
 
 
+class _SpawnedPipes:
+    """:class:`_Pipes` for a launch the spawner made: its pipes' read ends, read by the loop, and its exit as
+    the spawner (or, if the spawner died, the agent itself) saw it."""
+
+    def __init__(self, exited: asyncio.Future[int | None]) -> None:
+        self.events: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
+        self.exited = exited
+        self.transport = self  # (close(), as the subprocess transport's)
+        self._readers: list[asyncio.BaseTransport] = []
+
+    async def connect(self, fds: dict[int, int]) -> None:
+        loop = asyncio.get_running_loop()
+        for fd, r in fds.items():
+            transport, _ = await loop.connect_read_pipe(lambda fd=fd: _PipeReader(self, fd), open(r, "rb", 0))
+            self._readers.append(transport)
+
+    def close(self) -> None:
+        for t in self._readers:
+            t.close()
+
+
+class _PipeReader(asyncio.Protocol):
+    def __init__(self, pipes: _SpawnedPipes, fd: int) -> None:
+        self.pipes, self.fd = pipes, fd
+
+    def data_received(self, data: bytes) -> None:
+        self.pipes.events.put_nowait((self.fd, data))
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pipes.events.put_nowait((self.fd, None))
+
+
 @dataclass(eq=False)
 class _Running:
     pid: int
     node: str
     app: str
     request: str  # as of the last look at the books (NEXT hand-overs change it)
-    pipes: _Pipes
+    pipes: _Pipes | _SpawnedPipes
     cgroup: Path | None = None  # where the launch is contained (None: its process group only)
     token_sha256: str = ""  # of the session that launched it: who may read its exit later
     piped: frozenset[int] = frozenset({1, 2})  # the fds whose output is published (the others go to files)
@@ -174,6 +211,7 @@ class Agent:
         self._assigns_seen: dict[str, int] = {}  # assignments received per node (see _sync)
         self._recent_exits: dict[str, collections.deque[tuple[ProcessExited, str]]] = {}
         self._launches: dict[tuple[str, str, str | None], list[int]] = {}  # (node, app, launch id) -> pids
+        self._spawner: Spawner | None = None  # forks the launches (COORM_AGENT_SPAWNER), started at need
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -254,6 +292,8 @@ class Agent:
                     Cgroups.remove(self.cgroups.base)
             self._log.info("agent stopped")
         finally:
+            if self._spawner is not None:
+                self._spawner.close()
             if self._subreaper_held:
                 self._subreaper_held = False
                 procs.release_subreaper()
@@ -452,28 +492,13 @@ class Agent:
         piped = frozenset({1, 2} if files is None else
                           {fd for fd, path in ((1, files.stdout), (2, files.stderr)) if path is None})
         cg = self.cgroups.prepare() if self.cgroups is not None else None
-        try:
-            transport, pipes = await asyncio.get_running_loop().subprocess_exec(
-                _Pipes, *msg.argv, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if 1 in piped else subprocess.DEVNULL,
-                stderr=subprocess.PIPE if 2 in piped else subprocess.DEVNULL,
-                env=env, cwd=cwd, start_new_session=True,
-                # into its cgroup (as root), then the user's identity, then (as the user) its output files
-                preexec_fn=runas.chain(Cgroups.joiner(cg) if cg is not None else None, run_as.dropper(),
-                                       files.opener() if files is not None else None),
-            )
-        except (OSError, ValueError, subprocess.SubprocessError) as e:
-            if cg is not None:
-                Cgroups.remove(cg)
-            why = files.refusal(user) if files is not None else None
-            if why is not None:  # (the child failed before exec: nothing runs)
-                self._log.info("launch refused", node=node, app=msg.app, request=msg.request, reason=why)
-                raise WireError(ErrorCode.BAD_OUTPUT, why) from None
-            raise _launch_error(msg, e) from None
-        finally:
+        if self.settings.agent_spawner:
             if files is not None:
-                files.close()
-        pid = transport.get_pid()
+                files.close()  # (the spawner's child opens them, and says itself why it could not)
+            pipes_or_pid = await self._spawn(node, msg, user, run_as, env, cwd, cg, piped)
+        else:
+            pipes_or_pid = await self._fork(msg, user, run_as, env, cwd, cg, files, piped)
+        pid, pipes = pipes_or_pid
         stale = self._running.get(pid)
         if stale is not None:  # a reaped leader whose watcher has not run yet: its pid was reused
             self._forget(stale)
@@ -495,6 +520,65 @@ class Agent:
             await self._terminate([pid], 0.0)
             raise WireError(ErrorCode.NOT_OWNER, f"node {node} changed hands during the launch")
         return LaunchReply(pids=[pid])
+
+    async def _spawn(self, node: str, msg: LaunchMsg, user: str, run_as: runas.RunAs, env: dict[str, str],
+                     cwd: str, cg: Path | None, piped: frozenset[int]) -> tuple[int, _SpawnedPipes]:
+        """Through the spawner (started at need, and again if it died): into its cgroup, the user's identity,
+        its output files, as :meth:`_fork` does -- without a fork of the agent."""
+        if self._spawner is None or self._spawner.dead:
+            self._spawner = Spawner.start()
+        try:
+            pid, fds = await self._spawner.spawn(
+                argv=msg.argv, env=env, cwd=cwd, cgroup=str(cg) if cg is not None else None,
+                drop=run_as.identity(), piped=sorted(piped),
+                files=(msg.stdout, msg.stderr, msg.open_mode == "append")
+                if msg.stdout is not None or msg.stderr is not None else None)
+        except (SpawnFailed, SpawnerGone, OSError) as e:
+            if cg is not None:  # (a launch the spawner died during may have started: nothing of it stays)
+                if isinstance(e, SpawnerGone) and self.cgroups is not None:
+                    self.cgroups.signal(cg, signal.SIGKILL)
+                Cgroups.remove(cg)
+            if isinstance(e, SpawnFailed) and e.stage == "files":
+                reason = os.strerror(e.errno) if e.errno else "cannot be opened"
+                why = f"{user} cannot write the output to {e.text}: {reason}"
+                self._log.info("launch refused", node=node, app=msg.app, request=msg.request, reason=why)
+                raise WireError(ErrorCode.BAD_OUTPUT, why) from None
+            if isinstance(e, SpawnFailed) and e.stage in ("exec", "cwd"):
+                raise _launch_error(msg, OSError(e.errno, os.strerror(e.errno) if e.errno else e.text,
+                                                 cwd if e.stage == "cwd" else None)) from None
+            if isinstance(e, SpawnerGone | OSError) and not isinstance(e, SpawnFailed):
+                self._log.warning("the spawner died during a launch: refused, to be asked again", error=str(e))
+                raise WireError(ErrorCode.UNAVAILABLE, "the agent's spawner died during the launch; retry") from None
+            raise WireError(ErrorCode.BAD_REQUEST, f"cannot start {msg.argv[0]!r}: {e}") from None
+        pipes = _SpawnedPipes(self._spawner.exited(pid))
+        await pipes.connect(fds)
+        return pid, pipes
+
+    async def _fork(self, msg: LaunchMsg, user: str, run_as: runas.RunAs, env: dict[str, str], cwd: str,
+                    cg: Path | None, files: runas.OutputFiles | None, piped: frozenset[int]) -> tuple[int, _Pipes]:
+        """The agent forks the launch itself (``COORM_AGENT_SPAWNER=0``), its child doing the steps."""
+        try:
+            transport, pipes = await asyncio.get_running_loop().subprocess_exec(
+                _Pipes, *msg.argv, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if 1 in piped else subprocess.DEVNULL,
+                stderr=subprocess.PIPE if 2 in piped else subprocess.DEVNULL,
+                env=env, cwd=cwd, start_new_session=True,
+                # into its cgroup (as root), then the user's identity, then (as the user) its output files
+                preexec_fn=runas.chain(Cgroups.joiner(cg) if cg is not None else None, run_as.dropper(),
+                                       files.opener() if files is not None else None),
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            if cg is not None:
+                Cgroups.remove(cg)
+            why = files.refusal(user) if files is not None else None
+            if why is not None:  # (the child failed before exec: nothing runs)
+                self._log.info("launch refused", app=msg.app, request=msg.request, reason=why)
+                raise WireError(ErrorCode.BAD_OUTPUT, why) from None
+            raise _launch_error(msg, e) from None
+        finally:
+            if files is not None:
+                files.close()
+        return transport.get_pid(), pipes
 
     async def _on_exits(self, node: str, msg: ExitsQuery, user: str) -> ExitsReply:
         """The application's recent exits on the node, for its launcher back from a cut connection. Only

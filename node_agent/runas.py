@@ -46,14 +46,21 @@ class RunAs:
     shell: str
     agent_uid: int  # who the agent runs as: it changes identity only from root
 
+    def identity(self) -> tuple[int, int, list[int]] | None:
+        """(uid, gid, supplementary groups) the child takes, or None when the agent already is this user."""
+        if self.agent_uid == self.uid:
+            return None
+        return self.uid, self.gid, list(self.groups)
+
     def dropper(self) -> Callable[[], None] | None:
         """A ``preexec_fn`` step that makes the child this identity (supplementary groups, then gid, then
         uid: each needs the privilege the next one gives up), or None when the agent already is it. It is the
         child's last step before ``exec``: joining its cgroup before it needs root's rights. (``subprocess``'s
         own ``user=`` would drop them before any ``preexec_fn`` runs.)"""
-        if self.agent_uid == self.uid:
+        ident = self.identity()
+        if ident is None:
             return None
-        uid, gid, groups = self.uid, self.gid, list(self.groups)
+        uid, gid, groups = ident
 
         def drop() -> None:
             os.setgroups(groups)

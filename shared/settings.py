@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     # where an agent records the processes it runs, for a successor to find should it be killed
     agent_state_dir: Path | None = Field(default=None, description="default: $XDG_STATE_HOME/coorm/agents")
     agent_cgroups: bool = Field(default=True, description="contain launches in cgroups v2 where possible")
+    # launches are forked by a small spawner process (node_agent/spawner.py): a fork of the agent itself costs
+    # it some 5 ms of CPU per launch; off: the agent forks them
+    agent_spawner: bool = Field(default=True, description="fork launches from a small spawner process")
     leader_lease: float = Field(default=3.0, gt=0, description="the policy engine leader's lease in Redis")
     snapshot_every: int = Field(default=10_000, ge=0, description="events between two snapshots (0: none)")
 

@@ -31,7 +31,7 @@ from coorm.shared.protocol import RELEASE_KILL_REASONS, SessionOpenReply
 from coorm.shared.requests import RequestSpec
 
 if TYPE_CHECKING:
-    from coorm.services.batch.service import BatchService
+    from coorm.services.batch.service import BatchService, Record
 
 log = structlog.get_logger("coorm.batch.farm")
 
@@ -71,6 +71,9 @@ class FarmRunner:
         self.by_pid: dict[tuple[str, int], str] = {}
         self.early: dict[tuple[str, int], Exited] = {}  # exits heard before their launch's reply
         self.closing = False
+        # what the inputs of one turn of the loop changed, written down together at its end
+        self._ended: list[tuple[str, JobState, int | None, str]] = []
+        self._dirty: dict[str, Record] = {}
         self._background: set[asyncio.Task] = set()
         self._wake: asyncio.TimerHandle | None = None
 
@@ -170,8 +173,11 @@ class FarmRunner:
             await self._handle(await self.inbox.get(), adds)
             # what came meanwhile, decided on together -- with the tasks a task's end lets in (the queue's
             # actions are carried out as it ends, so they are here before the freed slot is judged)
-            while not self.inbox.empty():
-                await self._handle(self.inbox.get_nowait(), adds)
+            while True:
+                while not self.inbox.empty():
+                    await self._handle(self.inbox.get_nowait(), adds)
+                if not await self._commit():  # (ended tasks may let others in: handled in this turn too)
+                    break
             if adds:
                 await self._enter(adds)
             await self._execute(self.core.decide(self.svc.clock()))
@@ -207,6 +213,18 @@ class FarmRunner:
             if item.error is not None:
                 raise item.error  # CooRM is gone: the next instance takes the farm up
 
+    async def _commit(self) -> bool:
+        """Write down what this turn changed: the records of launches, the ends of tasks (one Redis round trip
+        each, whatever their number). True if tasks ended."""
+        if self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            await self.svc.save_many(list(dirty.values()))
+        if not self._ended:
+            return False
+        ended, self._ended = self._ended, []
+        await self.svc.end_many(ended)
+        return True
+
     async def _enter(self, tasks: list[str]) -> None:
         """Tasks the queue entered: queued in the farm (their 'request' is the farm's)."""
         svc = self.svc
@@ -227,10 +245,11 @@ class FarmRunner:
     # -- decisions ------------------------------------------------------------------------------------
     async def _execute(self, decisions) -> None:
         asks = [d for d in decisions if isinstance(d, Ask)]
+        runs = [d for d in decisions if isinstance(d, Run)]
+        if runs:
+            await self._run(runs)
         for d in decisions:
-            if isinstance(d, Run):
-                await self._run(d)
-            elif isinstance(d, Release):
+            if isinstance(d, Release):
                 self._spawn(self._release(d.request))
             elif isinstance(d, Wake):
                 self._arm(d.at)
@@ -252,20 +271,25 @@ class FarmRunner:
                 task = self.core.pending.popleft()
                 await self.svc._end(task, JobState.FAILED, None, f"the RMS refused its request: {e.message}")
 
-    async def _run(self, d: Run) -> None:
+    async def _run(self, runs: list[Run]) -> None:
+        """Tasks start: written down (all of them at once), then launched."""
         svc = self.svc
-        j, r = svc.core.jobs.get(d.task), svc.records.get(d.task)
-        if j is None or r is None or j.state is not JobState.QUEUED:
-            self.core.task_ended(d.task)  # (cancelled meanwhile: the slot is free again)
-            return
-        now = svc.clock()
+        actions, go = [], []
         async with svc._lock:
-            actions = svc.core.started(d.task, now)
-            r.node_ids, r.slot = list(d.nodes), d.request
+            now = svc.clock()
+            for d in runs:
+                j, r = svc.core.jobs.get(d.task), svc.records.get(d.task)
+                if j is None or r is None or j.state is not JobState.QUEUED:
+                    self.core.task_ended(d.task)  # (cancelled meanwhile: the slot is free again)
+                    continue
+                actions += svc.core.started(d.task, now)
+                r.node_ids, r.slot = list(d.nodes), d.request
+                go.append(d)
             await svc._flush()
         svc._act(actions)
-        self.tasks[d.task] = _Task(d.request)
-        self._spawn(self._launch(d))
+        for d in go:
+            self.tasks[d.task] = _Task(d.request)
+            self._spawn(self._launch(d))
 
     def _launch_nodes(self, nodes: tuple[str, ...]) -> tuple[str, ...]:
         """Where a task's processes run: every node of its slot, or the first for a script."""
@@ -314,7 +338,7 @@ class FarmRunner:
                     r.launched.append([node, pid, t.request])
         t.launching = False
         if r is not None and r.launched:
-            await svc._save(r)
+            self._dirty[task] = r
         for key in [k for k, v in self.by_pid.items() if v == task and k in self.early]:
             self.by_pid.pop(key)
             ev = self.early.pop(key)
@@ -347,11 +371,11 @@ class FarmRunner:
         if j is None or j.state in ENDED or how == "withdrawn":
             return  # cancelled: the queue knows
         if how == "timeout":
-            await svc._end(task, JobState.TIMEOUT, t.result.exit_code or 124, "its walltime")
+            self._ended.append((task, JobState.TIMEOUT, t.result.exit_code or 124, "its walltime"))
             return
         t.result.started = j.started
         state, code, reason = _outcome(t.result)
-        await svc._end(task, state, code, reason)
+        self._ended.append((task, state, code, reason))
 
     async def _release(self, request: str) -> None:
         assert self.session is not None

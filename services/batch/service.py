@@ -722,16 +722,30 @@ class BatchService:
 
     async def _end(self, job: str, state: JobState, code: int | None, reason: str, at: float | None = None) -> None:
         """``at``: when its work ended (its last process), which may be a little before its session closed."""
+        await self.end_many([(job, state, code, reason)], at)
+
+    async def end_many(self, ends: list[tuple[str, JobState, int | None, str]], at: float | None = None) -> None:
+        """Jobs' runs ended (a farm's tasks, together: written down in one go)."""
+        actions = []
         async with self._lock:
-            actions = self.core.ended(job, state, at or self.clock(), code, reason)
+            now = at or self.clock()
+            for job, state, code, reason in ends:
+                actions += self.core.ended(job, state, now, code, reason)
             await self._flush()
         self._act(actions)
-        log.info("job ended", job=job, state=state.value, exit_code=code, reason=reason)
+        for job, state, code, reason in ends:
+            log.info("job ended", job=job, state=state.value, exit_code=code, reason=reason)
 
     # -- records --------------------------------------------------------------------------------------
     async def _save(self, r: Record) -> None:
         assert self.redis is not None
         await self.redis.hset(keys.BATCH_JOBS, r.id, _dump(r))
+
+    async def save_many(self, records: list[Record]) -> None:
+        assert self.redis is not None
+        live = {r.id: _dump(r) for r in records if JobState(r.state) not in ENDED}
+        if live:
+            await self.redis.hset(keys.BATCH_JOBS, mapping=live)
 
     def _sync(self, job: str) -> Record:
         j, r = self.core.jobs[job], self.records[job]
@@ -760,8 +774,9 @@ class BatchService:
                 p.hset(keys.BATCH_HISTORY, r.id, info.model_dump_json())
                 p.zadd(keys.BATCH_ENDED, {r.id: r.ended or self.clock()})
                 p.hdel(keys.BATCH_JOBS, r.id)
+            # (an array's last tasks end last: looked at from the end, a running array is told at once)
             done_specs = {sid for sid in {r.spec for r in ended}
-                          if all(self.core.jobs[o].state in ENDED for o in self._jobs_of(sid))}
+                          if all(self.core.jobs[o].state in ENDED for o in reversed(self._jobs_of(sid)))}
             for sid in done_specs:
                 p.hdel(keys.BATCH_SPECS, sid)
             await p.execute()
@@ -774,7 +789,7 @@ class BatchService:
             self.specs.pop(sid, None)
 
     def _jobs_of(self, sid: str) -> list[str]:
-        return list(self.core.arrays.get(sid, [sid] if sid in self.core.jobs else []))
+        return self.core.arrays.get(sid, [sid] if sid in self.core.jobs else [])
 
 
 class _Attached:

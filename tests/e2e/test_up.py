@@ -165,8 +165,9 @@ def test_status_nodes_estimate_and_no_wait(up):
     assert {c["cluster"]: c["up"] for c in st["clusters"]} == {"c0": 4, "c1": 2}
     nodes = json.loads(_run(env, "nodes", "--json").stdout)
     assert sorted(nodes) == [f"c0n{i}" for i in range(4)] + ["c1n0", "c1n1"]
+    gate = tmp / "gate-estimate"  # (the job runs until the checks below are made, however slow the machine)
     r = _run(env, "submit", "--no-wait", "-c", "c0", "-N", "4", "-t", "2m", "--", "sh", "-c",
-             "echo done on $COORM_NODE; sleep 6", cwd=tmp)
+             f"echo done on $COORM_NODE; while [ ! -e {gate} ]; do sleep 0.05; done", cwd=tmp)
     assert r.returncode == 0 and r.stdout.startswith("Submitted batch job "), r.stderr
     job = r.stdout.split()[-1]
     running = wait_for(lambda: [x for x in json.loads(_run(env, "queue", "--json").stdout)
@@ -176,6 +177,7 @@ def test_status_nodes_estimate_and_no_wait(up):
     assert req[0]["state"] == "started"  # the batch service's session for it, as its user's
     est = json.loads(_run(env, "estimate", "-c", "c0", "-N", "4", "-t", "1h", "--json").stdout)
     assert est["start"] is not None and est["wait"] > 0  # behind the job that holds all of c0
+    gate.touch()
     out = tmp / f"coorm-{job}.out"
     text = wait_for(lambda: out.exists() and out.read_text().count("done on") == 4 and out.read_text(), 60,
                      "the job's output file")

@@ -28,6 +28,7 @@ from coorm.node_agent.agent import Agent
 from coorm.node_agent.containment import Cgroups
 from coorm.node_agent.nodes import default_agent_id, host_memory_mb, host_node_info, parse_nodes
 from coorm.node_agent.state import NodeBook, Refused
+from coorm.services.stack import wait_until
 from coorm.shared import subjects
 from coorm.shared.bus import WireError, call, connect, decode, encode, serve
 from coorm.shared.credentials import CredentialStore
@@ -243,12 +244,14 @@ def prefix():
     return f"t{uuid.uuid4().hex[:8]}"  # node names unique to the test: no crosstalk on the shared server
 
 
-@pytest.fixture
-async def make_agent(nats_url, allocator, prefix, tmp_path):
+@pytest.fixture(params=[True, False], ids=["spawner", "fork"])
+async def make_agent(request, nats_url, allocator, prefix, tmp_path):
+    """Agents that fork their launches from their spawner, or (COORM_AGENT_SPAWNER=0) themselves: every test
+    holds for both."""
     agents: list[Agent] = []
 
     async def make(nodes=("n0", "n1"), subreaper=True, **settings) -> Agent:
-        s = Settings(nats_url=nats_url, **{"agent_heartbeat": 0.2, "kill_grace": 0.3,
+        s = Settings(nats_url=nats_url, **{"agent_heartbeat": 0.2, "kill_grace": 0.3, "agent_spawner": request.param,
                                            "agent_state_dir": tmp_path / "agents", **settings})
         infos = host_node_info([f"{prefix}{n}" for n in nodes], cores=2, memory_mb=1024)
         agent = Agent(s, f"agent-{prefix}-{len(agents)}", "c0", infos, subreaper=subreaper)
@@ -1039,3 +1042,25 @@ async def test_an_output_file_the_user_may_not_write_refuses_the_launch(nc, agen
     finally:
         await other.drain()
         shutil.rmtree(top)
+
+
+async def test_a_spawner_killed_while_its_launches_run_loses_no_exit_code(nc, make_agent, tmp_path):
+    """SIGKILL the agent's spawner (by pid) while a launch runs: the agent, their subreaper, waits for it
+    itself -- its exit code is still the process's own -- and the next launch starts a new spawner."""
+    a = await make_agent(agent_spawner=True)
+    n = node(a)
+    await assign(nc, n)
+    events = await app_events(nc, A1)
+    gate = tmp_path / "gate"
+    await launch(nc, n, ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 7"])
+    spawner = a._spawner
+    assert spawner is not None and not spawner.dead
+    os.kill(spawner.proc.pid, signal.SIGKILL)
+    await wait_until(lambda: spawner.dead, what="the agent to see its spawner die")
+    gate.touch()
+    _, exited = await _until_exit(events)
+    assert (exited.code, exited.killed) == (7, False)
+    await launch(nc, n, ["sh", "-c", "exit 3"])
+    _, exited = await _until_exit(events)
+    assert exited.code == 3
+    assert a._spawner is not None and a._spawner is not spawner and not a._spawner.dead

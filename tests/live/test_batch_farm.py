@@ -7,10 +7,12 @@ its own: tests/live/test_batch.py covers that path with the same array test.)"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import time
 
 from coorm.services.stack import LocalStack, wait_until
 from coorm.shared import bus, subjects
@@ -34,6 +36,14 @@ async def _apps(nc) -> list:
     return (await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=10)).apps
 
 
+async def _until_no_app(nc) -> None:
+    """Until the RMS has no application left (the farm closes its session after its last task's end)."""
+    deadline = time.monotonic() + 10
+    while await _apps(nc):
+        assert time.monotonic() < deadline, "the farm's session never closed"
+        await asyncio.sleep(0.05)  # polling the RMS's status: nothing tells of a session's close
+
+
 async def test_an_array_runs_in_one_session_each_task_with_its_own_exit_code_and_file(stack, nc, tmp_path):
     job = await submit(nc, tmp_path, argv=["sh", "-c", 'echo "task $COORM_ARRAY_TASK_ID on $COORM_NODE"; '
                                                        "exit $((COORM_ARRAY_TASK_ID % 3))"],
@@ -53,9 +63,7 @@ async def test_an_array_runs_in_one_session_each_task_with_its_own_exit_code_and
         most = max(most, running)
     assert most <= 2
     assert len({n for r in recs for n in r.node_ids}) <= 2
-    await wait_until(lambda: True)
-    status = await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=10)
-    assert status.total_apps == 0  # the farm's session closed with its last task
+    await _until_no_app(nc)  # the farm's session closes after its last task
 
 
 async def test_an_array_is_one_application_not_one_per_task(stack, nc, tmp_path):
@@ -94,11 +102,7 @@ async def test_cancel_of_the_array_ends_every_task_and_its_session(stack, nc, tm
     assert len(reply.jobs) == 10
     recs = await ended(nc, job, count=10)
     assert {r.state for r in recs} == {"cancelled"}
-
-    async def no_app() -> bool:
-        return not await _apps(nc)
-
-    await wait_until(no_app, timeout=10, what="the farm's session closed")
+    await _until_no_app(nc)
 
 
 async def test_a_task_past_its_walltime_ends_timeout_and_the_next_runs(stack, nc, tmp_path):

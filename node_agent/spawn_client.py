@@ -1,0 +1,166 @@
+"""The agent's side of its spawner (:mod:`coorm.node_agent.spawner`): start it, ask it for launches, hear
+their exits.
+
+A launch is one datagram out and one back (with the pipes' read ends); an exit comes as a datagram of its
+own. If the spawner dies (SIGKILL, out of memory), its children are re-parented to the agent -- the agent
+is a child subreaper -- so the agent waits for those itself (through pidfds): their exit codes are still
+known. The next launch starts a new spawner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import marshal
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from coorm.node_agent import spawner as _spawner
+
+MAX_FDS = 2  # a launch's pipes: stdout and stderr at most
+START_TIMEOUT = 10.0  # the spawner's first answer
+
+
+class SpawnFailed(Exception):
+    """The child could not exec: ``stage`` (cwd, cgroup, identity, files, exec, fork), ``errno``, ``text``
+    (for ``files``, the path)."""
+
+    def __init__(self, stage: str, number: int, text: str) -> None:
+        super().__init__(f"{stage}: [{number}] {text}")
+        self.stage, self.errno, self.text = stage, number, text
+
+
+class SpawnerGone(Exception):
+    """The spawner died while a launch was being asked: whether it started is not known."""
+
+
+class Spawner:
+    def __init__(self, sock: socket.socket, proc: subprocess.Popen) -> None:
+        self.sock = sock
+        self.proc = proc
+        self.loop = asyncio.get_running_loop()
+        self._n = 0
+        self._asked: dict[int, asyncio.Future] = {}
+        self._exits: dict[int, asyncio.Future[int | None]] = {}
+        self.dead = False
+        self.loop.add_reader(sock.fileno(), self._readable)
+
+    @classmethod
+    def start(cls) -> Spawner:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        theirs.set_inheritable(True)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-S", "-E", "-s", str(Path(_spawner.__file__)), str(theirs.fileno()),
+                 str(os.getpid())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        return cls(ours, proc)
+
+    async def spawn(self, *, argv: list[str], env: dict[str, str], cwd: str | None, cgroup: str | None,
+                    drop: tuple[int, int, list[int]] | None, files: tuple[str | None, str | None, bool] | None,
+                    piped: list[int]) -> tuple[int, dict[int, int]]:
+        """(pid, {1|2: read end of its pipe}); raises :class:`SpawnFailed` or :class:`SpawnerGone`."""
+        if self.dead:
+            raise SpawnerGone("the spawner is gone")
+        self._n += 1
+        fut = self.loop.create_future()
+        self._asked[self._n] = fut
+        self.sock.send(marshal.dumps({"id": self._n, "argv": list(argv), "env": dict(env), "cwd": cwd,
+                                      "cgroup": cgroup, "drop": list(drop) if drop else None,
+                                      "files": list(files) if files else None, "piped": list(piped)}))
+        msg, fds = await fut
+        if "error" in msg:
+            stage, number, text = msg["error"]
+            raise SpawnFailed(stage, number, text)
+        pid = msg["pid"]
+        self._exits.setdefault(pid, self.loop.create_future())
+        return pid, dict(zip(piped, fds, strict=True))
+
+    def exited(self, pid: int) -> asyncio.Future[int | None]:
+        """The launch's return code (``-N``: killed by signal N; None: not known)."""
+        return self._exits.setdefault(pid, self.loop.create_future())
+
+    def _readable(self) -> None:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, _spawner.MAX_MESSAGE, MAX_FDS)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            self._gone()
+            return
+        msg = marshal.loads(data)
+        if "exit" in msg:
+            fut = self._exits.pop(msg["exit"], None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg["code"])
+            return
+        asked = self._asked.pop(msg["id"], None)
+        if asked is not None and not asked.done():
+            asked.set_result((msg, fds))
+        else:
+            for fd in fds:
+                os.close(fd)
+
+    def _gone(self) -> None:
+        """The spawner died: what was being asked is unknown; its children are ours now (we are their
+        subreaper): we wait for them ourselves."""
+        if self.dead:
+            return
+        self.dead = True
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        for fut in self._asked.values():
+            if not fut.done():
+                fut.set_exception(SpawnerGone("the spawner died during the launch"))
+        self._asked.clear()
+        for pid, fut in list(self._exits.items()):
+            if not fut.done():
+                _wait_child(self.loop, pid, fut)
+        reaped: asyncio.Future[int | None] = self.loop.create_future()
+        _wait_child(self.loop, self.proc.pid, reaped)
+
+    def close(self) -> None:
+        """The agent stops: the spawner goes (its children, if any, are the agent's to kill)."""
+        if not self.dead:
+            self.dead = True
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()  # (it exits on end of file)
+        with contextlib.suppress(OSError):
+            self.proc.wait(timeout=2)
+
+
+def _wait_child(loop: asyncio.AbstractEventLoop, pid: int, fut: asyncio.Future) -> None:
+    """Wait for a child of ours without a thread: its pidfd, polled by the loop."""
+    def collect() -> bool:
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not ours (it ended and was reaped by the spawner, unheard): not known
+            if not fut.done():
+                fut.set_result(None)
+            return True
+        if got == 0:
+            return False
+        if not fut.done():
+            fut.set_result(os.waitstatus_to_exitcode(status))
+        return True
+
+    if collect():
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        if not fut.done():
+            fut.set_result(None)
+        return
+
+    def ready() -> None:
+        if collect():
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+
+    loop.add_reader(pidfd, ready)
