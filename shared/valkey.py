@@ -64,7 +64,9 @@ def sentinel_url(redis_url: str, sentinels: str, master: str = DEFAULT_MASTER) -
     parts = urlsplit(redis_url)
     auth = ""
     if parts.username or parts.password:
-        auth = quote(parts.username or "", safe="") + (f":{quote(parts.password, safe='')}" if parts.password else "")
+        # (urlsplit leaves them %-escaped: unescaped, then escaped once)
+        user, password = unquote(parts.username or ""), unquote(parts.password or "")
+        auth = quote(user, safe="") + (f":{quote(password, safe='')}" if parts.password else "")
         auth += "@"
     db = parts.path.lstrip("/") or "0"
     hosts = ",".join(_host_port(h) for h in sentinels.split(",") if h.strip())
