@@ -62,6 +62,36 @@ async def stream_leader(settings: Settings) -> str:
     return "nats-" + info.cluster.leader.rsplit("-", 1)[1]  # (server_name coorm-nats-<i>)
 
 
+async def decision_stream_state(settings: Settings) -> str:
+    """Where the decision stream and the node allocator's consumer of it stand (said when applications hung:
+    were the decisions stored, delivered, acknowledged?)."""
+    import nats
+
+    from coorm.shared import subjects
+    from coorm.shared.endpoints import Role
+
+    me = settings.identity(Role.SERVICE)
+    assert me is not None
+    try:
+        nc = await nats.connect(settings.nats_url.split(","), nkeys_seed_str=me.seed, inbox_prefix=me.inbox_prefix,
+                                connect_timeout=2, allow_reconnect=False)
+    except Exception as e:  # noqa: BLE001 - a diagnosis, not a check
+        return f"cannot connect: {e!r}"
+    try:
+        js = nc.jetstream()
+        stream = await js.stream_info(subjects.DECISIONS_STREAM)
+        out = [f"stream last seq {stream.state.last_seq}, leader {stream.cluster.leader if stream.cluster else None}"]
+        for c in await js.consumers_info(subjects.DECISIONS_STREAM):
+            out.append(f"consumer {c.name}: delivered {c.delivered.stream_seq}, ack floor {c.ack_floor.stream_seq}, "
+                       f"ack pending {c.num_ack_pending}, pending {c.num_pending}, redelivered {c.num_redelivered}, "
+                       f"leader {c.cluster.leader if c.cluster else None}")
+        return "; ".join(out)
+    except Exception as e:  # noqa: BLE001
+        return f"cannot read: {e!r}"
+    finally:
+        await nc.close()
+
+
 async def _victim(up: Up, settings: Settings, victim: str) -> str:
     if victim == STREAM_LEADER:
         return await stream_leader(settings)
@@ -151,6 +181,7 @@ async def run(clusters: dict[str, int], apps: int, seed: int, workdir: Path | No
         kills = await killer
         stop_sampling.set()
         samples = await sampler
+        streams = await decision_stream_state(settings)
     finally:
         await asyncio.to_thread(up.stop)
     hung = [o for o in outcomes if o.error == "hung"]
@@ -166,7 +197,7 @@ async def run(clusters: dict[str, int], apps: int, seed: int, workdir: Path | No
                 f"{o.name}: expected {o.expected}, got {o.code} ({[(e.code, e.reason) for e in o.exits]})"
                 for o in wrong],
             "double_bookings": doubles, "samples": samples, "recovery": kills["recovery"],
-            "failover": kills["failover"], "killed": kills["killed"], "started_in": started_in,
+            "failover": kills["failover"], "killed": kills["killed"], "started_in": started_in, "streams": streams,
             "gave_up": [f"{o.name}: {o.refused[0]}" for o in outcomes if o.refused and o.via == "psa"],
             "exits": sum(len(o.exits) for o in outcomes)}
 
@@ -177,6 +208,8 @@ def report(r: dict) -> str:
              "", f"coorm up --ha came up in {r['started_in']:.1f} s; killed: "
              + ", ".join(f"{v} = {n}" for v, n in r["killed"].items())]
     lines += [f"{v}: the sentinels named a new primary {t:.1f} s after the kill" for v, t in r["failover"].items()]
+    if r["hung"]:
+        lines.append(f"decisions at the end: {r['streams']}")
     return "\n".join(lines)
 
 
