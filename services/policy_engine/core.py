@@ -403,6 +403,10 @@ class PolicyCore:
             raise CommandError(ErrorCode.DUPLICATE,
                                f"negotiation id {terms.negotiation} is already another application's")
         if neg is None:
+            if sum(1 for n in book.open.values() if n.app == app.id) >= negotiation.MAX_OPEN:
+                # what the core keeps stays bounded: a session may not pile up negotiations (each pass reads them)
+                raise CommandError(ErrorCode.BAD_REQUEST, f"application {app.id} has {negotiation.MAX_OPEN} open "
+                                   "negotiations already: answer or reject one first")
             neg = book.open[terms.negotiation] = Negotiation(app.id, terms, self.now)
         else:  # revised: its offer is withdrawn
             book.withdraw(neg, ANSWERED)

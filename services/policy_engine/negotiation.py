@@ -21,7 +21,7 @@ Rules:
   offers what it can to the standing negotiations without an offer (the paper's "the scheduler offered
   the 4 idle processors to the malleable application");
 * asking again under the name of an open negotiation revises it (its offer is withdrawn); a negotiation
-  ends with its session.
+  ends with its session; an application has at most ``MAX_OPEN`` negotiations open.
 
 Theory of operation: the core calls :func:`make_offer` when a command asks for an offer, and
 :func:`standing_offers` / :func:`lapse` at the top of a pass. Pure: time comes from the core.
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 # outcomes of offers no longer open, remembered so that a late answer is told why (bounded, as the core)
 RECENT_OFFERS = 10_000
+MAX_OPEN = 64  # open negotiations per application
 LAPSED, ANSWERED = "lapsed", "answered"
 
 

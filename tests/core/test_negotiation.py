@@ -271,6 +271,21 @@ def test_a_bad_negotiation_is_refused_and_changes_nothing(offered, t, code):
     assert _state(d) == before
 
 
+def test_an_application_may_not_pile_up_negotiations():
+    from coorm.services.policy_engine.negotiation import MAX_OPEN
+
+    d = Driver({"c0": 4})
+    d.open(0, "a")
+    for i in range(MAX_OPEN):
+        negotiate(d, 1, "a", terms(f"a.s{i}", 64, type="preemptible", duration=None, min_nodes=8, standing=True))
+    before = _state(d)
+    assert refused(negotiate(d, 1, "a", terms("a.one-more", 1))) is ErrorCode.BAD_REQUEST
+    assert _state(d) == before
+    negotiate(d, 1, "a", terms("a.s0", 64, type="preemptible", duration=None, min_nodes=8, standing=True))  # a revision
+    d.close(2, "a")
+    assert not d.policy.negotiations.open
+
+
 @pytest.mark.parametrize("bad", [
     dict(min_nodes=5, max_nodes=4),
     dict(max_nodes=8, sizes=(4, 2)),
