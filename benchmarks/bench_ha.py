@@ -44,6 +44,10 @@ PRIMARY = "Valkey primary"
 VICTIMS = (STREAM_LEADER, PRIMARY)
 
 
+async def _quiet(e: Exception) -> None:
+    """nats-py's default prints every failed attempt: the killed server is still in the list."""
+
+
 async def stream_leader(settings: Settings) -> str:
     """The NATS server (``nats-<i>``) that leads the decision stream now."""
     import nats
@@ -53,7 +57,8 @@ async def stream_leader(settings: Settings) -> str:
 
     me = settings.identity(Role.SERVICE)
     assert me is not None
-    nc = await nats.connect(settings.nats_url.split(","), nkeys_seed_str=me.seed, inbox_prefix=me.inbox_prefix)
+    nc = await nats.connect(settings.nats_url.split(","), nkeys_seed_str=me.seed, inbox_prefix=me.inbox_prefix,
+                            error_cb=_quiet)
     try:
         info = await nc.jetstream().stream_info(subjects.DECISIONS_STREAM)
     finally:
@@ -74,7 +79,7 @@ async def decision_stream_state(settings: Settings) -> str:
     assert me is not None
     try:
         nc = await nats.connect(settings.nats_url.split(","), nkeys_seed_str=me.seed, inbox_prefix=me.inbox_prefix,
-                                connect_timeout=2, allow_reconnect=False)
+                                connect_timeout=2, allow_reconnect=False, error_cb=_quiet)
     except Exception as e:  # noqa: BLE001 - a diagnosis, not a check
         return f"cannot connect: {e!r}"
     try:

@@ -31,6 +31,11 @@ SCHEME = "redis+sentinel"
 DEFAULT_MASTER = "coorm"
 REPLICAS_TO_WAIT = 1  # replicas that must have a write before it returns
 WAIT_MS = 2000  # how long a write waits for them (a replica resyncing after a failover takes well under this)
+# Under Sentinel no command may wait for ever on a primary that is gone without closing its connections (a
+# host's death, a partition: no reset comes), nor may a connection attempt: they fail, and the client asks
+# the sentinels again. Longer than a WAIT (no command blocks in Valkey otherwise).
+SOCKET_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 2.0
 
 # commands that write nothing: no WAIT after them (anything else, scripts included, may write)
 _READS = frozenset({
@@ -164,6 +169,7 @@ def async_client(url: str, *, max_connections: int = 32, **kwargs: Any) -> aiore
                                                timeout=None, **kwargs)
         return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes its connections
     auth = {"username": t.username, "password": t.password}
+    kwargs = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT, **kwargs}
     sentinel = Sentinel(list(t.sentinels), sentinel_kwargs={**auth, "socket_timeout": 1.0})
     client = sentinel.master_for(t.master, redis_class=ReplicatedRedis, connection_pool_class=_BlockingSentinelPool,
                                  decode_responses=True, db=t.db, max_connections=max_connections, timeout=None,
@@ -180,6 +186,7 @@ def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     from redis.sentinel import Sentinel as SyncSentinel
 
     auth = {"username": t.username, "password": t.password}
+    kwargs = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT, **kwargs}
     timeout = kwargs.get("socket_connect_timeout") or 1.0
     sentinel = SyncSentinel(list(t.sentinels), sentinel_kwargs={**auth, "socket_timeout": timeout})
     return sentinel.master_for(t.master, db=t.db, **auth, **kwargs)
