@@ -320,7 +320,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "``offer`` null and ``waiting``: the RMS offers as soon as nodes free up, on "
             "``app.<app>.notify.offer``. Answer each offer on ``app.<app>.respond`` by its deadline; an "
             "offer not answered in time lapses (its nodes are free again, the negotiation ends). Asking again "
-            "under the name of an open negotiation revises it (its offer is withdrawn). The application "
+            "under the name of an open negotiation revises it (its offer is withdrawn); an application has at "
+            "most 64 negotiations open (``bad_request`` beyond). The application "
             "computes ``sizes`` from what it holds: a power-of-two application on 4 nodes growing to at most "
             "32 sends 4, 12, 28."),
         example={"token": _TOKEN, "terms": {"negotiation": "alice.a7.grow", "cluster": "c0", "type": "non-preemptible",
