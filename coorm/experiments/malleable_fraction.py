@@ -31,7 +31,7 @@ from pathlib import Path
 from coorm.experiments import common
 
 NAME = "malleable-fraction"
-TRACE = "/work/shared/workloads/SDSC-SP2-1998-4.2-cln.swf.gz"
+TRACE = "SDSC-SP2-1998-4.2-cln"  # found by name (coorm trace list: the cache, COORM_TRACES, ../shared/workloads)
 NODES = 128
 JOBS, SKIP = 200, 1000
 SEEDS = (1, 2, 3)
@@ -44,10 +44,11 @@ METRICS = ("turnaround_mean", "wait_mean", "makespan", "utilisation")
 
 def scenario(policy: str, jobs: int = JOBS):
     from coorm.simulator.scenario import Scenario
+    from coorm.simulator.traces import locate
 
     return Scenario.model_validate({
         "clusters": {"c0": NODES}, "policy": {"preemptible": policy, "precedence": "waiting"},
-        "trace": {"file": TRACE, "jobs": jobs, "skip": SKIP, "arrival_interval": None, "seed": 1}})
+        "trace": {"file": str(locate(TRACE)), "jobs": jobs, "skip": SKIP, "arrival_interval": None, "seed": 1}})
 
 
 def run(out: Path, quick: bool = False) -> list[dict]:
