@@ -134,13 +134,17 @@ class Spawner:
             self.proc.wait(timeout=2)
 
 
-def _wait_child(loop: asyncio.AbstractEventLoop, pid: int, fut: asyncio.Future) -> None:
-    """Wait for a child of ours without a thread: its pidfd, polled by the loop."""
+def _wait_child(loop: asyncio.AbstractEventLoop, pid: int, fut: asyncio.Future, tries: int = 100) -> None:
+    """Wait for a launch of the dead spawner, now a child of ours, without a thread: its pidfd, polled by the
+    loop. (The spawner's socket closes before the kernel re-parents its children: a child not yet ours is
+    looked at again shortly.)"""
     def collect() -> bool:
         try:
             got, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:  # not ours (it ended and was reaped by the spawner, unheard): not known
-            if not fut.done():
+        except ChildProcessError:
+            if tries > 0 and os.path.exists(f"/proc/{pid}"):  # not re-parented yet
+                loop.call_later(0.01, _wait_child, loop, pid, fut, tries - 1)
+            elif not fut.done():  # it ended and was reaped by the spawner, unheard: its code is not known
                 fut.set_result(None)
             return True
         if got == 0:
@@ -149,11 +153,9 @@ def _wait_child(loop: asyncio.AbstractEventLoop, pid: int, fut: asyncio.Future) 
             fut.set_result(os.waitstatus_to_exitcode(status))
         return True
 
-    if collect():
-        return
     try:
         pidfd = os.pidfd_open(pid)
-    except OSError:
+    except OSError:  # gone, and reaped by the spawner before it died
         if not fut.done():
             fut.set_result(None)
         return
@@ -163,4 +165,4 @@ def _wait_child(loop: asyncio.AbstractEventLoop, pid: int, fut: asyncio.Future) 
             loop.remove_reader(pidfd)
             os.close(pidfd)
 
-    loop.add_reader(pidfd, ready)
+    loop.add_reader(pidfd, ready)  # (readable once it exits: then it is ours to wait for)

@@ -70,7 +70,6 @@ class FarmRunner:
         self.tasks: dict[str, _Task] = {}
         self.by_pid: dict[tuple[str, int], str] = {}
         self.early: dict[tuple[str, int], Exited] = {}  # exits heard before their launch's reply
-        self.closing = False
         # what the inputs of one turn of the loop changed, written down together at its end
         self._ended: list[tuple[str, JobState, int | None, str]] = []
         self._dirty: dict[str, Record] = {}
