@@ -14,7 +14,10 @@ grows by negotiation:
 * its preemptive view drops below what it holds in growth: it gives whole growth requests back, latest
   first (a mandatory shrink: the RMS's deadline is ``preempt_grace`` away);
 * ``work`` (node-seconds, None: until its minimum's walltime) is done at the rate of the nodes it holds;
-  then it ends everything and closes.
+  then it ends everything and closes;
+* an offer made to a standing negotiation, and its lapse, come as notifications, which a cut connection
+  loses: while it waits with nothing offered it asks again every ``REFRESH`` seconds (a revision, or a new
+  negotiation if the RMS had closed it), so that a lost offer delays its growth, never stops it.
 
 Decisions only: the SDK's :class:`~coorm.launchers.live.LiveRunner` carries them out live.
 """
@@ -37,6 +40,7 @@ from coorm.shared.negotiation import Answer, NegotiationTerms
 from coorm.shared.requests import RequestSpec, RequestType
 
 _EPS = 1e-6
+REFRESH = 30.0  # seconds a standing negotiation waits with nothing offered before it is asked again
 SIZE_RULES = ("pow2", "any")
 
 
@@ -81,6 +85,7 @@ class MalleableLauncher(Launcher):
         self.done_work = 0.0
         self._since = 0.0
         self._timer = 0
+        self._asks = 0  # Negotiate commands sent: a refresh timer is for the last one only
         self.views: Views | None = None
         # what the experiment and `coorm launch` report
         self.offers = self.accepted = self.countered = self.rejected = self.lapsed = 0
@@ -128,6 +133,7 @@ class MalleableLauncher(Launcher):
         terms = NegotiationTerms(negotiation=self.negotiation, cluster=self.cluster, type=RequestType.PREEMPTIBLE,
                                  min_nodes=sizes[0], max_nodes=sizes[-1], sizes=sizes,
                                  respond_within=self.respond_within, standing=True)
+        self._asks += 1
         return [Negotiate(terms)]
 
     def _reject_open(self) -> list[Command]:
@@ -165,7 +171,7 @@ class MalleableLauncher(Launcher):
             return self._negotiate()  # asked again while it can still grow
         if offer.waiting or offer.offer is None:
             self.offer = None
-            return []
+            return [Timer(now + REFRESH, f"ask{self._asks}")]
         self.offers += 1
         self.offer = offer
         sizes = self.growth_sizes()
@@ -212,6 +218,8 @@ class MalleableLauncher(Launcher):
         return []
 
     def on_timer(self, now: float, key: str) -> list[Command]:
+        if key == f"ask{self._asks}" and self.negotiation is not None and self.offer is None and not self.closed:
+            return self._negotiate()  # nothing heard since it was told to wait: an offer may have been lost
         if key != f"work{self._timer}" or self.closed:
             return []
         self._progress(now)

@@ -78,3 +78,19 @@ def test_its_work_ends_it_at_the_rate_of_the_nodes_it_holds():
     assert not m.finished and Timer(11.0, f"work{m._timer}") in early
     out = m.on_timer(11.0, f"work{m._timer}")
     assert m.finished and any(isinstance(c, Done) for c in out)
+
+
+def test_a_standing_negotiation_that_hears_nothing_is_asked_again():
+    """An unsolicited offer and its lapse notice may both be lost with a connection: the launcher that waits
+    with nothing offered asks again after REFRESH seconds; a timer of an older ask does nothing."""
+    from coorm.launchers.malleable import REFRESH
+
+    m, neg = started()
+    (t,) = m.on_offer(1.5, OfferSeen(neg.terms.negotiation, waiting=True))
+    assert t == Timer(1.5 + REFRESH, t.key)
+    (again,) = m.on_timer(t.at, t.key)
+    assert isinstance(again, Negotiate) and again.terms.negotiation == neg.terms.negotiation
+    assert m.on_timer(t.at, t.key) == []  # (the older ask's timer, fired again)
+    (offer_t,) = m.on_offer(t.at, OfferSeen(neg.terms.negotiation, waiting=True))
+    m.on_offer(t.at + 1, OfferSeen(neg.terms.negotiation, "g.o2", 4, t.at + 1, t.at + 6))  # heard: accepted
+    assert m.on_timer(offer_t.at, offer_t.key) == []
