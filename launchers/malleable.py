@@ -12,7 +12,8 @@ grows by negotiation:
   or rejected; a lapsed or refused negotiation is opened again while it runs;
 * each growth that starts, or ends, changes what it holds: the negotiation is revised to the new sizes;
 * its preemptive view drops below what it holds in growth: it gives whole growth requests back, latest
-  first (a mandatory shrink: the RMS's deadline is ``preempt_grace`` away);
+  first (a mandatory shrink: the RMS's deadline is ``preempt_grace`` away) -- at once, or when a drop its
+  view announced comes (a timer: no new view comes then);
 * ``work`` (node-seconds, None: until its minimum's walltime) is done at the rate of the nodes it holds;
   then it ends everything and closes;
 * an offer made to a standing negotiation, and its lapse, come as notifications, which a cut connection
@@ -86,6 +87,7 @@ class MalleableLauncher(Launcher):
         self._since = 0.0
         self._timer = 0
         self._asks = 0  # Negotiate commands sent: a refresh timer is for the last one only
+        self._watch = 0  # the timer set at the next drop of its view below what it holds
         self.views: Views | None = None
         # what the experiment and `coorm launch` report
         self.offers = self.accepted = self.countered = self.rejected = self.lapsed = 0
@@ -189,10 +191,12 @@ class MalleableLauncher(Launcher):
 
     def on_views(self, views: Views) -> list[Command]:
         self.views = views
-        view = views.preemptive.get(self.cluster)
+        return self._follow(views.now)
+
+    def _follow(self, now: float) -> list[Command]:
+        view = self.views.preemptive.get(self.cluster) if self.views else None
         if view is None or not self.growth:
             return []
-        now = views.now
         allowed = view.value_at(now)
         out: list[Command] = []
         self._progress(now)
@@ -204,6 +208,12 @@ class MalleableLauncher(Launcher):
             out.append(self.finish(rid))
         if out:
             out += self._changed(now)
+        # a drop its view announces for later brings no new view when it comes: it wakes up then
+        held = sum(self.growth.values())
+        drop = next((t for t in view.breakpoints_after(now) if view.value_at(t) < held), None)
+        if drop is not None:
+            self._watch += 1
+            out.append(Timer(drop, f"view{self._watch}"))
         return out
 
     def on_end(self, now: float, request: str, reason: str) -> list[Command]:
@@ -220,6 +230,8 @@ class MalleableLauncher(Launcher):
     def on_timer(self, now: float, key: str) -> list[Command]:
         if key == f"ask{self._asks}" and self.negotiation is not None and self.offer is None and not self.closed:
             return self._negotiate()  # nothing heard since it was told to wait: an offer may have been lost
+        if key == f"view{self._watch}" and not self.closed:
+            return self._follow(now)
         if key != f"work{self._timer}" or self.closed:
             return []
         self._progress(now)

@@ -94,3 +94,17 @@ def test_a_standing_negotiation_that_hears_nothing_is_asked_again():
     (offer_t,) = m.on_offer(t.at, OfferSeen(neg.terms.negotiation, waiting=True))
     m.on_offer(t.at + 1, OfferSeen(neg.terms.negotiation, "g.o2", 4, t.at + 1, t.at + 6))  # heard: accepted
     assert m.on_timer(offer_t.at, offer_t.key) == []
+
+
+def test_a_drop_its_view_announces_for_later_is_followed_when_it_comes():
+    """A preemptive view that keeps 8 until t=50, then 2: nothing to give back at 3, a timer at 50, and then
+    the growth goes back (no new view comes at 50 to say so)."""
+    m, neg = started(max_nodes=32)
+    m.on_offer(2.0, OfferSeen(neg.terms.negotiation, "g1.o1", 4, 2.0, 7.0))
+    m.on_start(2.0, neg.terms.negotiation, tuple(f"g{i}" for i in range(4)))
+    view = StepFunction.from_steps([(0, 8), (50, 2)])
+    out = m.on_views(Views(3.0, {"c0": StepFunction.constant(32, 0)}, {"c0": view}))
+    (t,) = [c for c in out if isinstance(c, Timer)]
+    assert t.at == 50.0 and not [c for c in out if isinstance(c, Done)]
+    out = m.on_timer(50.0, t.key)
+    assert Done(neg.terms.negotiation) in out and m.held() == 4
