@@ -14,7 +14,9 @@ and the applications' own observations:
 Applications: rigid jobs (the SDK, the shipped rigid launcher) of ``sh -c 'sleep S; exit K'`` on 1 to 4
 nodes with K in 0..3 -- their expected exit code -- ``coorm submit`` jobs (the command line; every other one
 through the ``coorm`` script's fast path, a batch job attached to the command) of the same, and
-a parameter-sweep application per cluster (the shipped PSA launcher: malleable, preempted by the others).
+a parameter-sweep application per cluster (the shipped PSA launcher: malleable, preempted by the others),
+``coorm batch --wrap`` jobs, and every fourth of those an array (its task farm) whose task ``t`` exits ``(t +
+K) % 4`` and marks a file of its own each time it runs: a task run twice is counted.
 
     python benchmarks/chaos.py                  # 300 applications, every process killed once
     python benchmarks/chaos.py --apps 60 --clusters c0=8,c1=8
@@ -63,6 +65,7 @@ class Outcome:
     accepted: bool = False
     detail: str = ""  # what a hung application was waiting for
     refused: list[str] = field(default_factory=list)  # what the RMS refused it
+    twice: list[str] = field(default_factory=list)  # an array's tasks that ran more than once
 
     @property
     def killed(self) -> bool:
@@ -205,6 +208,56 @@ async def batch_app(settings: Settings, env: dict[str, str], cwd: Path, name: st
     return out
 
 
+async def array_app(settings: Settings, env: dict[str, str], cwd: Path, name: str, cluster: str, tasks: int,
+                    sleep: float, code: int, deadline: float) -> Outcome:
+    """An array (``coorm batch --array``, run in its task farm): each task's state and exit code from the
+    history -- ``(task + code) % 4`` unless the RMS cut it short -- and how many times each ran (its marks)."""
+    out = Outcome(name, "batch", 0)
+    marks = cwd / name
+    marks.mkdir()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "coorm.cli.fast", "batch", "-p", cluster, "-N", "1", "-t", "5",
+        f"--array=0-{tasks - 1}", "-o", "/dev/null",
+        "--wrap", f"echo x >> {marks}/$COORM_ARRAY_TASK_ID; sleep {sleep:.2f}; "
+                  f"exit $(((COORM_ARRAY_TASK_ID + {code}) % 4))",
+        env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    stdout, err = await proc.communicate()
+    words = stdout.decode().split()
+    if proc.returncode != 0 or words[:3] != ["Submitted", "batch", "job"]:
+        out.error = f"submission failed ({proc.returncode}): {err.decode(errors='replace').strip()[-200:]}"
+        return out
+    job, out.accepted = words[3], True
+    nc = None
+    while time.monotonic() < deadline:
+        try:
+            if nc is None or nc.is_closed:
+                nc = await bus.connect_client(settings.nats_url, out.name, timeout=2.0, reconnect_window=30.0,
+                                              identity=settings.identity(Role.LAUNCHER))
+            reply = await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(ended=True, since=0.0, jobs=[job]),
+                                   BatchQueryReply, timeout=5)
+        except Exception:  # noqa: BLE001 - a server or the batch service restarting: ask again
+            reply = None
+        if reply is not None and len(reply.jobs) >= tasks:
+            out.started = any(r.started is not None for r in reply.jobs)
+            cut = [r for r in reply.jobs if r.state not in ("completed", "failed")]
+            out.ended_by_rms = ", ".join(f"{r.id} {r.state}" for r in cut) or None
+            bad = [f"{r.id}: {r.exit_code} not {((r.task or 0) + code) % 4}" for r in reply.jobs
+                   if r.state in ("completed", "failed") and r.exit_code != ((r.task or 0) + code) % 4]
+            out.code = 1 if bad else 0
+            out.detail = "; ".join(bad)
+            for r in reply.jobs:
+                f = marks / str(r.task)
+                if f.exists() and f.read_text().count("x") > 1:
+                    out.twice.append(r.id)
+            break
+        await asyncio.sleep(0.5)  # polling the history: the service tells no one of an end
+    else:
+        out.error, out.detail = "hung", f"array {job} never ended"
+    if nc is not None:
+        await bus.shutdown(nc)
+    return out
+
+
 async def sample_double_bookings(settings: Settings, stop: asyncio.Event, seen: list[str]) -> int:
     """Snapshots of the RMS's status through the run: a node in two started requests at once."""
     from coorm.cli.live import _status
@@ -309,7 +362,11 @@ async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: 
                 tasks.append(asyncio.create_task(cli_app(env, i, rng, deadline)))
             elif x < cli_share + batch_share:
                 job = (rng.choice(["c0", "c1"]), rng.randint(1, 2), rng.uniform(0.5, 4.0), rng.randint(0, 3))
-                tasks.append(asyncio.create_task(batch_app(settings, env, jobs_dir, f"batch{i}", *job, deadline)))
+                if rng.random() < 0.25:  # an array of 3 to 12 one-node tasks, in its task farm
+                    job = (job[0], rng.randint(3, 12), job[2] / 2, job[3])
+                    tasks.append(asyncio.create_task(array_app(settings, env, jobs_dir, f"array{i}", *job, deadline)))
+                else:
+                    tasks.append(asyncio.create_task(batch_app(settings, env, jobs_dir, f"batch{i}", *job, deadline)))
             else:
                 tasks.append(asyncio.create_task(sdk_app(settings, i, rng, deadline)))
             await asyncio.sleep(rng.expovariate(apps / (pause * len(victims))))  # arrivals through the kills
@@ -326,14 +383,16 @@ async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: 
     hung = [o for o in outcomes if o.error == "hung"]
     untold = [o for o in outcomes if o.error is not None and o.error != "hung"]
     lost = [o for o in outcomes if o.accepted and not o.started and not o.ended_by_rms and o.error is None]
-    wrong = [o for o in outcomes if o.wrong_code()]
+    wrong = [o for o in outcomes if o.wrong_code() or (o.name.startswith("array") and o.code == 1)]
     return {"apps": len(outcomes), "sdk": sum(o.via == "sdk" for o in outcomes),
             "cli": sum(o.via == "cli" for o in outcomes), "psa": sum(o.via == "psa" for o in outcomes),
             "batch": sum(o.via == "batch" for o in outcomes),
+            "arrays": sum(o.name.startswith("array") for o in outcomes),
+            "twice": [t for o in outcomes for t in o.twice],
             "killed_apps": sum(o.killed or bool(o.ended_by_rms) for o in outcomes),
             "lost": [o.name for o in lost], "hung": [f"{o.name} {o.detail}" for o in hung],
             "untold": [f"{o.name}: {o.error}" for o in untold], "wrong": [
-                f"{o.name}: expected {o.expected}, got {o.code} ({[(e.code, e.reason) for e in o.exits]})"
+                f"{o.name}: expected {o.expected}, got {o.code} ({[(e.code, e.reason) for e in o.exits]}) {o.detail}"
                 for o in wrong],
             "double_bookings": doubles, "samples": samples, "recovery": recovery,
             "gave_up": [f"{o.name}: {o.refused[0]}" for o in outcomes if o.refused and o.via == "psa"],
@@ -342,7 +401,7 @@ async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: 
 
 def report(r: dict) -> str:
     lines = [f"{r['apps']} applications ({r['sdk']} SDK rigid jobs, {r['cli']} coorm submit jobs, {r['batch']} "
-             f"batch jobs, {r['psa']} parameter-sweep applications), "
+             f"batch jobs of which {r['arrays']} arrays, {r['psa']} parameter-sweep applications), "
              f"{r['exits']} process exits seen by the SDK ones, {r['killed_apps']} cut short by a kill",
              "", "| check | count |", "| --- | --- |",
              f"| accepted requests lost | {len(r['lost'])} |",
@@ -350,9 +409,10 @@ def report(r: dict) -> str:
              f"| applications untold (session lost) | {len(r['untold'])} |",
              f"| nodes held by two started requests ({r['samples']} status snapshots) | {len(r['double_bookings'])} |",
              f"| wrong exit codes | {len(r['wrong'])} |",
+             f"| array tasks run twice | {len(r['twice'])} |",
              "", "| SIGKILL of | back to running a job (s) |", "| --- | --- |"]
     lines += [f"| {name} | {t:.1f} |" for name, t in r["recovery"].items()]
-    for key in ("lost", "hung", "untold", "wrong", "double_bookings", "gave_up"):
+    for key in ("lost", "hung", "untold", "wrong", "double_bookings", "gave_up", "twice"):
         for item in r[key][:10]:
             lines.append(f"{key}: {item}")
     return "\n".join(lines)

@@ -446,9 +446,16 @@ class BatchService:
             id=j.id, user=j.user, name=j.name, state=j.state.value, reason=j.reason,
             cluster=(sub.cluster or "") if sub else "", nodes=sub.nodes if sub else 0,
             walltime=sub.walltime if sub else 0.0, submitted=j.submitted, started=j.started, ended=j.ended,
-            exit_code=j.exit_code, app=(r.session or {}).get("app"), node_ids=list(r.node_ids), array_id=j.array_id,
+            exit_code=j.exit_code, app=self._app_of(r), node_ids=list(r.node_ids), array_id=j.array_id,
             task=j.task, command=_command_text(sub) if sub else "", cwd=sub.cwd if sub else "", output=output,
             error=error, dependency=sub.dependency if sub else None)
+
+    def _app_of(self, r: Record) -> str | None:
+        """The application a job is in the RMS as: its session's, or its array's task farm's."""
+        if r.farmed:
+            farm = self.farms.get(r.spec)
+            return farm.core.app or None if farm is not None else None
+        return (r.session or {}).get("app")
 
     # ============================================================================================
     # running jobs
