@@ -83,6 +83,34 @@ def _sim_half(sim: tsim.SimRun, spec) -> dict:
             "resubmissions": getattr(sim.result.launchers[spec.name], "resubmissions", None)}
 
 
+FORK = "start (s), before the schedules fork"
+FORK_GAP = 0.25  # seconds: two starts closer than this may be heard in either order (notify jitter), not forked
+
+
+def fork(apps: list[dict], m: str) -> float:
+    """When the live schedule and ``m``'s fork (the arrival of the first application concerned): an adaptive
+    launcher chooses another configuration, or two applications start in the other order. Until then both
+    run the same schedule, shifted by the delays; after, two different valid schedules."""
+    at = min((a["arrived"] for a in apps if a["kind"] in ("moldable", "cem")
+              and a["live_choice"] != a[f"{m}_choice"]), default=float("inf"))
+    started = [a for a in apps if a["live_start"] is not None and a[f"{m}_start"] is not None]
+    for i, a in enumerate(started):
+        for b in started[i + 1:]:
+            live, other = a["live_start"] - b["live_start"], a[f"{m}_start"] - b[f"{m}_start"]
+            if abs(live) > FORK_GAP and abs(other) > FORK_GAP and (live > 0) != (other > 0):
+                at = min(at, a["arrived"], b["arrived"])
+    return at
+
+
+def before_fork(apps: list[dict], m: str) -> dict:
+    """|start live - start ``m``| over the applications that arrive before the two schedules fork."""
+    first = fork(apps, m)
+    d = [abs(a["live_start"] - a[f"{m}_start"]) for a in apps if a["arrived"] < first
+         and a["live_start"] is not None and a[f"{m}_start"] is not None]
+    return {"row": "diff", "what": FORK, "model": m, **{k: _r(v) for k, v in spread(d).items()},
+            "until": None if first == float("inf") else first}
+
+
 def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
     """The rows of the experiment: the run, the delays measured (on ``live``), each application live and
     simulated (and live ``again``), the distributions of the differences from ``live``, Fig. 8."""
@@ -124,13 +152,7 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
         differ = [a for a in adaptive if a["live_choice"] != a[f"{m}_choice"]]
         diffs.append({"row": "diff", "what": "moldable and CEM choices that differ", "model": m, "n": len(adaptive),
                       "median": None, "p95": None, "max": None, "count": len(differ)})
-        # until an adaptive launcher chooses differently, both run the same schedule, shifted by the delays;
-        # after, they run two different (valid) schedules
-        first = min((a["arrived"] for a in differ), default=float("inf"))
-        d = [abs(a["live_start"] - a[f"{m}_start"]) for a in apps if a["arrived"] < first
-             and a["live_start"] is not None and a[f"{m}_start"] is not None]
-        diffs.append({"row": "diff", "what": "start (s), before the first choice that differs", "model": m,
-                      **{k: _r(v) for k, v in spread(d).items()}, "until": None if first == float("inf") else first})
+        diffs.append(before_fork(apps, m))
     # how sensitive the schedule itself is: the calibrated simulator against itself with every delay 10 % longer
     perturbed = tsim.simulate(specs, clusters, settings, tsim.scaled(delays, 1.1))
     d = [abs(perturbed.result.apps[a["name"]].heard_started - a["calibrated_start"]) for a in apps
@@ -180,6 +202,12 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
                      "sim": _r(sims[m].cpu, 2), "ratio": _r(live_cpu / sims[m].cpu if sims[m].cpu else float("nan"), 1),
                      "live_system": _r(live.cpu_system, 2), "live_launchers": _r(live.cpu_launchers, 2),
                      "live_by_process": {k: _r(v, 2) for k, v in sorted(live.cpu_by_process.items())}})
+    # what the live runs measured, stored with the results: every request's life as the policy engine
+    # published it, and the delay samples the calibration is taken from
+    for i, lr in enumerate([live, *([again] if again is not None else [])], start=1):
+        rows += [{"row": "request", "run": i, **{k: _r(v) if isinstance(v, float) else v for k, v in r.items()}}
+                 for r in lr.requests]
+    rows += [{"row": "samples", "delay": k, "values": [_r(v, 4) for v in vs]} for k, vs in live.delays.items()]
     return rows + apps
 
 
@@ -205,13 +233,12 @@ def markdown(rows: list[dict]) -> dict[str, str]:
             f"**{'holds' if run_['holds'] else 'does not hold'}** (p95 {_f(run_['p95_start_calibrated'])} s; the "
             f"papers' instant simulator: {_f(run_['p95_start_instant'])} s"
             + (f"; the live system against itself, run again: {_f(again)} s" if again is not None else "") + ").")
-    prefix = {d["model"]: d for d in rows if d["row"] == "diff"
-              and d["what"] == "start (s), before the first choice that differs"}
-    cal = prefix["calibrated"]
-    head += (f" Before the first moldable or CEM choice that differs from the live run's (the {cal['n']} "
-             f"applications that arrive before {_f(cal['until'], 1)} s): p95 |Δstart| {_f(cal['p95'])} s calibrated, "
-             f"{_f(prefix['instant']['p95'])} s instant"
-             + (f", {_f(prefix['again']['p95'])} s for the live system run again" if "again" in prefix else "") + ".")
+    prefix = {d["model"]: d for d in rows if d["row"] == "diff" and d["what"] == FORK}
+    head += (" Before the schedules fork (a moldable or CEM launcher chooses another configuration, or two "
+             "applications start in the other order): p95 |Δstart| "
+             + ", ".join(f"{_f(prefix[m]['p95'])} s {MODEL_NAMES[m]} (the {prefix[m]['n']} applications that arrive "
+                         f"before {_f(prefix[m]['until'], 1)} s)" for m in ("calibrated", "instant", "again")
+                         if m in prefix) + ".")
     delays = md_delays([r for r in rows if r["row"] == "delay"])
     diffs = common.md_table(
         ["live (first run) against", "difference (absolute)", "n", "median", "p95", "max"],
