@@ -154,6 +154,7 @@ class Session:
     epoch: int = -1
     stats: _Stats = field(default_factory=_Stats)
     closed: bool = False
+    with_views: bool = True  # opened with views (False: the RMS sends none, and none is asked for)
 
     def __post_init__(self) -> None:
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -207,20 +208,20 @@ class Session:
                           name=name, kind=kind)
         # (sent again after a timeout: a session opened by the attempt that timed out is reaped, unheard of)
         reply = await _call_retrying(nc, subjects.session_open(user), msg, SessionOpenReply, after_timeout=_reraise)
-        self = cls(nc=nc, reply=reply, settings=settings, own_connection=own)
+        self = cls(nc=nc, reply=reply, settings=settings, own_connection=own, with_views=views)
         opened.append(self)
         await self._subscribe()
         self._heartbeat = asyncio.create_task(self._beat())
         return self
 
     @classmethod
-    async def resume(cls, settings: Settings, reply: SessionOpenReply, nc, launched: dict[tuple[str, int], str]
-                     ) -> Session:
+    async def resume(cls, settings: Settings, reply: SessionOpenReply, nc, launched: dict[tuple[str, int], str],
+                     *, views: bool = True) -> Session:
         """Take up a session another process opened (the batch service's previous instance, from its
         records): listen and beat again, then ask what was missed meanwhile -- what started and ended, and
         how the processes ``launched`` ((node, pid) -> request) ended -- as after a reconnection. Raises
         :class:`~coorm.shared.bus.WireError` (``unknown_app``) when the RMS reaped the session meanwhile."""
-        self = cls(nc=nc, reply=reply, settings=settings, own_connection=False)
+        self = cls(nc=nc, reply=reply, settings=settings, own_connection=False, with_views=views)
         # a heartbeat first: a session the RMS no longer has is refused here, before anything is subscribed
         await _call_retrying(nc, reply.subjects.heartbeat, HeartbeatMsg(token=reply.token), Ack)
         self._unexited.update(launched)
@@ -242,11 +243,12 @@ class Session:
         ]
         # the first changeNotify may have been sent before we listened: ask for the views as they stand (the
         # server handles a connection's commands in order, so the subscriptions are in place before the query
-        # is; no flush needed)
-        note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify,
-                                    timeout=QUERY_TIMEOUT, after_timeout=_reraise)
-        if note.changes:
-            self._apply_change(note, len(bus.encode(note)))
+        # is; no flush needed). A session without views (a batch job's) has none to ask for: a round trip less
+        if self.with_views:
+            note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify,
+                                        timeout=QUERY_TIMEOUT, after_timeout=_reraise)
+            if note.changes:
+                self._apply_change(note, len(bus.encode(note)))
 
     async def close(self) -> None:
         """End the session: the RMS cancels what waits and ends what runs."""
@@ -585,10 +587,11 @@ class Session:
         if self.closed:
             return
         try:
-            note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify,
-                                        timeout=QUERY_TIMEOUT, after_timeout=_reraise)
-            if note.changes:
-                self._apply_change(note, len(bus.encode(note)))
+            if self.with_views:
+                note = await _call_retrying(self.nc, subjects.app_views(self.app), InfoQuery(), ChangeNotify,
+                                            timeout=QUERY_TIMEOUT, after_timeout=_reraise)
+                if note.changes:
+                    self._apply_change(note, len(bus.encode(note)))
             reply = await _call_retrying(self.nc, subjects.app_allocations(self.app),
                                          AllocationsQuery(token=self.token), AllocationsReply)
         except Exception as e:  # noqa: BLE001 - the next reconnection asks again; the notifications go on

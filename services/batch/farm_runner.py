@@ -129,7 +129,7 @@ class FarmRunner:
                 if [node, pid] not in r.exited:
                     launched[node, pid] = request
         try:
-            self.session = await Session.resume(svc.settings, reply, svc.nc, launched)
+            self.session = await Session.resume(svc.settings, reply, svc.nc, launched, views=False)
         except bus.WireError as e:
             if e.code not in (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN):
                 raise

@@ -612,8 +612,8 @@ class BatchService:
                 exited = frozenset((n, p) for n, p in r.exited)
                 resumed = Resumed(launched=launched, exited=exited, exit_code=j.exit_code or 0, started=j.started)
                 try:
-                    session = await Session.resume(self.settings, reply, self.nc,
-                                                   {k: v for k, v in launched.items() if k not in exited})
+                    running = {k: v for k, v in launched.items() if k not in exited}
+                    session = await Session.resume(self.settings, reply, self.nc, running, views=False)
                 except bus.WireError as e:
                     if e.code not in (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN):
                         raise
