@@ -236,9 +236,8 @@ def markdown(rows: list[dict]) -> dict[str, str]:
     prefix = {d["model"]: d for d in rows if d["row"] == "diff" and d["what"] == FORK}
     head += (" Before the schedules fork (a moldable or CEM launcher chooses another configuration, or two "
              "applications start in the other order): p95 |Δstart| "
-             + ", ".join(f"{_f(prefix[m]['p95'])} s {MODEL_NAMES[m]} (the {prefix[m]['n']} applications that arrive "
-                         f"before {_f(prefix[m]['until'], 1)} s)" for m in ("calibrated", "instant", "again")
-                         if m in prefix) + ".")
+             + ", ".join(f"{_f(prefix[m]['p95'])} s {MODEL_NAMES[m]} ({_before(prefix[m])})"
+                         for m in ("calibrated", "instant", "again") if m in prefix) + ".")
     delays = md_delays([r for r in rows if r["row"] == "delay"])
     diffs = common.md_table(
         ["live (first run) against", "difference (absolute)", "n", "median", "p95", "max"],
@@ -270,6 +269,12 @@ def markdown(rows: list[dict]) -> dict[str, str]:
         for a in rows if a["row"] == "app"])
     return {"twin-summary": head + "\n\n" + delays, "twin-diffs": diffs, "twin-fig8": fig8,
             "twin-apps": "<details><summary>every application, side by side</summary>\n\n" + apps + "\n\n</details>"}
+
+
+def _before(d: dict) -> str:
+    if d["until"] is None:
+        return f"all {d['n']} applications: no fork"
+    return f"the {d['n']} applications that arrive before {_f(d['until'], 1)} s"
 
 
 def md_delays(delays: list[dict]) -> str:
