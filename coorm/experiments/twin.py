@@ -208,6 +208,7 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
         rows += [{"row": "request", "run": i, **{k: _r(v) if isinstance(v, float) else v for k, v in r.items()}}
                  for r in lr.requests]
     rows += [{"row": "samples", "delay": k, "values": [_r(v, 4) for v in vs]} for k, vs in live.delays.items()]
+    rows += [{"row": "held", "model": h, "step_s": 0.5, "nodes": curve} for h, curve in curves.items()]
     return rows + apps
 
 
@@ -296,7 +297,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     apps = [a for a in rows if a["row"] == "app" and a["live_start"] is not None]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     ax = axes[0]
     for m, colour in zip(MODELS, ("#d62728", "#1f77b4"), strict=True):
         d = sorted(abs(a["live_start"] - a[f"{m}_start"]) for a in apps if a[f"{m}_start"] is not None)
@@ -306,6 +307,15 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("fraction of applications")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    ax = axes[2]
+    for h in rows:
+        if h["row"] == "held":
+            ax.step([i * h["step_s"] for i in range(len(h["nodes"]))], h["nodes"], where="post", lw=0.8,
+                    label={"live": "live (first run)", **MODEL_NAMES}[h["model"]])
+    ax.set_xlabel("seconds since the run's start")
+    ax.set_ylabel("nodes held (both clusters)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     ax = axes[1]
     f8 = [r for r in rows if r["row"] == "fig8" and r["what"] != "notifications"]
     labels = [f"{r['what']}\n({r['model']})" for r in f8]
