@@ -259,10 +259,10 @@ def nats_cluster_config(workdir: Path, store: CredentialStore, index: int, route
 
 
 def valkey_member_config(workdir: Path, store: CredentialStore, primary_port: int | None) -> str:
-    """A Valkey of the group: the ACL, a replica's primary, and no write accepted without a replica
-    attached (a primary left alone would take writes that a failover may drop)."""
-    lines = [*store.valkey_acl(), "min-replicas-to-write 1", "min-replicas-max-lag 10",
-             "masteruser coorm", f"masterauth {store.valkey_password()}"]
+    """A Valkey of the group: the ACL, a replica's primary, and the password to follow a new primary with.
+    (No ``min-replicas-to-write``: CooRM's client waits for a replica after each write instead, and a
+    primary refusing every write until its replica came back after a failover made the lease lapse.)"""
+    lines = [*store.valkey_acl(), "masteruser coorm", f"masterauth {store.valkey_password()}"]
     if primary_port is not None:
         lines.append(f"replicaof 127.0.0.1 {primary_port}")
     return "\n".join(lines) + "\n"

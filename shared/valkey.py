@@ -27,10 +27,18 @@ from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
+from coorm.shared import keys
+
 SCHEME = "redis+sentinel"
 DEFAULT_MASTER = "coorm"
 REPLICAS_TO_WAIT = 1  # replicas that must have a write before it returns
-WAIT_MS = 2000  # how long a write waits for them (a replica resyncing after a failover takes well under this)
+# how long a write waits for them: after a failover the other replica must first follow the new primary (a
+# partial resync, a second or two on a loaded machine); a write meanwhile waits rather than fails
+WAIT_MS = 5000
+# keys whose writes do not wait: the policy engine's lease is liveness, not state -- a lease lost in a failover
+# only lets the standby take over, and a leader's appends check the lease on the primary they go to. A renewal
+# that waited for a resyncing replica would let the lease lapse, and the two engines take turns
+UNREPLICATED = frozenset({keys.POLICY_LEASE})
 # Under Sentinel no command may wait for ever on a primary that is gone without closing its connections (a
 # host's death, a partition: no reset comes), nor may a connection attempt: they fail, and the client asks
 # the sentinels again. Longer than a WAIT (no command blocks in Valkey otherwise).
@@ -118,9 +126,26 @@ def describe(url: str) -> str:
 # ================================================================================================
 # clients
 # ================================================================================================
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _is_write(name: Any) -> bool:
-    text = name.decode() if isinstance(name, bytes) else str(name)
-    return text.split(" ", 1)[0].upper() not in _READS
+    return _text(name).split(" ", 1)[0].upper() not in _READS
+
+
+def _waits(args: tuple) -> bool:
+    """Whether a command must wait for a replica: a write to any key but those of :data:`UNREPLICATED`."""
+    if not _is_write(args[0]):
+        return False
+    name = _text(args[0]).upper()
+    if name in ("EVAL", "EVALSHA", "FCALL") and len(args) > 2:
+        touched = args[3:3 + int(args[2])]
+    elif name in ("SET", "PEXPIRE", "EXPIRE", "DEL", "UNLINK") and len(args) > 1:
+        touched = args[1:2] if name != "DEL" and name != "UNLINK" else args[1:]
+    else:
+        return True
+    return not touched or any(_text(k) not in UNREPLICATED for k in touched)
 
 
 async def _wait_replicated(conn: Any) -> None:
@@ -133,13 +158,13 @@ async def _wait_replicated(conn: Any) -> None:
 class _ReplicatedPipeline(Pipeline):
     async def _execute_transaction(self, connection, commands, raise_on_error):
         out = await super()._execute_transaction(connection, commands, raise_on_error)
-        if any(_is_write(args[0]) for args, _ in commands):
+        if any(_waits(args) for args, _ in commands):
             await _wait_replicated(connection)
         return out
 
     async def _execute_pipeline(self, connection, commands, raise_on_error):
         out = await super()._execute_pipeline(connection, commands, raise_on_error)
-        if any(_is_write(args[0]) for args, _ in commands):
+        if any(_waits(args) for args, _ in commands):
             await _wait_replicated(connection)
         return out
 
@@ -149,7 +174,7 @@ class ReplicatedRedis(aioredis.Redis):
 
     async def _send_command_parse_response(self, conn, command_name, *args, **options):
         out = await super()._send_command_parse_response(conn, command_name, *args, **options)
-        if _is_write(command_name):
+        if _waits(args):
             await _wait_replicated(conn)
         return out
 

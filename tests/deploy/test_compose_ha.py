@@ -93,9 +93,10 @@ def test_with_the_ha_block_every_coorm_container_reaches_the_cluster(monkeypatch
         assert "/etc/nats/nats-cluster.conf" in [v.split(":")[1] for v in services[n]["volumes"] if isinstance(v, str)]
     names = {environment(services[n])["NATS_SERVER_NAME"] for n in ("nats", "nats-2", "nats-3")}
     assert len(names) == 3  # JetStream's peers are told apart by name
-    for n in ("redis", "redis-replica-2", "redis-replica-3"):
+    for n in ("redis-replica-2", "redis-replica-3"):
         cmd = command(services[n])
-        assert cmd[cmd.index("--min-replicas-to-write") + 1] == "1", n
+        assert cmd[cmd.index("--replicaof") + 1:cmd.index("--replicaof") + 3] == ["redis", "6379"], n
+        assert cmd[cmd.index("--masterauth") + 1] == TEST_SECRETS["COORM_REDIS_PASSWORD"], n
 
 
 # ================================================================================================

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from coorm.shared import valkey
+from coorm.shared import keys, valkey
 from coorm.shared.credentials import CredentialStore
 from coorm.shared.servers import _wait_port, free_port, start_servers, valkey_binary
 from coorm.shared.settings import Settings
@@ -81,7 +81,8 @@ def test_a_write_returns_once_a_replica_has_it_and_fails_when_none_does(tmp_path
         _wait_replicas(pport, password, 1)
 
         async def scenario() -> None:
-            client = valkey.ReplicatedRedis(port=pport, username="coorm", password=password, decode_responses=True)
+            client = valkey.ReplicatedRedis(port=pport, username="coorm", password=password, decode_responses=True,
+                                            socket_timeout=valkey.SOCKET_TIMEOUT)
             reader = redis.Redis(port=rport, username="coorm", password=password, decode_responses=True)
             try:
                 for i in range(20):
@@ -100,6 +101,12 @@ def test_a_write_returns_once_a_replica_has_it_and_fails_when_none_does(tmp_path
                         await client.set("lost?", "1")
                     with pytest.raises(valkey.NotReplicated):
                         await client.eval("return redis.call('set', KEYS[1], '1')", 1, "scripted")
+                    # the lease is liveness, not state: its writes do not wait (a renewal must not lapse)
+                    t0 = time.monotonic()
+                    assert await client.set(keys.POLICY_LEASE, "me", px=3000)
+                    assert await client.eval("return redis.call('pexpire', KEYS[1], ARGV[1])", 1,
+                                             keys.POLICY_LEASE, 3000) == 1
+                    assert time.monotonic() - t0 < valkey.WAIT_MS / 1000
                 finally:
                     os.kill(replica.pid, signal.SIGCONT)
                 await client.set("again", "1")
