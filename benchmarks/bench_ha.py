@@ -195,7 +195,8 @@ async def run(clusters: dict[str, int], apps: int, seed: int, workdir: Path | No
     wrong = [o for o in outcomes if o.wrong_code()]
     return {"apps": len(outcomes), "sdk": sum(o.via == "sdk" for o in outcomes),
             "cli": sum(o.via == "cli" for o in outcomes), "psa": sum(o.via == "psa" for o in outcomes),
-            "batch": sum(o.via == "batch" for o in outcomes),
+            "batch": sum(o.via == "batch" for o in outcomes), "arrays": 0,
+            "twice": [t for o in outcomes for t in o.twice],
             "killed_apps": sum(o.killed or bool(o.ended_by_rms) for o in outcomes),
             "lost": [o.name for o in lost], "hung": [f"{o.name} {o.detail}" for o in hung],
             "untold": [f"{o.name}: {o.error}" for o in untold], "wrong": [
