@@ -87,7 +87,9 @@ async def decision_stream_state(settings: Settings) -> str:
         stream = await js.stream_info(subjects.DECISIONS_STREAM)
         out = [f"stream last seq {stream.state.last_seq}, leader {stream.cluster.leader if stream.cluster else None}"]
         for c in await js.consumers_info(subjects.DECISIONS_STREAM):
-            out.append(f"consumer {c.name}: delivered {c.delivered.stream_seq}, ack floor {c.ack_floor.stream_seq}, "
+            delivered = c.delivered.stream_seq if c.delivered else None
+            floor = c.ack_floor.stream_seq if c.ack_floor else None
+            out.append(f"consumer {c.name}: delivered {delivered}, ack floor {floor}, "
                        f"ack pending {c.num_ack_pending}, pending {c.num_pending}, redelivered {c.num_redelivered}, "
                        f"leader {c.cluster.leader if c.cluster else None}")
         return "; ".join(out)
@@ -117,6 +119,18 @@ async def _failover(up: Up, old_port: int, t0: float, timeout: float = 60.0) -> 
             pass
         await asyncio.sleep(0.05)  # asking the sentinels: nothing to wait on
     return float("inf")
+
+
+async def guarded(app, name: str, via: str) -> chaos.Outcome:
+    """An application's outcome, whatever it raised: a CancelledError out of the SDK (nats-py's close of a
+    connection the server reset raises one) is what that application was told, not the end of the run."""
+    try:
+        return await app
+    except asyncio.CancelledError as e:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the run itself is being cancelled
+        return chaos.Outcome(name, via, 0, error=f"CancelledError out of the SDK: {e!r}")
 
 
 async def kill_in_turn(up: Up, settings: Settings, pause: float, env: dict[str, str], cwd: Path) -> dict:
@@ -163,20 +177,21 @@ async def run(clusters: dict[str, int], apps: int, seed: int, workdir: Path | No
     sampler = asyncio.create_task(chaos.sample_double_bookings(settings, stop_sampling, doubles))
     try:
         deadline = time.monotonic() + pause * (len(VICTIMS) + 2) + 180
-        tasks = [asyncio.create_task(chaos.psa_app(settings, c, 4 * n, deadline)) for c, n in clusters.items()]
+        tasks = [asyncio.create_task(guarded(chaos.psa_app(settings, c, 4 * n, deadline), f"psa-{c}", "psa"))
+                 for c, n in clusters.items()]
         killer = None
         jobs_dir = up.workdir / "batch-jobs"
         jobs_dir.mkdir(exist_ok=True)
         for i in range(apps):
             x = rng.random()
             if x < cli_share:
-                tasks.append(asyncio.create_task(chaos.cli_app(env, i, rng, deadline)))
+                tasks.append(asyncio.create_task(guarded(chaos.cli_app(env, i, rng, deadline), f"cli{i}", "cli")))
             elif x < cli_share + batch_share:
                 job = (rng.choice(["c0", "c1"]), rng.randint(1, 2), rng.uniform(0.5, 4.0), rng.randint(0, 3))
-                tasks.append(asyncio.create_task(chaos.batch_app(settings, env, jobs_dir, f"batch{i}", *job,
-                                                                 deadline)))
+                tasks.append(asyncio.create_task(guarded(
+                    chaos.batch_app(settings, env, jobs_dir, f"batch{i}", *job, deadline), f"batch{i}", "batch")))
             else:
-                tasks.append(asyncio.create_task(chaos.sdk_app(settings, i, rng, deadline)))
+                tasks.append(asyncio.create_task(guarded(chaos.sdk_app(settings, i, rng, deadline), f"sdk{i}", "sdk")))
             # arrivals spread over the kills
             await asyncio.sleep(rng.expovariate(apps / (pause * (len(VICTIMS) + 1))))
             if i == apps // 10:
