@@ -81,6 +81,7 @@ class Up:
         self.metrics_ports: dict[str, int] = {}  # process name -> where it serves its Prometheus metrics
         self.settings: Settings | None = None
         self.backoff = Backoff()
+        self._users_seen: float | None = None  # (--ha) when nats-auth.conf last changed, as last seen
         self.failed: str | None = None  # why supervision gave up
         self.stop_reason: str | None = None  # set (by a signal handler) to stop; a start under way gives up
         self.say: Callable[[str], None] = lambda line: None  # where restarts are announced (the console)
@@ -163,6 +164,7 @@ class Up:
             self._spawn(f"agent-{cluster}", ["agent", "--cluster", cluster, "--nodes", span, "--cores", "1",
                                              "--memory-mb", "1024", "--id", f"agent-{cluster}"])
         self._wait_nodes(timeout)
+        self._reload_users()  # (what the store's users are now: a change from here on is told to every server)
         self._write_pids()
         self.targets_file.write_text(json.dumps(self.prometheus_targets(), indent=1) + "\n")
         if self.write_connection:
@@ -188,6 +190,7 @@ class Up:
         """One look at the children: a dead one is restarted once its back-off is over. False once a child
         is beyond repair (:attr:`failed` says which and why)."""
         now = time.monotonic() if now is None else now
+        self._reload_users()
         changed = False
         for child in self.children.values():
             if child.due is not None:
@@ -213,6 +216,28 @@ class Up:
         if changed:
             self._write_pids()
         return True
+
+    def _reload_users(self) -> None:
+        """With ``ha``, every NATS server reads its users again when the store's ``nats-auth.conf`` changed
+        (``coorm user add``/``remove`` tells only the server of the store's pid file: one of the three)."""
+        if not self.ha or self.servers is None:
+            return
+        from coorm.shared.credentials import CredentialStore
+
+        try:
+            mtime = CredentialStore(self.servers.credentials).nats_auth_path.stat().st_mtime
+        except OSError:
+            return
+        if self._users_seen is None:
+            self._users_seen = mtime
+        elif mtime != self._users_seen:
+            self._users_seen = mtime
+            for name in self.server_names:
+                child = self.children.get(name)
+                if name.startswith("nats") and child is not None and child.alive() and child.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.pid, signal.SIGHUP)
+            self._log("the store's users changed: every NATS server reads them again")
 
     @property
     def targets_file(self) -> Path:

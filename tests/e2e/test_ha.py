@@ -179,3 +179,44 @@ def test_the_light_path_tries_each_server_of_a_list(tmp_path):
     run = _fast(["queue"], {"COORM_NATS_URL": f"{dead},{dead2}", "COORM_CONNECT_TIMEOUT": "2"}, tmp_path)
     assert run.returncode == 3, (run.returncode, run.stderr)
     assert f"{dead},{dead2}" in run.stderr and "cannot reach" in run.stderr, run.stderr
+
+
+# ================================================================================================
+# coorm up --ha: a user added is let in by every NATS server
+# ================================================================================================
+def test_a_user_added_is_let_in_by_every_server_of_the_cluster(tmp_path):
+    """``coorm user add`` rewrites the store's users and signals the server of the store's pid file only;
+    ``coorm up --ha``'s supervision has the other two read them as well: before its next look a new user is
+    refused by them, after it every server lets them in."""
+    import nats as nats_client
+
+    from coorm.cli.up import Up
+
+    up = Up({"c0": 1}, tmp_path / "work", write_connection=False, accounting=False, ha=True)
+    try:
+        up.start(120)
+        store = CredentialStore(up.servers.credentials)
+        bob = store.add_user("bob")
+
+        async def admitted(url: str) -> bool:
+            async def quiet(e: Exception) -> None:
+                pass
+
+            try:
+                nc = await nats_client.connect(url, nkeys_seed_str=bob.seed, inbox_prefix=bob.inbox_prefix,
+                                               connect_timeout=2, allow_reconnect=False, error_cb=quiet)
+            except Exception:  # noqa: BLE001 - refused
+                return False
+            await nc.close()
+            return True
+
+        urls = up.servers.nats_url.split(",")
+        assert not any(asyncio.run(admitted(u)) for u in urls[1:])  # nobody told them yet
+        assert up.supervise()
+        deadline = time.monotonic() + 10
+        while not all(asyncio.run(admitted(u)) for u in urls):
+            assert time.monotonic() < deadline, "a NATS server did not let the new user in"
+            time.sleep(0.1)  # the servers reload in the background: nothing to wait on
+        assert "the store's users changed" in (up.workdir / "supervisor.log").read_text()
+    finally:
+        up.stop()
