@@ -184,10 +184,12 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
         if name == "launch_nodes":
             continue
         sp = spread(samples)
-        rows.append({"row": "delay", "delay": name, "n": sp["n"], "median": _r(sp["median"]),
+        rows.append({"row": "delay", "delay": name, "n": sp["n"], "mean": _r(statistics.fmean(samples)),
+                     "median": _r(sp["median"]),
                      "p95": _r(sp["p95"]), "max": _r(sp["max"]),
                      "used": _r(used.get({"work_overhead": "exit"}.get(name, name)))})
-    rows.append({"row": "delay", "delay": "launch_per_node", "n": None, "median": None, "p95": None, "max": None,
+    rows.append({"row": "delay", "delay": "launch_per_node", "n": None, "mean": None, "median": None, "p95": None,
+                 "max": None,
                  "used": _r(delays.launch_per_node, 4)})
     rows += diffs + dist
     live_bytes, live_notes = sum(a["live_bytes"] for a in apps), sum(a["live_notes"] for a in apps)
@@ -287,8 +289,9 @@ def md_delays(delays: list[dict]) -> str:
             "views": "a round of views → its launcher hears of it",
             "launch_per_node": "a launch's time per node (a line fitted to the launches' times)"}
     return common.md_table(
-        ["delay (live)", "what", "samples", "median (s)", "p95 (s)", "max (s)", "simulator uses (s)"],
-        [[d["delay"], what.get(d["delay"], ""), "—" if d["n"] is None else d["n"], _f(d["median"], 3),
+        ["delay (live)", "what", "samples", "mean (s)", "median (s)", "p95 (s)", "max (s)", "simulator uses (s)"],
+        [[d["delay"], what.get(d["delay"], ""), "—" if d["n"] is None else d["n"], _f(d.get("mean"), 3),
+          _f(d["median"], 3),
           _f(d["p95"], 3), _f(d["max"], 3), "paced as live (view period)" if d["delay"] == "views"
           else _f(d["used"], 4 if d["delay"] == "launch_per_node" else 3)] for d in delays])
 
