@@ -34,10 +34,10 @@ def policy(live_settings: dict) -> PolicySettings:
 def calibrate(samples: dict[str, list[float]], live_settings: dict) -> Delays:
     """The delays the live run measured, and its view pacing (its own settings). Each delay is the mean of
     its samples: the delays add up over a run (a start waits for the end before it, which waited...), so
-    the tails count -- the median, the typical event, made the simulated run early on average (a mean wait
-    0.4 s shorter than live's, p95 |start| before the fork 0.21 s against 0.14 s with the means, on
-    earlier stored run). A launch's time is a line in its nodes (Theil-Sen, the tails would tilt a least-squares
-    one), scaled to the samples' mean."""
+    the tails count -- the median, the typical event, made the simulated run early on average (on an earlier
+    stored run: a mean wait 0.4 s shorter than live's, p95 |start| before the fork 0.21 s against 0.14 s
+    with the means). A launch's time is a line in its nodes (Theil-Sen: the tails would tilt a
+    least-squares one), scaled to the samples' mean."""
     mean = {k: statistics.fmean(samples[k]) if samples.get(k) else 0.0
             for k in ("notify", "command", "work_overhead", "open")}
     nodes, launch = samples.get("launch_nodes", []), samples.get("launch", [])
