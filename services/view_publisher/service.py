@@ -80,29 +80,38 @@ class ViewPublisher:
         self.latest_epoch = (0, 0.0)
         self._lock = asyncio.Lock()  # an epoch and a refresh never interleave
         self.ready = asyncio.Event()
+        self._syncing: asyncio.Task | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         self.redis = redis_client(self.settings.redis_url)
-        self.nc = await bus.connect(self.settings.nats_url, self.name, self.settings.identity(Role.SERVICE))
+        self.nc = await bus.connect(self.settings.nats_url, self.name, self.settings.identity(Role.SERVICE),
+                                    reconnected_cb=self._reconnected)
         subs = [
             await bus.serve(self.nc, subjects.SCHEDULE_EPOCH, ViewsEpoch, self._on_epoch),
             await bus.serve(self.nc, subjects.CLUSTERS_INFO, InfoQuery, self._on_info),
             await bus.serve(self.nc, subjects.CLUSTERS_INTERINFO, InfoQuery, self._on_interinfo),
             await bus.serve(self.nc, subjects.APP_VIEWS_ANY, InfoQuery, self._on_refresh),
         ]
-        sync = asyncio.create_task(self._sync())
+        self._syncing = asyncio.create_task(self._sync())
         self.ready.set()
         try:
             await stop.wait()
         finally:
-            sync.cancel()
+            self._syncing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await sync
+                await self._syncing
             for s in subs:
                 with contextlib.suppress(Exception):
                     await s.unsubscribe()
             await bus.shutdown(self.nc)
             await self.redis.aclose()
+
+    async def _reconnected(self) -> None:
+        """Views the policy engine sent while this was cut from NATS are lost (core NATS; in a cluster, the
+        engine on another server goes on sending them): ask for every view again. An application whose
+        first views were lost so waited for them for ever."""
+        if self._syncing is None or self._syncing.done():
+            self._syncing = asyncio.create_task(self._sync())
 
     async def _sync(self) -> None:
         """After a (re)start: ask the policy engine for every view, until a leader answers."""
