@@ -169,42 +169,60 @@ async def cli_app(env: dict[str, str], i: int, rng: random.Random, deadline: flo
     return out
 
 
-async def batch_app(settings: Settings, env: dict[str, str], cwd: Path, name: str, cluster: str, nodes: int,
-                    sleep: float, code: int, deadline: float) -> Outcome:
-    """A batch job submitted as a user does (``coorm batch --wrap``, the command's fast path), then followed
-    in the queue and the history until it ends: its exit code and state, as ``coorm history`` shows them."""
-    out = Outcome(name, "batch", code)
+async def _submitted(env: dict[str, str], cwd: Path, out: Outcome, argv: list[str]) -> str | None:
+    """``coorm batch ARGV`` through the command's fast path: the job's id (None: the submission failed, said
+    in ``out``)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "coorm.cli.fast", "batch", "-p", cluster, "-N", str(nodes), "-t", "5",
-        "-o", "/dev/null", "--wrap", f"sleep {sleep:.2f}; exit {code}",
+        sys.executable, "-m", "coorm.cli.fast", "batch", *argv,
         env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     stdout, err = await proc.communicate()
     words = stdout.decode().split()
     if proc.returncode != 0 or words[:3] != ["Submitted", "batch", "job"]:
         out.error = f"submission failed ({proc.returncode}): {err.decode(errors='replace').strip()[-200:]}"
-        return out
-    job, out.accepted = words[3], True
+        return None
+    out.accepted = True
+    return words[3]
+
+
+async def _history(settings: Settings, out: Outcome, job: str, count: int, deadline: float) -> list | None:
+    """The history's records of ``job`` (its tasks) once ``count`` have ended; None if they never did."""
     nc = None
-    while time.monotonic() < deadline:
-        try:
-            if nc is None or nc.is_closed:
-                nc = await bus.connect_client(settings.nats_url, out.name, timeout=2.0, reconnect_window=30.0,
-                                              identity=settings.identity(Role.LAUNCHER))
-            reply = await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(ended=True, since=0.0, jobs=[job]),
-                                   BatchQueryReply, timeout=5)
-        except Exception:  # noqa: BLE001 - a server or the batch service restarting: ask again
-            reply = None
-        if reply is not None and reply.jobs:
-            rec = reply.jobs[0]
-            out.started, out.code = rec.started is not None, rec.exit_code
-            if rec.state not in ("completed", "failed"):
-                out.ended_by_rms = rec.state
-            break
-        await asyncio.sleep(0.5)  # polling the history: the service tells no one of an end
-    else:
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if nc is None or nc.is_closed:
+                    nc = await bus.connect_client(settings.nats_url, out.name, timeout=2.0, reconnect_window=30.0,
+                                                  identity=settings.identity(Role.LAUNCHER))
+                reply = await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(ended=True, since=0.0, jobs=[job]),
+                                       BatchQueryReply, timeout=5)
+            except Exception:  # noqa: BLE001 - a server or the batch service restarting: ask again
+                reply = None
+            if reply is not None and len(reply.jobs) >= count:
+                return reply.jobs
+            await asyncio.sleep(0.5)  # polling the history: the service tells no one of an end
+        return None
+    finally:
+        if nc is not None:
+            await bus.shutdown(nc)
+
+
+async def batch_app(settings: Settings, env: dict[str, str], cwd: Path, name: str, cluster: str, nodes: int,
+                    sleep: float, code: int, deadline: float) -> Outcome:
+    """A batch job submitted as a user does (``coorm batch --wrap``, the command's fast path), then followed
+    in the queue and the history until it ends: its exit code and state, as ``coorm history`` shows them."""
+    out = Outcome(name, "batch", code)
+    job = await _submitted(env, cwd, out, ["-p", cluster, "-N", str(nodes), "-t", "5", "-o", "/dev/null",
+                                           "--wrap", f"sleep {sleep:.2f}; exit {code}"])
+    if job is None:
+        return out
+    recs = await _history(settings, out, job, 1, deadline)
+    if recs is None:
         out.error, out.detail = "hung", f"job {job} never ended"
-    if nc is not None:
-        await bus.shutdown(nc)
+        return out
+    rec = recs[0]
+    out.started, out.code = rec.started is not None, rec.exit_code
+    if rec.state not in ("completed", "failed"):
+        out.ended_by_rms = rec.state
     return out
 
 
@@ -215,46 +233,25 @@ async def array_app(settings: Settings, env: dict[str, str], cwd: Path, name: st
     out = Outcome(name, "batch", 0)
     marks = cwd / name
     marks.mkdir()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "coorm.cli.fast", "batch", "-p", cluster, "-N", "1", "-t", "5",
-        f"--array=0-{tasks - 1}", "-o", "/dev/null",
+    job = await _submitted(env, cwd, out, [
+        "-p", cluster, "-N", "1", "-t", "5", f"--array=0-{tasks - 1}", "-o", "/dev/null",
         "--wrap", f"echo x >> {marks}/$COORM_ARRAY_TASK_ID; sleep {sleep:.2f}; "
-                  f"exit $(((COORM_ARRAY_TASK_ID + {code}) % 4))",
-        env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    stdout, err = await proc.communicate()
-    words = stdout.decode().split()
-    if proc.returncode != 0 or words[:3] != ["Submitted", "batch", "job"]:
-        out.error = f"submission failed ({proc.returncode}): {err.decode(errors='replace').strip()[-200:]}"
+                  f"exit $(((COORM_ARRAY_TASK_ID + {code}) % 4))"])
+    if job is None:
         return out
-    job, out.accepted = words[3], True
-    nc = None
-    while time.monotonic() < deadline:
-        try:
-            if nc is None or nc.is_closed:
-                nc = await bus.connect_client(settings.nats_url, out.name, timeout=2.0, reconnect_window=30.0,
-                                              identity=settings.identity(Role.LAUNCHER))
-            reply = await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(ended=True, since=0.0, jobs=[job]),
-                                   BatchQueryReply, timeout=5)
-        except Exception:  # noqa: BLE001 - a server or the batch service restarting: ask again
-            reply = None
-        if reply is not None and len(reply.jobs) >= tasks:
-            out.started = any(r.started is not None for r in reply.jobs)
-            cut = [r for r in reply.jobs if r.state not in ("completed", "failed")]
-            out.ended_by_rms = ", ".join(f"{r.id} {r.state}" for r in cut) or None
-            bad = [f"{r.id}: {r.exit_code} not {((r.task or 0) + code) % 4}" for r in reply.jobs
-                   if r.state in ("completed", "failed") and r.exit_code != ((r.task or 0) + code) % 4]
-            out.code = 1 if bad else 0
-            out.detail = "; ".join(bad)
-            for r in reply.jobs:
-                f = marks / str(r.task)
-                if f.exists() and f.read_text().count("x") > 1:
-                    out.twice.append(r.id)
-            break
-        await asyncio.sleep(0.5)  # polling the history: the service tells no one of an end
-    else:
+    recs = await _history(settings, out, job, tasks, deadline)
+    if recs is None:
         out.error, out.detail = "hung", f"array {job} never ended"
-    if nc is not None:
-        await bus.shutdown(nc)
+        return out
+    out.started = any(r.started is not None for r in recs)
+    cut = [r for r in recs if r.state not in ("completed", "failed")]
+    out.ended_by_rms = ", ".join(f"{r.id} {r.state}" for r in cut) or None
+    bad = [f"{r.id}: {r.exit_code} not {((r.task or 0) + code) % 4}" for r in recs
+           if r.state in ("completed", "failed") and r.exit_code != ((r.task or 0) + code) % 4]
+    out.code = 1 if bad else 0
+    out.detail = "; ".join(bad)
+    out.twice = [r.id for r in recs if (marks / str(r.task)).exists()
+                 and (marks / str(r.task)).read_text().count("x") > 1]
     return out
 
 

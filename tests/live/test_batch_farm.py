@@ -24,6 +24,7 @@ from tests.live.test_batch import (  # noqa: F401 - (stack, nc: fixtures)
     _until_served,
     control,
     ended,
+    most_at_once,
     nc,
     query,
     stack,
@@ -56,12 +57,7 @@ async def test_an_array_runs_in_one_session_each_task_with_its_own_exit_code_and
         (node,) = r.node_ids
         assert (tmp_path / f"coorm-{job}_{r.task}.out").read_text() == f"task {r.task} on {node}\n"
     # c1 has 2 nodes: twelve tasks ran on them, at most two at once, in a farm of at most 2 slots
-    events = sorted([(r.started, 1) for r in recs] + [(r.ended, -1) for r in recs])
-    running = most = 0
-    for _, d in events:
-        running += d
-        most = max(most, running)
-    assert most <= 2
+    assert most_at_once(recs) <= 2
     assert len({n for r in recs for n in r.node_ids}) <= 2
     await _until_no_app(nc)  # the farm's session closes after its last task
 
