@@ -1,0 +1,98 @@
+"""Hosts for tests: network namespaces joined by veth pairs to a bridge, on a 10.x subnet the test makes
+and removes, so that node agents run on "hosts" of their own whose link a test can cut and heal
+(``ip link set ... down``). Needs root (CAP_NET_ADMIN) and ``ip``; :func:`unavailable` says why not.
+
+Every name carries a random tag (several test runs may share the machine); everything made is removed on
+exit, whatever happened."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+
+def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = ["ip", *(["netns", "exec", ns, "ip"] if ns else []), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=10)
+
+
+def unavailable() -> str | None:
+    """Why hosts cannot be made here (None: they can)."""
+    if shutil.which("ip") is None:
+        return "no ip command"
+    if os.geteuid() != 0:
+        return "not root: network namespaces need CAP_NET_ADMIN"
+    probe = f"coorm-probe-{secrets.token_hex(3)}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"cannot make a network namespace: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@dataclass
+class Hosts:
+    """``with Hosts(["h1", "h2"]) as hosts:``; ``hosts.gateway`` is the bridge's address (where servers
+    listen for them), ``hosts.addr[name]`` a host's."""
+
+    names: list[str]
+    tag: str = field(default_factory=lambda: secrets.token_hex(3))
+    gateway: str = ""
+    addr: dict[str, str] = field(default_factory=dict)
+    _made: list[tuple[str, str]] = field(default_factory=list)  # (kind, name), undone in reverse
+
+    def __enter__(self) -> Hosts:
+        net = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
+        self.gateway = f"{net}.1"
+        bridge = f"cb{self.tag}"
+        try:
+            _ip("link", "add", bridge, "type", "bridge")
+            self._made.append(("link", bridge))
+            _ip("addr", "add", f"{self.gateway}/24", "dev", bridge)
+            _ip("link", "set", bridge, "up")
+            for i, name in enumerate(self.names):
+                ns, outer, inner = self.netns(name), self.link(name), f"ci{self.tag}{i}"
+                _ip("netns", "add", ns)
+                self._made.append(("netns", ns))
+                _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+                self._made.append(("link", outer))
+                _ip("link", "set", inner, "netns", ns)
+                _ip("link", "set", outer, "master", bridge)
+                _ip("link", "set", outer, "up")
+                self.addr[name] = f"{net}.{10 + i}"
+                _ip("addr", "add", f"{self.addr[name]}/24", "dev", inner, ns=ns)
+                _ip("link", "set", inner, "up", ns=ns)
+                _ip("link", "set", "lo", "up", ns=ns)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for kind, name in reversed(self._made):
+            if kind == "netns":
+                subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            else:
+                subprocess.run(["ip", "link", "del", name], capture_output=True)
+        self._made.clear()
+
+    def netns(self, name: str) -> str:
+        return f"coorm-{self.tag}-{name}"
+
+    def link(self, name: str) -> str:
+        """The host's end of its link on the bridge's side (what a cut takes down)."""
+        return f"co{self.tag}{self.names.index(name)}"
+
+    def command(self, name: str, argv: list[str]) -> list[str]:
+        """``argv`` run on host ``name`` (its network namespace)."""
+        return ["ip", "netns", "exec", self.netns(name), *argv]
+
+    def cut(self, name: str) -> None:
+        """The host's link goes down: nothing reaches it, nothing leaves it (no reset: its connections hang)."""
+        _ip("link", "set", self.link(name), "down")
+
+    def heal(self, name: str) -> None:
+        _ip("link", "set", self.link(name), "up")
