@@ -422,7 +422,10 @@ class BatchService:
     async def _estimate(self, jobs: list[BatchJob]) -> None:
         """When the RMS plans to start each queued job now (its request's start in the schedule): the
         ``Resources`` reason's time. Left out if the policy engine does not answer."""
-        queued = {j.app: j for j in jobs if j.state == JobState.QUEUED.value and j.app}
+        queued: dict[str, BatchJob] = {}
+        for j in jobs:  # (an array's tasks share their farm's application: its first queued task is the next)
+            if j.state == JobState.QUEUED.value and j.app:
+                queued.setdefault(j.app, j)
         if not queued:
             return
         try:
@@ -431,9 +434,10 @@ class BatchService:
         except Exception as e:  # noqa: BLE001 - the queue is shown without the estimates
             log.warning("no start estimates: the policy engine did not answer", error=repr(e))
             return
-        for r in st.requests:
-            if r.state == "waiting" and r.app in queued:
-                queued[r.app].start_estimate = r.start
+        for r in st.requests:  # (a farm's first slot to start)
+            if r.state == "waiting" and r.app in queued and r.start is not None:
+                j = queued[r.app]
+                j.start_estimate = r.start if j.start_estimate is None else min(j.start_estimate, r.start)
 
     def _info(self, j: Job) -> BatchJob:
         r = self.records[j.id]
