@@ -24,6 +24,9 @@ NATS_COMMANDS = {
     "launch": ["launch", "--set", "task_duration=5", "psa", "--", "true"],
 }
 REDIS_COMMANDS = {"nodes": ["nodes"], "usage": ["usage"]}
+# given up within the connect timeout (3 s by default) and a Python start: bounded generously, for a machine
+# loaded by other tests (5 s was exceeded by 0.2 s there); what this guards against is a hang of minutes
+GIVE_UP = 10.0
 # what the coorm script's light path runs itself (a plain socket, no nats-py): the same failure, the same line
 FAST = [sys.executable, "-m", "coorm.cli.fast"]
 FAST_COMMANDS = {"submit": NATS_COMMANDS["submit"], "submit --no-wait": NATS_COMMANDS["submit --no-wait"],
@@ -57,7 +60,7 @@ def test_a_command_gives_up_on_an_unreachable_nats_with_exit_code_3(args, tmp_pa
     assert run.returncode == 3, (run.returncode, run.stdout, run.stderr)
     line = _one_line(run.stderr)
     assert url in line and "COORM_NATS_URL" in line and "coorm up" in line, line
-    assert took < 5, f"took {took:.1f} s"
+    assert took < GIVE_UP, f"took {took:.1f} s"
 
 
 def test_the_message_names_the_connection_file_and_hides_its_password(tmp_path):
@@ -68,7 +71,7 @@ def test_the_message_names_the_connection_file_and_hides_its_password(tmp_path):
     line = _one_line(run.stderr)
     assert str(tmp_path / "connection.json") in line and "within 1 s" in line, line
     assert "s3cret" not in line and "launcher:***@127.0.0.1" in line, line
-    assert took < 5
+    assert took < GIVE_UP
 
 
 def test_the_connect_timeout_bounds_a_server_that_never_answers(tmp_path):
@@ -82,7 +85,7 @@ def test_the_connect_timeout_bounds_a_server_that_never_answers(tmp_path):
                          tmp_path)
     assert run.returncode == 3, run.stderr
     assert "within 1.5 s" in _one_line(run.stderr)
-    assert 1.5 <= took < 5, f"took {took:.1f} s"
+    assert 1.5 <= took < GIVE_UP, f"took {took:.1f} s"
 
 
 @pytest.mark.parametrize("args", FAST_COMMANDS.values(), ids=FAST_COMMANDS.keys())
@@ -92,7 +95,7 @@ def test_the_light_path_gives_up_on_an_unreachable_nats_with_exit_code_3(args, t
     assert run.returncode == 3, (run.returncode, run.stdout, run.stderr)
     line = _one_line(run.stderr)
     assert url in line and "COORM_NATS_URL" in line and "coorm up" in line, line
-    assert took < 5, f"took {took:.1f} s"
+    assert took < GIVE_UP, f"took {took:.1f} s"
 
 
 @pytest.mark.parametrize("args", REDIS_COMMANDS.values(), ids=REDIS_COMMANDS.keys())
@@ -102,4 +105,4 @@ def test_a_command_reading_redis_gives_up_with_exit_code_3(args, tmp_path):
     assert run.returncode == 3, (run.returncode, run.stdout, run.stderr)
     line = _one_line(run.stderr)
     assert url in line and "COORM_REDIS_URL" in line and "coorm up" in line, line
-    assert took < 5
+    assert took < GIVE_UP
