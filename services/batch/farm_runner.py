@@ -180,8 +180,7 @@ class FarmRunner:
             if adds:
                 await self._enter(adds)
             await self._execute(self.core.decide(self.svc.clock()))
-            if self.core.idle and self.inbox.empty() and not self.tasks:
-                await self._close()
+            if self.core.idle and self.inbox.empty() and not self.tasks and await self._close():
                 return
 
     async def _handle(self, item, adds: list[str]) -> None:
@@ -385,14 +384,20 @@ class FarmRunner:
                 log.warning("a slot's release was refused", request=request, error=e.message)
             self.inbox.put_nowait(Killed(request, "done", ()))  # (it ended already: its end was told or is lost)
 
-    async def _close(self) -> None:
-        """Nothing left to run: the session goes, and the farm's record."""
-        self.svc.farm_closing(self.sid, self)
+    async def _close(self) -> bool:
+        """Nothing left to run: the farm's record goes, then the session. False if tasks came meanwhile (the
+        farm goes on). The record goes while this is still the array's farm: a new farm, started once this
+        one has said it closes, writes its own, which this one's removal must not follow."""
         with contextlib.suppress(Exception):
             await self.svc.redis.hdel(keys.BATCH_FARMS, self.sid)
+        if not self.inbox.empty():
+            await self._write_down()
+            return False
+        self.svc.farm_closing(self.sid, self)
         if self.session is not None:
             await self.session.close()
         log.info("farm done", array=self.sid, slots=self.core.asked)
+        return True
 
     async def _write_down(self) -> None:
         assert self.session is not None
