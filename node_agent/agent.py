@@ -498,13 +498,13 @@ class Agent:
         piped = frozenset({1, 2} if files is None else
                           {fd for fd, path in ((1, files.stdout), (2, files.stderr)) if path is None})
         cg = self.cgroups.prepare() if self.cgroups is not None else None
+        pipes: _Pipes | _SpawnedPipes
         if self.settings.agent_spawner:
             if files is not None:
                 files.close()  # (the spawner's child opens them, and says itself why it could not)
-            pipes_or_pid = await self._spawn(node, msg, user, run_as, env, cwd, cg, piped)
+            pid, pipes = await self._spawn(node, msg, user, run_as, env, cwd, cg, piped)
         else:
-            pipes_or_pid = await self._fork(msg, user, run_as, env, cwd, cg, files, piped)
-        pid, pipes = pipes_or_pid
+            pid, pipes = await self._fork(msg, user, run_as, env, cwd, cg, files, piped)
         stale = self._running.get(pid)
         if stale is not None:  # a reaped leader whose watcher has not run yet: its pid was reused
             self._forget(stale)
@@ -552,7 +552,7 @@ class Agent:
             if isinstance(e, SpawnFailed) and e.stage in ("exec", "cwd"):
                 raise _launch_error(msg, OSError(e.errno, os.strerror(e.errno) if e.errno else e.text,
                                                  cwd if e.stage == "cwd" else None)) from None
-            if isinstance(e, SpawnerGone | OSError) and not isinstance(e, SpawnFailed):
+            if isinstance(e, SpawnerGone | OSError):
                 self._log.warning("the spawner died during a launch: refused, to be asked again", error=str(e))
                 raise WireError(ErrorCode.UNAVAILABLE, "the agent's spawner died during the launch; retry") from None
             raise WireError(ErrorCode.BAD_REQUEST, f"cannot start {msg.argv[0]!r}: {e}") from None
@@ -744,8 +744,8 @@ class Agent:
     def _save_now(self) -> None:
         """Which processes run here, for a successor should this agent be killed: one small file, written
         over in place by one ``pwrite`` (a process killed cannot tear it; a crash of the host takes the
-        processes with it, so no fsync), padded with spaces rather than truncated. (Replaced by a rename,
-        as before, ext4 flushed the file's data at each rename, the agent waiting: a third of its time on a
+        processes with it, so no fsync), padded with spaces rather than truncated. (It used to be replaced by
+        a rename: ext4 flushed the file's data at each one while the agent waited, a third of its time on a
         stream of short launches.)"""
         if not self._save_pending:
             return  # (cancelled: a clean stop removed the file)
