@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import getpass
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -442,27 +445,46 @@ async def _until_served(conn) -> None:
             await asyncio.sleep(0.1)  # polling a process that is starting
 
 
+class BatchProcesses:
+    """The batch service as real processes (``coorm service batch``), one after the other, each one's output
+    in ``batch-N.log``; the rest of the system is a LocalStack of the test's."""
+
+    def __init__(self, servers, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.settings = Settings(nats_url=servers.nats_url, redis_url=servers.redis_url, reschedule_interval=0.05,
+                                 fair_start=0.0, kill_grace=0.3, launcher_heartbeat=0.2, session_timeout=10.0,
+                                 agent_heartbeat=0.2, agent_timeout=2.0)
+        self.env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
+                        COORM_LAUNCHER_HEARTBEAT="0.2", COORM_SESSION_TIMEOUT="10",
+                        COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        log = open(self.tmp_path / f"batch-{len(self.procs)}.log", "wb")  # noqa: SIM115 - the process's
+        with log:
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "coorm.cli.main", "service", "batch"],
+                                               env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
+
+    def sigkill(self) -> None:
+        """The running one, SIGKILLed: no goodbye."""
+        os.killpg(self.procs[-1].pid, signal.SIGKILL)
+        self.procs[-1].wait()
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
 async def test_a_batch_service_killed_mid_job_loses_nothing(servers, redis_url, tmp_path):
     """The batch service as a real process, SIGKILLed (no goodbye) with a job running, one queued behind it
     and one waiting on a dependency; another process takes them up from Redis: each ends as its command
     says, the running one's processes were never lost."""
-    import signal
-    import subprocess
-    import sys
-
-    settings = Settings(nats_url=servers.nats_url, redis_url=servers.redis_url, reschedule_interval=0.05,
-                        fair_start=0.0, kill_grace=0.3, launcher_heartbeat=0.2, session_timeout=10.0,
-                        agent_heartbeat=0.2, agent_timeout=2.0)
-    env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
-               COORM_LAUNCHER_HEARTBEAT="0.2", COORM_SESSION_TIMEOUT="10",
-               COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
-
-    def service() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "coorm.cli.main", "service", "batch"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-    procs = [service()]
-    async with LocalStack(settings, {"c0": 4, "c1": 2}) as stack:
+    batch = BatchProcesses(servers, tmp_path)
+    batch.start()
+    async with LocalStack(batch.settings, {"c0": 4, "c1": 2}) as stack:
         conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
         try:
             gate = tmp_path / "gate"
@@ -472,10 +494,9 @@ async def test_a_batch_service_killed_mid_job_loses_nothing(servers, redis_url, 
             queued = await submit(conn, tmp_path, nodes=4, cluster="c0", argv=["sh", "-c", "exit 3"])
             after = await submit(conn, tmp_path, argv=["true"], dependency=f"afterany:{queued}")
             await until_state(conn, running, "running")
-            os.killpg(procs[0].pid, signal.SIGKILL)
-            procs[0].wait()
+            batch.sigkill()
             gate.touch()
-            procs.append(service())
+            batch.start()
             await _until_served(conn)
             (rec,) = await ended(conn, running)
             assert (rec.state, rec.exit_code) == ("failed", 4)
@@ -485,7 +506,4 @@ async def test_a_batch_service_killed_mid_job_loses_nothing(servers, redis_url, 
             assert (rec.state, rec.exit_code) == ("completed", 0)
         finally:
             await bus.shutdown(conn)
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            batch.stop_all()

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
 import time
 
 from coorm.services.stack import LocalStack, wait_until
@@ -20,6 +17,7 @@ from coorm.shared.endpoints import Role
 from coorm.shared.protocol import StatusQuery, StatusReply
 from coorm.shared.settings import Settings
 from tests.live.test_batch import (  # noqa: F401 - (stack, nc: fixtures)
+    BatchProcesses,
     _gone,
     _until_served,
     control,
@@ -114,22 +112,9 @@ async def test_a_batch_service_killed_in_the_middle_of_an_array_loses_no_task_an
     """The batch service as a real process, SIGKILLed while an array's first tasks run (held by a gate) and
     the rest wait in its farm; another process takes the farm up: every task ends completed, each ran once
     (each appends a line to a file of its own)."""
-    settings = Settings(nats_url=servers.nats_url, redis_url=servers.redis_url, reschedule_interval=0.05,
-                        fair_start=0.0, kill_grace=0.3, launcher_heartbeat=0.2, session_timeout=10.0,
-                        agent_heartbeat=0.2, agent_timeout=2.0)
-    env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
-               COORM_LAUNCHER_HEARTBEAT="0.2", COORM_SESSION_TIMEOUT="10",
-               COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
-
-    def service() -> subprocess.Popen:
-        log = open(tmp_path / f"batch-{len(procs)}.log", "wb")  # noqa: SIM115 - the process's, closed with it
-        with log:
-            return subprocess.Popen([sys.executable, "-m", "coorm.cli.main", "service", "batch"], env=env,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    procs: list[subprocess.Popen] = []
-    procs.append(service())
-    async with LocalStack(settings, {"c0": 4, "c1": 2}) as stack:
+    batch = BatchProcesses(servers, tmp_path)
+    batch.start()
+    async with LocalStack(batch.settings, {"c0": 4, "c1": 2}) as stack:
         conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
         try:
             gate = tmp_path / "gate"
@@ -140,10 +125,9 @@ async def test_a_batch_service_killed_in_the_middle_of_an_array_loses_no_task_an
                 "sh", "-c", f'echo x >> {runs}/$COORM_ARRAY_TASK_ID; while [ ! -e {gate} ]; do sleep 0.05; done; '
                             "exit $((COORM_ARRAY_TASK_ID % 2))"])
             await until_state(conn, f"{job}_1", "running")
-            os.killpg(procs[0].pid, signal.SIGKILL)
-            procs[0].wait()
+            batch.sigkill()
             gate.touch()
-            procs.append(service())
+            batch.start()
             await _until_served(conn)
             recs = await ended(conn, job, count=8)
             assert [(r.task, r.state, r.exit_code) for r in recs] == [
@@ -154,10 +138,7 @@ async def test_a_batch_service_killed_in_the_middle_of_an_array_loses_no_task_an
             assert (await query(conn)).total == 0
         finally:
             await bus.shutdown(conn)
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            batch.stop_all()
 
 
 async def test_with_the_farm_off_each_task_is_an_application_of_its_own(servers, redis_url, tmp_path):
