@@ -334,15 +334,13 @@ class FarmRunner:
                 self.by_pid[node, pid] = task
                 if r is not None:
                     r.launched.append([node, pid, t.request])
+                early = self.early.pop((node, pid), None)  # (a quick one's exit came before the reply)
+                if early is not None:
+                    del self.by_pid[node, pid]
+                    self._note_exit(task, t, early)
         t.launching = False
         if r is not None and r.launched:
             self._dirty[task] = r
-        for key in [k for k, v in self.by_pid.items() if v == task and k in self.early]:
-            self.by_pid.pop(key)
-            ev = self.early.pop(key)
-            t.exited(ev)
-            if r is not None:
-                r.exited.append([ev.node, ev.pid])
         if t.over:
             await self._task_over(task)
 
@@ -350,12 +348,15 @@ class FarmRunner:
         t = self.tasks.get(task)
         if t is None:
             return
+        self._note_exit(task, t, ev)
+        if t.over:
+            await self._task_over(task)
+
+    def _note_exit(self, task: str, t: _Task, ev: Exited) -> None:
         t.exited(ev)
         r = self.svc.records.get(task)
         if r is not None:
             r.exited.append([ev.node, ev.pid])
-        if t.over:
-            await self._task_over(task)
 
     async def _task_over(self, task: str) -> None:
         """Every process of the task ended: how it ended goes to the queue (whose next tasks then come in the
