@@ -237,12 +237,9 @@ class AMRLauncher(Launcher):
     def on_timer(self, now: float, key: str) -> list[Command]:
         if self.finished or key != self._timer_key:
             return []  # a step whose timing changed since
-        self._advance(now)
-        self.step += 1
-        self.progress = 0.0
-        self._timer_key = None
-        if self.step >= self.steps:
-            return self._finish(now)
+        last = self._next_step(now)
+        if last is not None:
+            return last
         out: list[Command] = []
         want = self.need(self.step)
         if not self.chain and self.current is not None and want != self.held:
@@ -251,6 +248,15 @@ class AMRLauncher(Launcher):
         return out
 
     # -- internals ---------------------------------------------------------------------------------------
+    def _next_step(self, now: float) -> list[Command] | None:
+        """The step whose timer fired is done: on to the next one; past the last, the commands that end the
+        application."""
+        self._advance(now)
+        self.step += 1
+        self.progress = 0.0
+        self._timer_key = None
+        return self._finish(now) if self.step >= self.steps else None
+
     def _advance(self, now: float) -> None:
         """Account for the time since the last change, on the nodes held meanwhile."""
         dt = now - self._last

@@ -41,12 +41,9 @@ class PipelinedAMR(AMRLauncher):
     def on_timer(self, now: float, key: str) -> list[Command]:
         if self.finished or key != self._timer_key or self.announce_interval <= 0 or self.static:
             return super().on_timer(now, key)
-        self._advance(now)
-        self.step += 1
-        self.progress = 0.0
-        self._timer_key = None
-        if self.step >= self.steps:
-            return self._finish(now)
+        last = self._next_step(now)
+        if last is not None:
+            return last
         out: list[Command] = []
         want = self.need(self.step)
         if self.current is not None:
