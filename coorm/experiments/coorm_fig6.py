@@ -32,7 +32,8 @@ Measured, per run, for CooRM:
 * ``sim_cpu_s``: the CPU time of the whole simulation (``Simulation.run``), the paper's "simulation time". It
   also holds the views the RMS computes for every waiting application at every pass (``np_view`` in the
   engine, not counted in ``Result.scheduling_cpu``), the CDR sizing and the event loop (``other_cpu_s``);
-* ``bytes``, ``messages``: the simulator's total, messages encoded like CORBA's CDR (``coorm.simulator.cdr``);
+* ``bytes``, ``messages``: the simulator's total, messages encoded like CORBA's CDR (``coorm.simulator.cdr``),
+  the cluster-info queries each launcher makes when it starts and their replies included;
   ``bytes_per_app`` divides by the number of applications.
 
 OAR-SIM (W0 only) is not a second simulation: the CooRM run *is* its schedule (the same CBF policy and the

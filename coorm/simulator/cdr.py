@@ -44,3 +44,27 @@ def subscribe(app: str) -> int:
 
 def close(app: str) -> int:
     return HEADER + string(app)
+
+
+def info_query() -> int:
+    """``listClustersInfo`` / ``listInterClusterInfo``: a request without arguments."""
+    return HEADER
+
+
+def clusters_info(clusters: list[str]) -> int:
+    """CINFO's reply: per cluster its id, nodes, cores and memory per node (longs) and its speed (a double)."""
+    return HEADER + _align(4 + sum(_align(string(c) + 12, 8) + 8 for c in clusters), 8)
+
+
+def inter_cluster_info(clusters: list[str]) -> int:
+    """ICINFO's reply: per pair of clusters (once each, as the live view publisher answers) both ids, the
+    latency and the bandwidth (doubles)."""
+    pairs = [(a, b) for i, a in enumerate(clusters) for b in clusters[i + 1:]]
+    return HEADER + _align(4 + sum(_align(string(a) + string(b), 8) + 16 for a, b in pairs), 8)
+
+
+def cluster_queries(clusters: list[str]) -> list[int]:
+    """What a launcher exchanges when it starts, message by message: both queries and their replies (CooRM
+    Fig. 4, steps 3 and 4: "the launcher has no previous knowledge about the clusters", it pulls the CINFOs
+    and the ICINFO before its first request; the live SDK's ``cluster_props`` does the same)."""
+    return [info_query(), clusters_info(clusters), info_query(), inter_cluster_info(clusters)]

@@ -178,7 +178,7 @@ class Simulation:
         launcher = self.launchers[app]
         if kind == "arrive":
             self._waiting_arrivals -= 1
-            self._count(cdr.subscribe(app))
+            self._count_opening(app)
             self._feed(lambda: self.cores.handle(ev.OpenSession(at=self.now, app=app, app_kind=launcher.kind,
                                                                    adapts=launcher.adapts_to_views)))
             self._run_commands(app, launcher.on_open(self.now, self.props))
@@ -189,6 +189,13 @@ class Simulation:
     def _count(self, size: int) -> None:
         self.messages += 1
         self.bytes += size
+
+    def _count_opening(self, app: str) -> None:
+        """A new launcher's subscribe, then its cluster-info queries and their replies (it asks before its
+        first request, live as in CooRM): not notifications, so not in its record's."""
+        self._count(cdr.subscribe(app))
+        for size in cdr.cluster_queries(sorted(self.clusters)):
+            self._count(size)
 
     def _feed(self, call) -> None:
         t0 = time.process_time()
@@ -379,7 +386,7 @@ class Simulation:
         assert self.delays is not None
         if kind == "arrive":
             self._waiting_arrivals -= 1
-            self._count(cdr.subscribe(app))
+            self._count_opening(app)
             self._applied_by[app] = self.now + self.delays.command
             # (the session first: at equal times the heap keeps this order, and a later command queues after it)
             self._push(self.now + self.delays.command, "command", app, "open")
