@@ -14,6 +14,8 @@ COPY services ./services
 COPY launchers ./launchers
 COPY node_agent ./node_agent
 COPY coorm ./coorm
+# the coorm command (a script file: see bin/coorm)
+COPY bin ./bin
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- run: the wheel and its dependencies, as an unprivileged user ------------------------------------------

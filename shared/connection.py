@@ -5,9 +5,10 @@ command line's hot paths (``coorm batch``, ``coorm submit --no-wait``) read it o
 
 from __future__ import annotations
 
-import json
 import os
 import stat
+
+from coorm.shared import lightjson
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs the hot paths 5 ms)
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def file_values() -> dict[str, str]:
     """The connection file's values (none if it is missing or not what ``coorm up`` writes)."""
     try:
         with open(_connection_path(), encoding="utf-8") as f:
-            data = json.load(f)
+            data = lightjson.loads(f.read())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
@@ -153,7 +154,7 @@ def _login_name() -> str:
 
 def _from_json(text: str, where: str) -> tuple[str, str]:
     try:
-        data = json.loads(text)
+        data = lightjson.loads(text)
         return str(data["name"]), str(data["seed"])
     except (ValueError, KeyError, TypeError) as e:
         raise CredentialsError(f"{where}: not a CooRM identity ({type(e).__name__})") from e
@@ -164,17 +165,15 @@ _SEED_PREFIX = 18 << 3  # nkeys' 'S'
 
 def sign_nonce(seed: str, nonce: bytes) -> tuple[str, str]:
     """(public nkey, base64 signature of ``nonce``) for NATS's CONNECT, as ``nkeys`` computes them, by
-    libsodium's Ed25519 directly: ``nkeys`` imports all of PyNaCl (12 ms), which the hot paths cannot pay."""
-    import base64
+    libsodium's Ed25519 directly: ``nkeys`` imports all of PyNaCl (12 ms), which the hot paths cannot pay (nor
+    base64's import of re: base 32 is done here, base 64 by binascii)."""
     import binascii
 
     from nacl._sodium import ffi, lib  # type: ignore[import-not-found]  # (PyNaCl's binding of libsodium)
 
-    try:
-        raw = base64.b32decode(seed + "=" * (-len(seed) % 8))
-    except (binascii.Error, ValueError):
-        raise CredentialsError("the identity's seed is not an nkey seed") from None
-    if len(raw) != 36 or raw[0] & 0xF8 != _SEED_PREFIX or _crc16(raw[:-2]) != int.from_bytes(raw[-2:], "little"):
+    raw = _b32decode(seed)
+    if (raw is None or len(raw) != 36 or raw[0] & 0xF8 != _SEED_PREFIX
+            or _crc16(raw[:-2]) != int.from_bytes(raw[-2:], "little")):
         raise CredentialsError("the identity's seed is not an nkey seed")
     role = (raw[0] & 0x07) << 5 | (raw[1] & 0xF8) >> 3
     if lib.sodium_init() < 0:  # pragma: no cover - libsodium cannot start
@@ -184,8 +183,39 @@ def sign_nonce(seed: str, nonce: bytes) -> tuple[str, str]:
     signed = ffi.new("unsigned char[]", 64 + len(nonce))  # the signature, then the message
     lib.crypto_sign(signed, ffi.NULL, nonce, len(nonce), secret)
     key = bytes([role]) + ffi.buffer(public)[:]
-    return (base64.b32encode(key + _crc16(key).to_bytes(2, "little")).decode().rstrip("="),
-            base64.b64encode(ffi.buffer(signed, 64)[:]).decode())
+    return (_b32encode(key + _crc16(key).to_bytes(2, "little")),
+            binascii.b2a_base64(ffi.buffer(signed, 64)[:], newline=False).decode())
+
+
+_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # RFC 4648's alphabet, as nkeys writes it: without padding
+
+
+def _b32encode(data: bytes) -> str:
+    bits = size = 0
+    out = []
+    for byte in data:
+        bits, size = (bits << 8 | byte) & 0xFFFF, size + 8
+        while size >= 5:
+            size -= 5
+            out.append(_B32[bits >> size & 31])
+    if size:
+        out.append(_B32[bits << (5 - size) & 31])
+    return "".join(out)
+
+
+def _b32decode(text: str) -> bytes | None:
+    """The bytes, or None for a text that is not unpadded base 32."""
+    bits = size = 0
+    out = bytearray()
+    for char in text:
+        value = _B32.find(char)
+        if value < 0:
+            return None
+        bits, size = (bits << 5 | value) & 0xFFFF, size + 5
+        if size >= 8:
+            size -= 8
+            out.append(bits >> size & 0xFF)
+    return bytes(out)
 
 
 def _crc16(data: bytes) -> int:

@@ -24,9 +24,9 @@ Where it does not (on purpose):
 
 from __future__ import annotations
 
-import re
-import shlex
 from collections.abc import Mapping, Sequence
+
+from coorm.shared.when import digits
 
 TYPE_CHECKING = False  # (not typing's: coorm batch imports this module on every call)
 if TYPE_CHECKING:
@@ -234,8 +234,9 @@ def _ignored(where: str, spelled: str) -> str:
     return f"{where}{spelled} ignored: not an option CooRM supports"
 
 
-_NODES = re.compile(r"[0-9]+", re.ASCII)
-_NODE_RANGE = re.compile(r"[0-9]+-[0-9]*", re.ASCII)
+def _name(text: str) -> bool:
+    """``[A-Za-z_][A-Za-z0-9_]*``: a shell variable's name."""
+    return text.isascii() and (text[:1].isalpha() or text[:1] == "_") and text.replace("_", "a").isalnum()
 
 
 def _check_value(field: str, spelled: str, value: str, where: str) -> str:
@@ -244,9 +245,10 @@ def _check_value(field: str, spelled: str, value: str, where: str) -> str:
         raise ScriptError(f"{where}{spelled} needs a value")
     try:
         if field == "nodes":
-            if _NODE_RANGE.fullmatch(value):
+            first, dash, last = value.partition("-")
+            if dash and digits(first) and (last == "" or digits(last)):
                 raise ScriptError(f"node count ranges not supported ({value!r}): give one number")
-            if not _NODES.fullmatch(value) or int(value) == 0:
+            if not digits(value) or int(value) == 0:
                 raise ScriptError(f"invalid node count {value!r}: a positive integer is needed")
         elif field == "array":
             _array_terms(value)
@@ -311,6 +313,8 @@ def parse_script(text: str) -> tuple[JobOptions, list[str]]:
         where = f"line {number}: {word} "
         if word == "#SLURM" and not any("#SLURM is" in w for w in warnings):
             warnings.append(f"line {number}: #SLURM is read as #SBATCH, as sbatch does; write #SBATCH")
+        import shlex  # (only for a script's directives)
+
         try:
             argv = shlex.split(line[len(word):], comments=True)
         except ValueError as e:  # an unbalanced quote
@@ -329,8 +333,13 @@ class ArraySpec(NamedTuple):
     max_running: int | None  # the '%N' throttle
 
 
-_ARRAY_TERM = re.compile(r"(?P<first>[0-9]+)(?:-(?P<last>[0-9]+)(?::(?P<step>[0-9]+))?)?", re.ASCII)
-_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+def _array_term(term: str) -> tuple[int, int, int] | None:
+    """``N``, ``N-M`` or ``N-M:S``: (first, last, step), or None."""
+    span, colon, step = term.partition(":")
+    first, dash, last = span.partition("-")
+    if not digits(first) or (dash and not digits(last)) or (colon and not (dash and digits(step))):
+        return None
+    return int(first), int(last) if dash else int(first), int(step) if colon else 1
 
 
 def _array_terms(text: str) -> tuple[list[range], int | None]:
@@ -341,19 +350,17 @@ def _array_terms(text: str) -> tuple[list[range], int | None]:
     body, percent, throttle_text = text.partition("%")
     max_running: int | None = None
     if percent:
-        if not _DIGITS.fullmatch(throttle_text):
+        if not digits(throttle_text):
             raise ScriptError(f"invalid array throttle {'%' + throttle_text!r} in {text!r}: '%N', N a positive integer")
         max_running = int(throttle_text)
         if max_running == 0:
             raise ScriptError(f"array throttle %0 in {text!r} would never run a task")
     ranges: list[range] = []
     for term in body.split(","):
-        m = _ARRAY_TERM.fullmatch(term)
-        if m is None:
+        parsed = _array_term(term)
+        if parsed is None:
             raise ScriptError(f"invalid array term {term!r} in {text!r}: expected N, N-M or N-M:S")
-        first = int(m["first"])
-        last = first if m["last"] is None else int(m["last"])
-        step = 1 if m["step"] is None else int(m["step"])
+        first, last, step = parsed
         if last < first:
             raise ScriptError(f"array range {term!r} in {text!r} ends before it starts")
         if step == 0:
@@ -391,7 +398,10 @@ class DependencySpec(NamedTuple):
 
 
 _KINDS: tuple[DependencyKind, ...] = ("after", "afterok", "afterany", "afternotok", "singleton")
-_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?", re.ASCII)
+def _job_id(text: str) -> bool:
+    """``123`` or an array task's ``123_4``."""
+    job, underscore, task = text.partition("_")
+    return digits(job) and (not underscore or digits(task))
 
 
 def parse_dependency(text: str) -> DependencySpec:
@@ -418,7 +428,7 @@ def parse_dependency(text: str) -> DependencySpec:
             raise ScriptError(f"dependency {term!r} in {text!r} names no job")
         jobs = tuple(ids.split(":"))
         for job in jobs:
-            if not _JOB_ID.fullmatch(job):
+            if not _job_id(job):
                 raise ScriptError(f"invalid job id {job!r} in dependency {text!r}: expected 123 or 123_4")
         terms.append(Dependency(kind_ok, jobs))
     return DependencySpec(terms=tuple(terms), any_of=any_of)
@@ -431,9 +441,6 @@ class ExportSpec(NamedTuple):
     inherit: bool  # the submitter's whole environment (ALL, the default) or none of it
     names: tuple[str, ...]  # variables taken from the submitter's environment (VAR)
     values: tuple[tuple[str, str], ...]  # VAR=value given explicitly
-
-
-_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 
 def parse_export(text: str | None) -> ExportSpec:
@@ -456,7 +463,7 @@ def parse_export(text: str | None) -> ExportSpec:
         if item.upper() in ("ALL", "NONE"):
             continue
         name, eq, value = item.partition("=")
-        if not _VAR.fullmatch(name):
+        if not _name(name):
             what = "empty item" if item == "" else f"invalid variable name {name!r}"
             raise ScriptError(f"{what} in export {text!r}")
         if eq:

@@ -13,12 +13,16 @@ full one says, with the same exit codes: 2 refused, 3 CooRM not reachable."""
 
 from __future__ import annotations
 
-import json
+import _socket  # (socket's own module: socket imports enum and selectors, 8 ms of a 60 ms command)
 import os
-import socket
 import sys
 import time
-from collections.abc import Callable
+
+from coorm.shared import lightjson as json  # (json imports re: 10-15 ms)
+
+TYPE_CHECKING = False  # (not typing's: see coorm.shared.connection)
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 EXIT_REFUSED, EXIT_UNREACHABLE = 2, 3
 RETRY_NO_RESPONDERS = 10.0  # seconds past the connect timeout a request nobody serves is sent again
@@ -398,8 +402,7 @@ def connect(client, where: str) -> Conn:
             raise Fallback from None  # (the full command line says what is wrong with it)
         try:
             # the host as bytes: a str would be encoded by the idna codec, which costs its import
-            sock = socket.create_connection((parts.hostname.encode(), parts.port),  # type: ignore[arg-type]
-                                            timeout=max(0.1, deadline - time.monotonic()))
+            sock = _open(parts.hostname, parts.port, max(0.1, deadline - time.monotonic()))
             break
         except (OSError, UnicodeError):
             continue
@@ -408,7 +411,7 @@ def connect(client, where: str) -> Conn:
     try:
         # each of our writes goes at once: Nagle would hold the request back until the server's delayed
         # acknowledgement of the previous write (40 ms)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         conn = Conn(sock, subjects.inbox_user(client.user), deadline, unreachable)
         info = json.loads(conn.expect("INFO ")[5:])
         hello: dict = {"verbose": False, "pedantic": False, "lang": "python", "version": "coorm-fast", "protocol": 1,
@@ -436,6 +439,22 @@ def connect(client, where: str) -> Conn:
         raise
 
 
+def _open(host: str, port: int, timeout: float) -> _socket.socket:
+    """``socket.create_connection``: the first of the host's addresses that accepts."""
+    error: OSError = OSError(f"{host}: no address")
+    # (the host as bytes: a str would be encoded by the idna codec, which costs its import)
+    for family, kind, proto, _, address in _socket.getaddrinfo(host.encode(), port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error
+
+
 class _Url:
     """``nats://[user[:password]@]host[:port]`` read as ``urlsplit`` reads it (urllib.parse costs 4 ms to
     import); anything else, e.g. an IPv6 literal, is left to the full command line (ValueError)."""
@@ -455,7 +474,7 @@ class _Url:
 class Conn:
     """A NATS connection on a plain socket: what is written, and what is read (lines, messages)."""
 
-    def __init__(self, sock: socket.socket, inbox: str, deadline: float, unreachable: str) -> None:
+    def __init__(self, sock: _socket.socket, inbox: str, deadline: float, unreachable: str) -> None:
         self.sock, self.buf = sock, b""
         self.inbox = inbox  # the user's reply prefix: NATS lets the user read nothing else's
         self.deadline = deadline  # (of the connect timeout)
