@@ -443,11 +443,27 @@ class AppViews(_Msg):
 
 class ViewsEpoch(_Msg):
     """policy engine -> view publisher, after a pass: the views of the applications whose views changed
-    (all of them when ``full``), and the applications that left."""
+    (all of them when ``full``), and the applications that left. A view many applications see (a thousand
+    idle launchers see the same non-preemptive view) goes once, in ``shared``, and each of them names it in
+    ``refs``; an application's own views are in ``views``. (A view publisher that knows ``shared`` reads
+    both forms: upgrade it before the policy engine.)"""
 
     epoch: int = Field(ge=0)
     now: float
     views: dict[str, dict[str, AppViews]] = Field(default_factory=dict)
+    shared: dict[str, AppViews] = Field(default_factory=dict)
+    refs: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+    def app_views(self) -> dict[str, dict[str, AppViews]]:
+        """Every application's views, ``refs`` resolved (a shared view is one object for all who see it)."""
+        out = {app: dict(per) for app, per in self.views.items()}
+        for app, per in self.refs.items():
+            mine = out.setdefault(app, {})
+            for cluster, key in per.items():
+                views = self.shared.get(key)
+                if views is not None:  # (a key the sender did not fill names nothing: that cluster is left out)
+                    mine[cluster] = views
+        return out
     closed: list[str] = Field(default_factory=list)
     full: bool = False
     more: bool = False  # (a reply to a ViewsQuery) there are applications after this page

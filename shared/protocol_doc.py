@@ -119,6 +119,8 @@ FIELD_NOTES: Mapping[str, str] = {
     "ProcessOutput.data": "a line (or a piece of a long one), UTF-8",
     "ViewsEpoch.views": "application -> cluster -> its views",
     "ViewsEpoch.closed": "sessions that ended",
+    "ViewsEpoch.shared": "views seen by many applications, sent once: key -> views",
+    "ViewsEpoch.refs": "application -> cluster -> its views' key in shared",
     "ViewsEpoch.full": "every application's views (not only those that changed)",
     "AppViews.preemptive": "null: the application asked for no preemptive views",
     "NodesEvent.kind": "the nodes came up (register) or went down",

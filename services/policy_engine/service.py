@@ -562,10 +562,31 @@ class PolicyEngine:
         wanted = [a for a in (policy.app_ids() if full else apps) if policy.has_app(a)] if policy.has_views() else []
         chunks = [wanted[i:i + _VIEWS_PER_MESSAGE] for i in range(0, len(wanted), _VIEWS_PER_MESSAGE)] or [[]]
         memo: dict = {}
-        return [ViewsEpoch(epoch=policy.epoch, now=self.cores.now,
-                           views={a: self._app_views(a, memo) for a in chunk},
-                           closed=list(closed) if i == 0 else [], full=full)
+        return [self._views_epoch(chunk, memo, closed=list(closed) if i == 0 else [], full=full)
                 for i, chunk in enumerate(chunks)]
+
+    def _views_epoch(self, apps: list[str], memo: dict, **kw) -> ViewsEpoch:
+        """One message of views: a non-preemptive view shared by applications (``memo`` makes them one
+        object) goes once, in ``shared``, and they name it in ``refs`` -- a thousand idle launchers' views
+        cost one view, not a thousand, to build, send and read."""
+        policy = self.cores.policy
+        views: dict[str, dict[str, AppViews]] = {}
+        refs: dict[str, dict[str, str]] = {}
+        shared: dict[int, tuple[str, AppViews]] = {}  # id(steps) -> (key, views): memo's lists live this long
+        for app in apps:
+            flt = self.sessions.get(app, {}).get("filter", {})
+            for c, (np, p) in policy.views_of(app, flt.get("clusters"), flt.get("preemptive_views", True),
+                                              memo).items():
+                if p is not None:
+                    views.setdefault(app, {})[c] = AppViews(non_preemptive=np, preemptive=p)
+                    continue
+                key, _ = shared.get(id(np)) or shared.setdefault(
+                    id(np), (f"v{len(shared)}", AppViews(non_preemptive=np)))
+                refs.setdefault(app, {})[c] = key
+            if app not in views and app not in refs:
+                views[app] = {}  # (no cluster in its filter: it still hears of its epoch)
+        return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views=views,
+                          shared={k: v for k, v in shared.values()}, refs=refs, **kw)
 
     def _app_views(self, app: str, memo: dict | None = None) -> dict[str, AppViews]:
         """The application's views of the clusters of its filter. ``memo`` shares the non-preemptive views
@@ -698,9 +719,7 @@ class PolicyEngine:
         policy = self.cores.policy
         every = policy.app_ids() if policy.has_views() else []
         apps = every[msg.offset:msg.offset + msg.limit]
-        memo: dict = {}
-        return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views={a: self._app_views(a, memo) for a in apps},
-                          full=True, more=msg.offset + msg.limit < len(every))
+        return self._views_epoch(apps, {}, full=True, more=msg.offset + msg.limit < len(every))
 
     async def _on_status(self, msg: StatusQuery, raw: Msg) -> StatusReply:
         return self.cores.status(self.sessions, self.instance, msg.offset, msg.limit,

@@ -27,6 +27,7 @@ from coorm.services.runtime import redis_client
 from coorm.shared import bus, keys, metrics, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.protocol import (
+    AppViews,
     Change,
     ChangeNotify,
     ChangeType,
@@ -45,6 +46,24 @@ log = structlog.get_logger("coorm.view_publisher")
 
 DEFAULT_LATENCY_MS = 10.0
 DEFAULT_BANDWIDTH_MBPS = 1000.0
+
+
+Views = tuple[StepFunction, StepFunction | None]  # a cluster's non-preemptive view, preemptive view or None
+
+
+def _functions(v: AppViews, made: dict[int, Views]) -> Views:
+    """``v``'s views as step functions, made once per message for a view that many applications share."""
+    fns = made.get(id(v))
+    if fns is None:
+        fns = made[id(v)] = (StepFunction.from_wire(v.non_preemptive),
+                             None if v.preemptive is None else StepFunction.from_wire(v.preemptive))
+    return fns
+
+
+def _app_prefix(app: str) -> bytes:
+    """How a ``ChangeNotify``'s JSON starts (its first field is the application, an identifier: nothing in
+    it is escaped), so that the rest, the same for every application told the same, is encoded once."""
+    return b'{"app":"' + app.encode() + b'"'
 
 
 class ClusterSpec(BaseModel):
@@ -140,20 +159,30 @@ class ViewPublisher:
             for app in msg.closed:
                 self.told.forget(app)
                 self.current.pop(app, None)
-            for app, per_cluster in msg.views.items():
+            # a view many applications share (one object in the message) is read and encoded once: what
+            # each of them is told differs only by its name when they were told the same before
+            functions: dict[int, Views] = {}
+            encoded: dict[tuple, bytes] = {}
+            for app, per_cluster in msg.app_views().items():
                 self.current.setdefault(app, {}).update(per_cluster)
-                changes = self._changes(app, per_cluster)
-                if changes:
+                told = self.told.changes(app, {c: _functions(v, functions) for c, v in per_cluster.items()})
+                if not told:
+                    continue
+                key = tuple((c, typ, id(view)) for c, typ, view in told)
+                tail = encoded.get(key)
+                if tail is None:
+                    changes = [Change(cluster=c, type=ChangeType(typ), cap=view.to_wire()) for c, typ, view in told]
                     data = bus.encode(ChangeNotify(app=app, epoch=msg.epoch, now=msg.now, changes=changes))
-                    await self.nc.publish(subjects.notify_change(app), data)
-                    metrics.notifications.labels("change").inc()
-                    metrics.notification_bytes.labels("change").inc(len(data))
+                    encoded[key] = data[len(_app_prefix(app)):]
+                else:
+                    data = _app_prefix(app) + tail
+                await self.nc.publish(subjects.notify_change(app), data)
+                metrics.notifications.labels("change").inc()
+                metrics.notification_bytes.labels("change").inc(len(data))
         return None
 
     def _changes(self, app: str, per_cluster: dict) -> list[Change]:
-        views = {c: (StepFunction.from_wire(v.non_preemptive),
-                     None if v.preemptive is None else StepFunction.from_wire(v.preemptive))
-                 for c, v in per_cluster.items()}
+        views = {c: _functions(v, {}) for c, v in per_cluster.items()}
         return [Change(cluster=c, type=ChangeType(typ), cap=view.to_wire())
                 for c, typ, view in self.told.changes(app, views)]
 
