@@ -155,6 +155,10 @@ class Session:
     stats: _Stats = field(default_factory=_Stats)
     closed: bool = False
     with_views: bool = True  # opened with views (False: the RMS sends none, and none is asked for)
+    # how long a launch on a node the RMS said the request started on is asked again while its agent answers
+    # not_owner (the assignment on its way: an agent cut from NATS learns it when it registers again, which
+    # waits for a policy engine leader)
+    assign_wait: float = 30.0
 
     def __post_init__(self) -> None:
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -471,7 +475,9 @@ class Session:
         the same id sent again (by another process taking the session up) gets the first launch's pids.
         ``stdout`` (absolute, on the node) and ``stderr`` (by default the same file): files the output goes
         to instead of :meth:`output`, opened as the process's user (``open_mode``: append, or truncate at the
-        process's start); a file the user cannot write refuses the launch (``bad_output``)."""
+        process's start); a file the user cannot write refuses the launch (``bad_output``). A ``not_owner``
+        refusal on a node the RMS said ``request`` started on is asked again for ``assign_wait`` seconds
+        (the node's assignment may still be on its way to the agent), unless the request ends meanwhile."""
         import uuid
 
         msg = LaunchMsg(token=self.token, app=self.app, request=request, argv=argv, env=env or {}, cwd=cwd,
@@ -480,12 +486,37 @@ class Session:
         # sent again after a timeout (its agent died, or held it until its registration was answered): the
         # launch id makes the agent answer a second attempt without starting it twice. Not sent again when
         # the agent answers unavailable (it is stopping)
-        pids = (await self._call(subjects.node_launch(node, self.user), msg, LaunchReply, retry_unavailable=False,
-                                 after_timeout=_reraise)).pids
+        deadline: float | None = None
+        pause = ASSIGN_RETRY[0]
+        while True:
+            try:
+                pids = (await self._call(subjects.node_launch(node, self.user), msg, LaunchReply,
+                                         retry_unavailable=False, after_timeout=_reraise)).pids
+                break
+            except bus.WireError as e:
+                # the node's assignment and this startNotify take different paths (in a NATS cluster, other
+                # routes; an agent cut from its server loses it until it registers again): a node the RMS
+                # said is the request's may not be so at its agent yet. Asked again until the assignment
+                # arrives, the request ends, or ``assign_wait`` passed: then the refusal stands
+                now = asyncio.get_running_loop().time()
+                deadline = deadline if deadline is not None else now + self.assign_wait
+                if e.code is not ErrorCode.NOT_OWNER or not self._may_be_in_transit(request, node) or now >= deadline:
+                    raise
+                _log().info("launch refused before the node's assignment reached its agent: asking again",
+                            app=self.app, request=request, node=node, error=e.message)
+                await asyncio.sleep(min(pause, deadline - now))  # back-off: the agent has nothing to wait on
+                pause = min(pause * 2, ASSIGN_RETRY[1])
         for pid in pids:
             if (node, pid) not in self._exited:  # (a quick one's exit may come before the launch's reply)
                 self._unexited[node, pid] = request
         return pids
+
+    def _may_be_in_transit(self, request: str, node: str) -> bool:
+        """Whether a refusal of a launch of ``request`` on ``node`` may be the node's assignment still on its
+        way to the agent: the RMS said the request started on that node, and has not said it ended."""
+        started = self._started.get(request)
+        return (started is not None and node in started.nodes and request not in self._killed
+                and self.lost is None and not self.closed)
 
     async def wait_exits(self, request: str, count: int, timeout: float | None = None) -> list[Exited]:
         """The first ``count`` process exits of ``request``."""
@@ -686,6 +717,7 @@ def heartbeat_timeout(reply: SessionOpenReply) -> float:
 CALL_TIMEOUT = 5.0
 RECOVER_AGAIN = 2.0  # seconds after a reconnection, what was missed is asked for a second time
 QUERY_TIMEOUT = 2.0  # the same for a query that changes nothing (the views): sent again sooner
+ASSIGN_RETRY = (0.05, 0.5)  # first and longest pause between two launches refused while an assignment is on its way
 
 
 AfterTimeout = Callable[[bus.WireError], object]

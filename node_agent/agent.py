@@ -3,7 +3,8 @@
 The I/O shell around :class:`coorm.node_agent.state.NodeBook`:
 
 * registers its nodes on ``AGENT_REGISTER`` (request/reply, retried until the node allocator answers
-  ``Ack``), again whenever anything arrives on ``AGENT_HELLO``; heartbeats on ``AGENT_HEARTBEAT``;
+  ``Ack``), again whenever anything arrives on ``AGENT_HELLO`` and after each NATS reconnection (what was
+  sent to it while cut is lost: the answer says whom each node belongs to now); heartbeats on ``AGENT_HEARTBEAT``;
 * ``node_assign(node)``: the allocator says which request owns the node until when (and which token may
   launch); ``Ack`` if a reply is asked for. Obeyed only when signed with the services' key (as is a kill):
   NATS lets only the services publish them, and the agent checks that they did;
@@ -238,7 +239,7 @@ class Agent:
             if not self._subreaper_held:
                 self._log.warning("cannot become child subreaper: killed groups are reaped by init")
         self.nc = await connect(self.settings.nats_url, f"coorm-agent-{self.agent_id}",
-                                self.settings.identity(Role.AGENT))
+                                self.settings.identity(Role.AGENT), reconnected_cb=self._on_reconnected)
         self.cgroups = Cgroups.create(self.agent_id, str(self.state_file)) if self.settings.agent_cgroups else None
         if self.cgroups is not None:
             self._log.info("launches contained in cgroups", base=str(self.cgroups.base))
@@ -353,6 +354,20 @@ class Agent:
             return
         self._log.info("hello from the allocator: registering again")
         self.registered.clear()
+        self._register_again()
+
+    async def _on_reconnected(self) -> None:
+        """Back from a cut (its nats-server died, the agent moved to another of the cluster): the assignments
+        and kills sent meanwhile are lost (core NATS), and a node's new owner would be refused its launches.
+        The allocator's answer to a registration is every node's current assignment. Launches go on being
+        served meanwhile, from the books as they are (an owner refused for an assignment not learnt yet asks
+        again: the SDK's ``Session.launch``)."""
+        if self._stopping:
+            return
+        self._log.info("reconnected to NATS: registering again for the assignments sent meanwhile")
+        self._register_again()
+
+    def _register_again(self) -> None:
         if self._register_task is not None and not self._register_task.done():
             self._register_task.cancel()
         self._register_task = asyncio.create_task(self._register())
