@@ -43,7 +43,8 @@ class Spawner:
         self.loop = asyncio.get_running_loop()
         self._n = 0
         self._asked: dict[int, asyncio.Future] = {}
-        self._exits: dict[int, asyncio.Future[int | None]] = {}
+        self._exits: dict[int, asyncio.Future[int | None]] = {}  # launches whose exit is to come
+        self._handed: dict[int, asyncio.Future[int | None]] = {}  # spawn() -> exited(): its launch's exit
         self.dead = False
         self.loop.add_reader(sock.fileno(), self._readable)
 
@@ -71,17 +72,18 @@ class Spawner:
         self.sock.send(marshal.dumps({"id": self._n, "argv": list(argv), "env": dict(env), "cwd": cwd,
                                       "cgroup": cgroup, "drop": list(drop) if drop else None,
                                       "files": list(files) if files else None, "piped": list(piped)}))
-        msg, fds = await fut
+        msg, fds, exit_ = await fut
         if "error" in msg:
             stage, number, text = msg["error"]
             raise SpawnFailed(stage, number, text)
         pid = msg["pid"]
-        self._exits.setdefault(pid, self.loop.create_future())
+        self._handed[pid] = exit_
         return pid, dict(zip(piped, fds, strict=True))
 
     def exited(self, pid: int) -> asyncio.Future[int | None]:
         """The launch's return code (``-N``: killed by signal N; None: not known)."""
-        return self._exits.setdefault(pid, self.loop.create_future())
+        handed = self._handed.pop(pid, None)
+        return handed if handed is not None else self._exits.setdefault(pid, self.loop.create_future())
 
     def _readable(self) -> None:
         try:
@@ -99,9 +101,12 @@ class Spawner:
             if fut is not None and not fut.done():
                 fut.set_result(msg["code"])
             return
+        # the exit's future now, not when spawn() resumes: the launch's exit may be the next message (the
+        # spawner tells a launch that exited before its exec was confirmed at once after its pid)
+        exit_ = self._exits.setdefault(msg["pid"], self.loop.create_future()) if "pid" in msg else None
         asked = self._asked.pop(msg["id"], None)
         if asked is not None and not asked.done():
-            asked.set_result((msg, fds))
+            asked.set_result((msg, fds, exit_))
         else:
             for fd in fds:
                 os.close(fd)

@@ -76,8 +76,11 @@ def child_steps(cwd: str | None, cgroup: str | None, drop, files, report: int) -
         raise
 
 
-def _spawn(req: dict) -> tuple[int, list[int]]:
-    """Fork and exec one launch; (pid, read ends of its pipes) or raises ``_Failed``."""
+def _fork(req: dict) -> tuple[int, int, list[int]]:
+    """Fork one launch: (pid, the read end of its report pipe, the read ends of its output pipes). Whether it
+    exec'd is read from the report pipe -- EOF (the pipe is close-on-exec), or why it could not -- in the
+    loop, so that the next launch is forked while this one's child gets going (on a busy host the child may
+    wait tens of milliseconds for a CPU before it execs)."""
     piped = list(req.get("piped", ()))
     pipes = {fd: os.pipe() for fd in piped}
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
@@ -113,23 +116,15 @@ def _spawn(req: dict) -> tuple[int, list[int]]:
     os.close(devnull)
     for _r, w in pipes.values():
         os.close(w)
-    data = b""
-    while True:  # EOF: it exec'd (the pipe is close-on-exec); data: why it could not
-        try:
-            chunk = os.read(report_r, 65536)
-        except InterruptedError:
-            continue
-        if not chunk:
-            break
-        data += chunk
-    os.close(report_r)
-    if data:
-        for r, _ in pipes.values():
-            os.close(r)
-        _reap(pid)
-        stage, number, text = (data.split(b"\0", 2) + [b"", b""])[:3]
-        raise _Failed(stage.decode(), int(number or 0), os.fsdecode(text))
-    return pid, [pipes[fd][0] for fd in piped]
+    return pid, report_r, [pipes[fd][0] for fd in piped]
+
+
+class _Starting:
+    """A launch forked, its exec not yet confirmed."""
+
+    def __init__(self, request: int, pid: int, fds: list[int]) -> None:
+        self.request, self.pid, self.fds = request, pid, fds
+        self.report = b""  # why it could not exec, as the child wrote it
 
 
 def _reap(pid: int) -> None:
@@ -143,14 +138,10 @@ def _reap(pid: int) -> None:
             return
 
 
-class _Failed(Exception):
-    def __init__(self, stage: str, number: int, text: str) -> None:
-        super().__init__(stage, number, text)
-        self.stage, self.number, self.text = stage, number, text
-
-
 def serve(sock: socket.socket) -> None:
-    launched: set[int] = set()
+    launched: set[int] = set()  # exec'd: their exits are told
+    starting: dict[int, _Starting] = {}  # report pipe -> launch
+    early: dict[int, int] = {}  # pid -> return code of a launch reaped before its exec was confirmed
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # (the wakeup fd tells the loop)
@@ -166,6 +157,7 @@ def serve(sock: socket.socket) -> None:
             sock.send(data)
 
     def reap_all() -> None:
+        pids = {s.pid for s in starting.values()}
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -176,6 +168,38 @@ def serve(sock: socket.socket) -> None:
             if pid in launched:
                 launched.discard(pid)
                 send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            elif pid in pids:  # (told once its exec is: the agent must have the pid before its exit)
+                early[pid] = os.waitstatus_to_exitcode(status)
+
+    def reported(fd: int) -> None:
+        """The child's report pipe: more of why it failed, or EOF -- it exec'd, or it failed and said why."""
+        launch = starting[fd]
+        try:
+            chunk = os.read(fd, 65536)
+        except InterruptedError:
+            return
+        if chunk:
+            launch.report += chunk
+            return
+        sel.unregister(fd)
+        os.close(fd)
+        del starting[fd]
+        if launch.report:
+            for r in launch.fds:
+                os.close(r)
+            if early.pop(launch.pid, None) is None:
+                _reap(launch.pid)  # (it exits at once after saying why)
+            stage, number, text = (launch.report.split(b"\0", 2) + [b"", b""])[:3]
+            send({"id": launch.request, "error": [stage.decode(), int(number or 0), os.fsdecode(text)]})
+            return
+        send({"id": launch.request, "pid": launch.pid}, launch.fds)
+        for r in launch.fds:
+            os.close(r)
+        code = early.pop(launch.pid, None)
+        if code is None:
+            launched.add(launch.pid)
+        else:
+            send({"exit": launch.pid, "code": code})
 
     while True:
         for key, _ in sel.select():
@@ -187,6 +211,9 @@ def serve(sock: socket.socket) -> None:
                     pass
                 reap_all()
                 continue
+            if key.data == "report":
+                reported(key.fd)
+                continue
             try:
                 data = sock.recv(MAX_MESSAGE)
             except InterruptedError:
@@ -195,17 +222,12 @@ def serve(sock: socket.socket) -> None:
                 return  # the agent is gone
             req = marshal.loads(data)
             try:
-                pid, fds = _spawn(req)
-            except _Failed as e:
-                send({"id": req["id"], "error": [e.stage, e.number, e.text]})
-                continue
+                pid, report, fds = _fork(req)
             except OSError as e:  # (fork or pipe: out of resources)
                 send({"id": req["id"], "error": ["fork", e.errno or errno.EAGAIN, e.strerror or str(e)]})
                 continue
-            launched.add(pid)
-            send({"id": req["id"], "pid": pid}, fds)
-            for fd in fds:
-                os.close(fd)
+            starting[report] = _Starting(req["id"], pid, fds)
+            sel.register(report, selectors.EVENT_READ, "report")
         reap_all()  # (a SIGCHLD that came while a launch was being answered)
 
 

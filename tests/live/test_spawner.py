@@ -1,0 +1,65 @@
+"""The agent's spawner (node_agent/spawner.py) as a real process: launches are forked without waiting for
+each other's exec, and every launch's exit is told, however soon it comes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from coorm.node_agent.spawn_client import Spawner, SpawnFailed
+
+BOUND = 20.0  # seconds: a bound against a hang, not a pause
+
+
+@pytest.fixture
+async def spawner():
+    s = Spawner.start()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _spawn(s: Spawner, argv: list[str], files=None):
+    return s.spawn(argv=argv, env={"PATH": os.environ["PATH"]}, cwd=None, cgroup=None, drop=None, files=files,
+                   piped=[])
+
+
+async def test_a_launch_slow_to_exec_does_not_hold_the_next(spawner, tmp_path):
+    # the first launch's child blocks before its exec, opening its output file: a FIFO no one reads yet
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+    slow = asyncio.ensure_future(_spawn(spawner, ["sh", "-c", "exit 5"], files=(str(fifo), None, True)))
+    pid, _ = await asyncio.wait_for(_spawn(spawner, ["sh", "-c", "exit 3"]), BOUND)
+    assert await asyncio.wait_for(spawner.exited(pid), BOUND) == 3
+    assert not slow.done()  # (still opening its output: it was not waited for)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the child's open() returns: it execs
+    try:
+        slow_pid, _ = await asyncio.wait_for(slow, BOUND)
+        assert await asyncio.wait_for(spawner.exited(slow_pid), BOUND) == 5
+    finally:
+        os.close(reader)
+
+
+async def test_every_quick_exit_is_told_with_its_code(spawner):
+    # launches that end at once: an exit may reach the spawner before the launch's exec is confirmed, and the
+    # agent before spawn() has returned the pid
+    launched = await asyncio.wait_for(asyncio.gather(*(_spawn(spawner, ["sh", "-c", f"exit {k}"])
+                                                       for k in range(60))), BOUND)
+    codes = await asyncio.wait_for(asyncio.gather(*(spawner.exited(pid) for pid, _ in launched)), BOUND)
+    assert codes == list(range(60))
+
+
+async def test_launches_that_cannot_start_say_why_and_the_others_go_on(spawner, tmp_path):
+    results = await asyncio.wait_for(asyncio.gather(
+        _spawn(spawner, ["/nonexistent/program"]),
+        _spawn(spawner, ["true"], files=(str(tmp_path / "no" / "such" / "dir" / "out"), None, True)),
+        _spawn(spawner, ["sh", "-c", "exit 9"]),
+        return_exceptions=True), BOUND)
+    missing, unwritable, ok = results
+    assert isinstance(missing, SpawnFailed) and missing.stage == "exec", missing
+    assert isinstance(unwritable, SpawnFailed) and unwritable.stage == "files", unwritable
+    assert not isinstance(ok, BaseException)
+    assert await asyncio.wait_for(spawner.exited(ok[0]), BOUND) == 9
