@@ -49,6 +49,11 @@ DURABLE = "accounting"
 ACK_WAIT = 30.0  # seconds before JetStream redelivers an unacked message
 BATCH = 64
 FETCH_WAIT = 0.5  # a fetch waits this long for messages (and so bounds how long a stop takes)
+# after a batch that was not full, what comes next is gathered this long before it is fetched: jobs end a few
+# at a time, and each fetched batch costs a pull and a roll-up task (some milliseconds of this
+# service's and the Celery worker's CPU); a stream of separate batch jobs then costs one of these per
+# COALESCE seconds instead of one per job, and an end is accounted at most this much later
+COALESCE = 0.25
 SEEN_RETENTION = 8 * 24 * 3600.0  # > the stream's max_age (7 days): any redelivery is recognised
 RAW_MAXLEN = 1_000_000  # the raw event stream is trimmed (approximately) to this many events
 REJECTED_MAXLEN = 1000
@@ -125,6 +130,9 @@ class AccountingService:
                     await asyncio.wait_for(stop.wait(), 1.0)
                 continue
             await self.handle_batch(msgs)
+            if len(msgs) < BATCH:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), COALESCE)
 
     async def close(self) -> None:
         if self.nc is not None:
