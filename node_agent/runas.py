@@ -16,8 +16,10 @@ file, not through a symbolic link. Why an open failed comes back to the agent th
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import pwd
+import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -109,14 +111,24 @@ def launch_env(run: RunAs, requested: Mapping[str, str], *, deny: Sequence[str],
                coorm: Mapping[str, str]) -> dict[str, str]:
     """The process's environment: the user's basics, then ``requested``, then ``coorm`` (which the user may
     not override); a requested name matching a ``deny`` pattern refuses the launch."""
+    denied = _denied(tuple(deny))
     for name, value in requested.items():
         if not _valid_name(name) or "\x00" in value:
             raise LaunchRefused(ErrorCode.BAD_REQUEST, f"not an environment variable: {name[:64]!r}")
-        if name not in coorm and any(fnmatch.fnmatchcase(name, pattern) for pattern in deny):
+        if name not in coorm and denied is not None and denied.match(name):
             raise LaunchRefused(ErrorCode.FORBIDDEN, f"the environment may not set {name} (the operator's "
                                                      "COORM_LAUNCH_ENV_DENY)")
     base = {"HOME": run.home, "USER": run.user, "LOGNAME": run.user, "SHELL": run.shell, "PATH": DEFAULT_PATH}
     return {**base, **requested, **coorm}
+
+
+@functools.lru_cache(maxsize=16)
+def _denied(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """``fnmatch.fnmatchcase`` of any of ``patterns``, as one expression: a batch job carries its submitter's
+    whole environment, and a hundred names times each pattern was a tenth of the agent's time per launch."""
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
 
 
 def _may_search(st: os.stat_result, run: RunAs) -> bool:
