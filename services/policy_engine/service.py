@@ -287,46 +287,46 @@ class PolicyEngine:
                 await self.redis.delete(keys.POLICY_LEASE)
 
     async def _lead(self, stop: asyncio.Event) -> None:
-        await self._restore()
-        log.info("leading", instance=self.instance, events=self._replayed, apps=len(self.sessions))
-        self._subs = [
-            await bus.serve(self.nc, subjects.SESSION_OPEN_ANY, SessionOpen, self._on_open, concurrent=True),
-            await bus.serve(self.nc, subjects.APP_REQUEST_ANY, RequestMsg, self._on_request, concurrent=True),
-            await bus.serve(self.nc, subjects.APP_DONE_ANY, DoneMsg, self._on_done, concurrent=True),
-            await bus.serve(self.nc, subjects.APP_CLOSE_ANY, CloseMsg, self._on_close, concurrent=True),
-            await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat, concurrent=True),
-            await bus.serve(self.nc, subjects.APP_NEGOTIATE_ANY, NegotiateMsg, self._on_negotiate, concurrent=True),
-            await bus.serve(self.nc, subjects.APP_RESPOND_ANY, RespondMsg, self._on_respond, concurrent=True),
-            await bus.serve(self.nc, subjects.NODES_EVENT, NodesEvent, self._on_nodes),
-            await bus.serve(self.nc, subjects.VIEWS_QUERY, ViewsQuery, self._on_views_query),
-            await bus.serve(self.nc, subjects.QUERY_STATUS, StatusQuery, self._on_status),
-        ]
+        # the lease is kept from the moment it was acquired, through the restore: on a loaded machine the
+        # restore (replaying the log, publishing the last decisions again) and the first views took longer
+        # than a lease, which lapsed before its first renewal; the standby took it and restored in turn, and
+        # the two engines took turns for seconds after each take-over (a Valkey failover)
         self._resign = asyncio.Event()
-        self.leader.set()
-        await self._publish_views(full=True)
-        tasks = [asyncio.create_task(self._sequencer()), asyncio.create_task(self._timer_loop()),
-                 asyncio.create_task(self._reaper_loop()), asyncio.create_task(self._gauges_loop()),
-                 asyncio.create_task(self._views_loop())]
-        metrics.leader.set(1)
+        lease = asyncio.create_task(self._keep_lease(stop))
+        tasks: list[asyncio.Task] = []
         try:
-            while not stop.is_set() and not self._resign.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_first(stop, self._resign), self.settings.leader_lease / 3)
-                try:
-                    renewed = await self._renew()
-                except (RedisError, OSError) as e:
-                    log.warning("lease not renewed: back to standby", instance=self.instance, error=repr(e))
-                    break
-                if not renewed:
-                    log.warning("lease lost: back to standby", instance=self.instance)
-                    break
+            await self._restore(lease)
+            if lease.done():
+                return  # lost while restoring: whoever holds it now leads
+            log.info("leading", instance=self.instance, events=self._replayed, apps=len(self.sessions))
+            self._subs = [
+                await bus.serve(self.nc, subjects.SESSION_OPEN_ANY, SessionOpen, self._on_open, concurrent=True),
+                await bus.serve(self.nc, subjects.APP_REQUEST_ANY, RequestMsg, self._on_request, concurrent=True),
+                await bus.serve(self.nc, subjects.APP_DONE_ANY, DoneMsg, self._on_done, concurrent=True),
+                await bus.serve(self.nc, subjects.APP_CLOSE_ANY, CloseMsg, self._on_close, concurrent=True),
+                await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat,
+                                concurrent=True),
+                await bus.serve(self.nc, subjects.APP_NEGOTIATE_ANY, NegotiateMsg, self._on_negotiate,
+                                concurrent=True),
+                await bus.serve(self.nc, subjects.APP_RESPOND_ANY, RespondMsg, self._on_respond, concurrent=True),
+                await bus.serve(self.nc, subjects.NODES_EVENT, NodesEvent, self._on_nodes),
+                await bus.serve(self.nc, subjects.VIEWS_QUERY, ViewsQuery, self._on_views_query),
+                await bus.serve(self.nc, subjects.QUERY_STATUS, StatusQuery, self._on_status),
+            ]
+            self.leader.set()
+            await self._publish_views(full=True)
+            tasks = [asyncio.create_task(self._sequencer()), asyncio.create_task(self._timer_loop()),
+                     asyncio.create_task(self._reaper_loop()), asyncio.create_task(self._gauges_loop()),
+                     asyncio.create_task(self._views_loop())]
+            metrics.leader.set(1)
+            await lease  # until the lease is lost, the leader resigns or the service stops
             if self._resign.is_set():
                 log.warning("an event could not be logged or applied: back to standby, to rebuild the state "
                             "from the log", instance=self.instance)
         finally:
             self.leader.clear()
             metrics.leader.set(0)
-            for t in tasks:
+            for t in [lease, *tasks]:
                 await _cancelled(t)
             observe.clear()
             for sub in self._subs:
@@ -335,6 +335,23 @@ class PolicyEngine:
             self._subs = []
             self._fail_pending(_changing_leader())
 
+    async def _keep_lease(self, stop: asyncio.Event) -> None:
+        """Renew the lease every third of its length; return when it is lost (or not renewed), when the
+        leader resigns, or when the service stops."""
+        while not stop.is_set() and not self._resign.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_first(stop, self._resign), self.settings.leader_lease / 3)
+            if stop.is_set() or self._resign.is_set():
+                return
+            try:
+                renewed = await self._renew()
+            except (RedisError, OSError) as e:
+                log.warning("lease not renewed: back to standby", instance=self.instance, error=repr(e))
+                return
+            if not renewed:
+                log.warning("lease lost: back to standby", instance=self.instance)
+                return
+
     def _fail_pending(self, error: Exception) -> None:
         """Every event waiting to be logged: refused (none of them was logged, so none was applied)."""
         while not self._inbox.empty():
@@ -342,9 +359,10 @@ class PolicyEngine:
             if not fut.done():
                 fut.set_exception(error)
 
-    async def _restore(self) -> None:
+    async def _restore(self, lease: asyncio.Task | None = None) -> None:
         """Rebuild the cores: the last snapshot, then the event log after it; publish again the decisions of
-        the last events (their ids make JetStream drop those the previous leader had published)."""
+        the last events (their ids make JetStream drop those the previous leader had published). The replay
+        lets ``lease`` run now and then (it keeps the lease meanwhile), and stops if it was lost."""
         snap = Snapshot.from_fields(await self.redis.hgetall(keys.SNAPSHOT))
         self.cores = snap.cores() if snap else CoupledCores(policy_settings(self.settings))
         self.cores.policy.settings = policy_settings(self.settings)  # the settings of this run, not the writer's
@@ -361,11 +379,17 @@ class PolicyEngine:
         self._since_snapshot = len(entries)
         self._seq = int(await self.redis.get(keys.EVENT_SEQ) or 0)
         tail: list[tuple[object, list]] = []
+        turn = time.monotonic()
         for i, (_, fields) in enumerate(entries):
             event = _EVENTS.validate_json(fields["e"])
             out = self.cores.handle(event, pass_now=fields.get("d") != "1")
             if i >= len(entries) - _REPUBLISH:
                 tail.append((event, out))
+            if time.monotonic() - turn > self.settings.leader_lease / 6:  # (the lease's renewal may run)
+                await asyncio.sleep(0)
+                turn = time.monotonic()
+                if lease is not None and lease.done():
+                    return
         for event, out in tail:
             await self._publish(event, out)
         now = clock()

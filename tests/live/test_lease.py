@@ -1,0 +1,57 @@
+"""The policy engine's lease is kept from the moment it is acquired, through the restore. On a loaded machine
+the restore (replaying the event log, publishing the last decisions again) and the first views took longer
+than a lease: it lapsed before its first renewal, the standby took it and restored in turn, and after a
+Valkey failover the two engines took turns for a minute (``bench_ha.py``: "the lease is another's", a
+session never opened). Real nats-server and Valkey; the engine is the real one, its restore held back by
+the test for longer than a lease."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+
+from coorm.services.policy_engine.service import PolicyEngine
+from coorm.shared import keys
+from coorm.shared.settings import Settings
+
+LEASE = 0.6
+
+
+class HeldRestore(PolicyEngine):
+    """The real engine, whose restore waits for the test's word first (a restore as slow as the test likes)."""
+
+    def __init__(self, settings: Settings, instance: str) -> None:
+        super().__init__(settings, instance)
+        self.restoring = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def _restore(self, lease=None) -> None:
+        self.restoring.set()
+        await self.go_on.wait()
+        await super()._restore(lease)
+
+
+async def test_a_restore_longer_than_the_lease_keeps_it(servers, redis_url):
+    settings = Settings(nats_url=servers.nats_url, redis_url=redis_url, leader_lease=LEASE)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    first, second = HeldRestore(settings, "first"), PolicyEngine(settings, "second")
+    stop = asyncio.Event()
+    running = [asyncio.create_task(first.run(stop))]
+    try:
+        await asyncio.wait_for(first.restoring.wait(), 10)
+        running.append(asyncio.create_task(second.run(stop)))  # a standby, trying for the lease meanwhile
+        # the restore lasts four leases (the time that passes is what is tested: no event to wait on)
+        await asyncio.sleep(4 * LEASE)
+        assert r.get(keys.POLICY_LEASE) == "first"
+        assert not second.leader.is_set()
+        first.go_on.set()
+        await asyncio.wait_for(first.leader.wait(), 10)
+        # and the term it began goes on: four leases later it still leads, alone
+        await asyncio.sleep(4 * LEASE)
+        assert first.leader.is_set() and not second.leader.is_set()
+        assert r.get(keys.POLICY_LEASE) == "first"
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 20)
+        r.close()
