@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from nats.errors import ConnectionClosedError
+
 from coorm.launchers.base import ClusterProps, Views
 from coorm.shared import bus, subjects
 from coorm.shared.endpoints import Role
@@ -264,17 +266,14 @@ class Session:
             self._recovering.cancel()
         if self._heartbeat:
             self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
-        with contextlib.suppress(Exception):
-            await self._call(self.reply.subjects.close, CloseMsg(token=self.token), Ack)
+            await _quietly(self._heartbeat)
+        # (what goes wrong now changes nothing for the caller: the RMS reaps a session it did not hear close)
+        await _quietly(self._call(self.reply.subjects.close, CloseMsg(token=self.token), Ack))
         if self.own_connection:  # closing the connection ends its subscriptions
-            with contextlib.suppress(Exception):
-                await self.nc.close()
+            await _quietly(self.nc.close())
             return
         for sub in self._subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await _quietly(sub.unsubscribe())
 
     async def detach(self) -> None:
         """Stop following the session without ending it (no heartbeat, no subscriptions): another process
@@ -687,6 +686,10 @@ class Session:
             call.cancel()  # its caller is gone (a launcher stopped): it must not fail later, unheard
             raise
         if call.done():
+            if call.cancelled():
+                # not by us: nats-py cancelled what the call waited on (a connection the server reset, closed
+                # under it). The caller is told the connection failed, not that it was itself cancelled
+                raise self.lost if self.lost is not None else ConnectionClosedError()
             return call.result()
         call.cancel()
         assert self.lost is not None
@@ -702,6 +705,24 @@ class Session:
             with contextlib.suppress(Exception):
                 await _call_retrying(self.nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
                                      attempts=1, timeout=heartbeat_timeout(self.reply))
+
+
+def _cancelling() -> bool:
+    """Whether the running task is being cancelled (by its caller: a CancelledError that is its own)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _quietly(aw) -> None:
+    """Await ``aw`` for a step of closing, whatever it raises -- a CancelledError too, that nats-py raises from a
+    connection the server reset (it cancels what waited on it) -- but a cancellation of the caller itself."""
+    try:
+        await aw
+    except asyncio.CancelledError:
+        if _cancelling():
+            raise
+    except Exception:  # noqa: BLE001, S110 - closing goes on: the session ends either way
+        pass
 
 
 def heartbeat_timeout(reply: SessionOpenReply) -> float:

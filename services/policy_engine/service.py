@@ -319,7 +319,14 @@ class PolicyEngine:
                      asyncio.create_task(self._reaper_loop()), asyncio.create_task(self._gauges_loop()),
                      asyncio.create_task(self._views_loop())]
             metrics.leader.set(1)
-            await lease  # until the lease is lost, the leader resigns or the service stops
+            # until the lease is lost, the leader resigns or the service stops -- at once: a renewal under way
+            # may wait on a Valkey primary that died (the socket's timeout), and meanwhile this term's handlers
+            # would take events no sequencer logs any more
+            ended = asyncio.create_task(_first(stop, self._resign))
+            try:
+                await asyncio.wait({lease, ended}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await _cancelled(ended)
             if self._resign.is_set():
                 log.warning("an event could not be logged or applied: back to standby, to rebuild the state "
                             "from the log", instance=self.instance)
