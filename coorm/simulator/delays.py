@@ -21,12 +21,17 @@ Rules the engine keeps when it models delays:
   properties); the RMS knows of its session ``command`` after it arrives;
 * ``live_views``: what a live session is sent, counted as live (the launcher acts on the same views): the
   views as they stand when it opens (the SDK asks for them), and its views after it started too (a launcher
-  that no longer follows them ignores them).
+  that no longer follows them ignores them);
+* ``samples``: instead of the constants, each delay is drawn (seeded by ``seed``) from the live system's own
+  samples of it -- ``notify``, ``command``, ``open``, ``exit``, and ``launch_factor``, a launch's time over
+  the line ``launch + launch_per_node x nodes``: its jitter and tails, which decide which way a race goes
+  (two arrivals a few milliseconds apart, an adaptive launcher's last view before its start). A delay
+  without samples stays its constant.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -40,11 +45,21 @@ class Delays:
     view_period: float | None = None  # None: views after every pass; else at most a round per period
     view_rate: float = 2000.0  # ... and at most this many view notifications a second (the live defaults)
     live_views: bool = False  # count the views a live session is sent beyond what its launcher follows
+    # (name, samples) pairs to draw from instead of the constants; ``seed`` seeds the draws
+    samples: tuple[tuple[str, tuple[float, ...]], ...] = field(default=(), repr=False)
+    seed: int = 0
+
+    SAMPLED = ("notify", "command", "open", "exit", "launch_factor")
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if not isinstance(value, bool) and value is not None and value < 0:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise ValueError(f"delay {name} must be >= 0, not {value}")
+        for name, pool in self.samples:
+            if name not in self.SAMPLED:
+                raise ValueError(f"no delay {name} to sample; one of {self.SAMPLED}")
+            if not pool or min(pool) < 0:
+                raise ValueError(f"the samples of {name} must be some, each >= 0")
 
     @property
     def instant(self) -> bool:
@@ -52,4 +67,5 @@ class Delays:
         return self == Delays()
 
     def describe(self) -> dict[str, float | None]:
-        return asdict(self)
+        """The constants (the samples left out: they are stored with the measurements)."""
+        return {k: v for k, v in asdict(self).items() if k != "samples"}

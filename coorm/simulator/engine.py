@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -118,6 +119,9 @@ class Simulation:
         if self.delays is not None and self.delays.view_period is not None:
             self._pacer = ViewPacer(period=self.delays.view_period, rate=self.delays.view_rate)
         self._round_at: float | None = None  # when the pending round of views is on the heap
+        # the live system's samples of its delays, drawn from (seeded) instead of the constants when given
+        self._samples = dict(self.delays.samples) if self.delays is not None else {}
+        self._draws = random.Random(self.delays.seed) if self._samples and self.delays is not None else None
         self._session_over: set[str] = set()  # the RMS ended these sessions: they hear of nothing more
         self._in_flight = 0  # commands sent that the RMS has not applied yet (the run waits for them)
         self._kept: dict[str, int] = {}  # request -> nodes it kept from its predecessor (nothing to launch there)
@@ -346,23 +350,32 @@ class Simulation:
         fresh = len(args[1]) - self._kept.pop(args[0], 0) if method == "on_start" else 0
         if fresh > 0 and self.delays is not None:
             # it launches its processes on the new nodes, hearing of nothing else meanwhile
-            busy = self.delays.launch + self.delays.launch_per_node * fresh
+            busy = (self.delays.launch + self.delays.launch_per_node * fresh) * self._delay("launch_factor", 1.0)
             self._heard_by[app] = max(self._heard_by.get(app, -math.inf), self.now + busy)
         if method == "on_start" and self.delays is not None and args[1] and app in self._process_work:
             # its work's end is heard ``exit`` after start + work
-            commands = [Timer(c.at + self.delays.exit, c.key) if isinstance(c, Timer) else c for c in commands]
+            exit_ = self._delay("exit")
+            commands = [Timer(c.at + exit_, c.key) if isinstance(c, Timer) else c for c in commands]
         return [(app, c) for c in commands]
 
     # -- the live system's delays (Delays) ------------------------------------------------------------
+    def _delay(self, name: str, constant: float | None = None) -> float:
+        """Delay ``name``: drawn from the live system's samples of it if given, else its constant."""
+        assert self.delays is not None
+        pool = self._samples.get(name)
+        if pool and self._draws is not None:
+            return self._draws.choice(pool)
+        return getattr(self.delays, name) if constant is None else constant
+
     def _hear_later(self, app: str, notice_: tuple) -> None:
         assert self.delays is not None
-        at = max(self.now + self.delays.notify, self._heard_by.get(app, -math.inf))  # in the order taken
+        at = max(self.now + self._delay("notify"), self._heard_by.get(app, -math.inf))  # in the order taken
         self._heard_by[app] = at
         self._push(at, "hear", app, notice_)
 
     def _send_later(self, app: str, command) -> None:
         assert self.delays is not None
-        at = max(self.now + self.delays.command, self._applied_by.get(app, -math.inf))  # in the order sent
+        at = max(self.now + self._delay("command"), self._applied_by.get(app, -math.inf))  # in the order sent
         self._applied_by[app] = at
         self._in_flight += 1
         if isinstance(command, Close):
@@ -387,12 +400,13 @@ class Simulation:
         if kind == "arrive":
             self._waiting_arrivals -= 1
             self._count_opening(app)
-            self._applied_by[app] = self.now + self.delays.command
+            command, opened = self.now + self._delay("command"), self.now + self._delay("open")
+            self._applied_by[app] = command
             # (the session first: at equal times the heap keeps this order, and a later command queues after it)
-            self._push(self.now + self.delays.command, "command", app, "open")
+            self._push(command, "command", app, "open")
             self._in_flight += 1
-            self._push(self.now + self.delays.open, "opened", app, None)
-            self._heard_by[app] = self.now + self.delays.open  # its launcher runs first, then hears
+            self._push(opened, "opened", app, None)
+            self._heard_by[app] = opened  # its launcher runs first, then hears
         elif kind == "opened":
             self._run_commands(app, self.launchers[app].on_open(self.now, self.props))
         elif kind == "command":

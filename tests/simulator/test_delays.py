@@ -4,6 +4,8 @@ hand on one or two applications on an idle cluster."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from coorm.launchers.moldable import MoldableLauncher
@@ -111,3 +113,31 @@ def test_a_scenario_file_may_model_the_delays(tmp_path):
     (tmp_path / "bad.yaml").write_text(text + "delays: {notify: -1}\n")
     with pytest.raises(ValueError):
         load(tmp_path / "bad.yaml")
+
+
+CONSTANT = Delays(notify=0.05, command=0.01, open=0.07, exit=0.2, launch=0.08, launch_per_node=0.02, view_period=0.1)
+
+
+def test_sampled_delays_of_one_value_each_are_the_constants():
+    one = tuple((name, (value,)) for name, value in
+                (("notify", 0.05), ("command", 0.01), ("open", 0.07), ("exit", 0.2), ("launch_factor", 1.0)))
+    assert outline(mixed(CONSTANT)) == outline(mixed(replace(CONSTANT, samples=one, seed=3)))
+
+
+def test_sampled_delays_are_seeded_draws_from_the_live_samples():
+    pools = (("notify", (0.01, 0.02, 0.6)), ("command", (0.002, 0.05)), ("open", (0.03, 0.4)),
+             ("exit", (0.1, 0.5)), ("launch_factor", (0.5, 1.0, 3.0)))
+    runs = [outline(mixed(replace(CONSTANT, samples=pools, seed=s))) for s in (1, 1, 2, 3)]
+    assert runs[0] == runs[1]  # the same seed, the same run
+    assert runs[0] != runs[2] or runs[0] != runs[3]
+    r = one_rigid(replace(Delays(notify=0.5), samples=(("notify", (0.25, 0.75)),)))
+    assert r.apps["r"].heard_started - r.apps["r"].started in (pytest.approx(0.25), pytest.approx(0.75))
+
+
+def test_samples_must_name_a_delay_and_hold_values():
+    with pytest.raises(ValueError):
+        Delays(samples=(("views", (0.1,)),))
+    with pytest.raises(ValueError):
+        Delays(samples=(("notify", ()),))
+    with pytest.raises(ValueError):
+        Delays(samples=(("notify", (-0.1,)),))
