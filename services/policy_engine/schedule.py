@@ -127,7 +127,9 @@ class Schedule:
     def preemptible_capacity(self, cluster: str) -> StepFunction:
         return StepFunction.from_intervals(self.up[cluster], self.now, self.np_usage.get(cluster, []))
 
-    def p_view(self, app: str, cluster: str, priority: tuple[float, int] | None = None) -> StepFunction:
+    def p_view(self, app: str, cluster: str, priority: tuple[float, int] | None = None,
+               until: float = INF) -> StepFunction:
+        """``until``: only the view before then is wanted (a share is worked out per breakpoint)."""
         capacity = self.preemptible_capacity(cluster)
         demands = self.demands.get(cluster, [])
         others = [d for d in demands if d.app != app]
@@ -147,6 +149,8 @@ class Schedule:
         me = next(i for i, d in enumerate(ranked) if d.app == app)
         steps = []
         for t in sorted(times):
+            if t >= until and steps:
+                break
             wants = [_demand_at(d.intervals, t) for d in ranked]
             holds = [_demand_at(d.held, t) for d in ranked] if incremental else None
             steps.append((t, preemptive_share(capacity.value_at(t), wants, me, self.policy, holds, self.threshold)))
