@@ -118,9 +118,13 @@ async def _run(runner: LiveRunner, out: Outcome, deadline: float, detail) -> Out
     """Run the application until the deadline; what it reported, or how it hung (``detail()``: what it waited
     for) or what error it was told."""
     try:
-        result = await asyncio.wait_for(runner.run(), max(1.0, deadline - time.monotonic()))
-    except TimeoutError:
-        out.error, out.detail = "hung", detail()
+        async with asyncio.timeout(max(1.0, deadline - time.monotonic())) as limit:
+            result = await runner.run()
+    except TimeoutError as e:
+        if limit.expired():
+            out.error, out.detail = "hung", detail()
+        else:  # a timeout the application was told (nats-py's is a TimeoutError): not a hang
+            out.error = f"{type(e).__name__}: {e}"
         return out
     except Exception as e:  # noqa: BLE001 - what the application was told
         out.error = f"{type(e).__name__}: {e}"
