@@ -22,11 +22,13 @@ A launch is its process group, and its cgroup where the host lets the agent crea
 (:mod:`coorm.node_agent.containment`: then ``setsid`` or a double fork cannot escape): when the group leader
 exits, whatever it left running is killed (as batch systems do at the end of a job step).
 
-Restarts: the agent keeps a state file of the processes it runs (``agent_state_dir``). An agent that was
-SIGKILLed left them running unsupervised, their exit statuses out of anyone's reach; its successor kills
-what is left of them (found by cgroup, or by pid and start time) and reports each as killed with reason
-``agent_restarted`` (or, for one that ended while no agent watched, with an unknown code), then registers;
-the node allocator sends it the current assignment of each of its nodes, so launches go on working.
+Restarts: the agent keeps a state file of the processes it runs (``agent_state_dir``), and of its spawner.
+An agent that was SIGKILLed left them running unsupervised; its spawner, which outlives it, reaps them and
+writes how they ended to its ledger. The successor kills what is left of them (found by cgroup, or by pid
+and start time), waits for the old spawner to leave, and reports each: with its own code if it ended while
+no agent watched (an unknown code without a spawner), killed with reason ``agent_restarted`` if it was
+still running; then it registers, and the node allocator sends it the current assignment of each of its
+nodes, so launches go on working.
 """
 
 from __future__ import annotations
@@ -213,6 +215,7 @@ class Agent:
         self._recent_exits: dict[str, collections.deque[tuple[ProcessExited, str]]] = {}
         self._launches: dict[tuple[str, str, str | None], list[int]] = {}  # (node, app, launch id) -> pids
         self._spawner: Spawner | None = None  # forks the launches (COORM_AGENT_SPAWNER), started at need
+        self._spawner_start: int | None = None  # (its identity with its pid, for a successor)
         self._save_pending = False  # a write of the state file is due at the end of this turn of the loop
         self._state_fd: int | None = None  # the state file, open
         self._state_len = 0  # its length (written over, never truncated)
@@ -301,6 +304,9 @@ class Agent:
             self._close_state()
             if self._spawner is not None:
                 self._spawner.close()
+                if self._spawner.ledger is not None and not self._running:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self._spawner.ledger)
             if self._subreaper_held:
                 self._subreaper_held = False
                 procs.release_subreaper()
@@ -547,7 +553,11 @@ class Agent:
         """Through the spawner (started at need, and again if it died): into its cgroup, the user's identity,
         its output files, as :meth:`_fork` does -- without a fork of the agent."""
         if self._spawner is None or self._spawner.dead:
-            self._spawner = Spawner.start()
+            if self._spawner is not None and self._spawner.ledger is not None:  # (its launches are ours now)
+                with contextlib.suppress(OSError):
+                    os.unlink(self._spawner.ledger)
+            self._spawner = Spawner.start(ledger=f"{self.state_file}.exits.{time.time_ns()}")
+            self._spawner_start = procs.start_time(self._spawner.proc.pid)
         try:
             pid, fds = await self._spawner.spawn(
                 argv=msg.argv, env=env, cwd=cwd, cgroup=str(cg) if cg is not None else None,
@@ -769,7 +779,11 @@ class Agent:
                     "start": r.start_ticks, "cgroup": str(r.cgroup) if r.cgroup else None,
                     "token_sha256": r.token_sha256}
                    for pid, r in self._running.items()]
-        data = json.dumps({"agent": self.agent_id, "processes": entries}).encode()
+        state: dict = {"agent": self.agent_id, "processes": entries}
+        if self._spawner is not None and not self._spawner.dead:  # (a successor reads how they ended from it)
+            state["spawner"] = {"pid": self._spawner.proc.pid, "start": self._spawner_start,
+                                "ledger": self._spawner.ledger}
+        data = json.dumps(state).encode()
         try:
             if self._state_fd is None:
                 self.state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -787,9 +801,10 @@ class Agent:
             self._state_fd = None
 
     async def _reap_leftovers(self) -> None:
-        """Kill what a predecessor (SIGKILLed, or its host's agent restarted) left running, and report each
-        process it started as ended: killed (``agent_restarted``) if it still ran, with an unknown code if it
-        ended while no agent watched it."""
+        """Kill what a predecessor (SIGKILLed, or its host's agent restarted) left running, and report how each
+        process it started ended: from its spawner's ledger of exits, which outlived it (the code of one that
+        ended while no agent watched, ``-9`` for one killed here: ``agent_restarted``); without a ledger
+        entry (no spawner, ``COORM_AGENT_SPAWNER=0``), killed if it still ran, else with an unknown code."""
         try:
             state = json.loads(self.state_file.read_text())
         except FileNotFoundError:
@@ -800,6 +815,7 @@ class Agent:
         mine = set(self.book.nodes)
         left = [p for p in state.get("processes", []) if p.get("node") in mine]
         cgroups = set(self.cgroups.leftovers()) if self.cgroups is not None else set()
+        killed: set[int] = set()
         for p in left:
             pid, cg = int(p["pid"]), Path(p["cgroup"]) if p.get("cgroup") else None
             running = p.get("start") is not None and procs.start_time(pid) == p["start"]
@@ -808,13 +824,8 @@ class Agent:
             if cg is not None and self.cgroups is not None:
                 running = running or Cgroups.populated(cg)
                 self.cgroups.signal(cg, signal.SIGKILL)
-            self.leftovers_reaped += 1
-            self._log.warning("a predecessor's process: killed" if running else
-                              "a predecessor's process ended unwatched: its exit status is unknown",
-                              pid=pid, node=p["node"], app=p["app"], request=p["request"])
-            await self._report(ProcessExited(node=p["node"], app=p["app"], request=p["request"], pid=pid,
-                                             code=-signal.SIGKILL if running else None, killed=running,
-                                             reason="agent_restarted"), p.get("token_sha256", ""))
+            if running:
+                killed.add(pid)
         for cg in cgroups:  # including launches the predecessor never recorded (killed mid-launch)
             assert self.cgroups is not None
             self.cgroups.signal(cg, signal.SIGKILL)
@@ -823,7 +834,50 @@ class Agent:
             await asyncio.sleep(POLL)  # polling: they are not our children
         for cg in cgroups:
             Cgroups.remove(cg)
+        ended = await self._predecessor_ledger(state.get("spawner"))
+        for p in left:
+            pid = int(p["pid"])
+            code = ended.get((pid, p.get("start")))
+            self.leftovers_reaped += 1
+            if code is not None and not (pid in killed and code == -signal.SIGKILL):
+                self._log.warning("a predecessor's process ended while no agent watched", pid=pid, node=p["node"],
+                                  app=p["app"], request=p["request"], code=code)
+                ev = ProcessExited(node=p["node"], app=p["app"], request=p["request"], pid=pid, code=code)
+            else:
+                running = pid in killed
+                self._log.warning("a predecessor's process: killed" if running else
+                                  "a predecessor's process ended unwatched: its exit status is unknown",
+                                  pid=pid, node=p["node"], app=p["app"], request=p["request"])
+                ev = ProcessExited(node=p["node"], app=p["app"], request=p["request"], pid=pid,
+                                   code=-signal.SIGKILL if running else None, killed=running,
+                                   reason="agent_restarted")
+            await self._report(ev, p.get("token_sha256", ""))
         self._save()
+
+    async def _predecessor_ledger(self, spawner: dict | None) -> dict[tuple[int, int | None], int]:
+        """How the predecessor's launches ended, (pid, start) -> code, from its spawner's ledger, once that
+        spawner has reaped them all and left (it outlives its agent until its last launch ends)."""
+        if not isinstance(spawner, dict) or not spawner.get("ledger"):
+            return {}
+        pid, start, ledger = spawner.get("pid"), spawner.get("start"), str(spawner["ledger"])
+        deadline = time.monotonic() + STRAY_KILL_WAIT
+        while (isinstance(pid, int) and start is not None and procs.start_time(pid) == start
+               and time.monotonic() < deadline):
+            await asyncio.sleep(POLL)  # polling: it is not our child
+        ended: dict[tuple[int, int | None], int] = {}
+        try:
+            with open(ledger, "rb") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) == 3 and all(x.lstrip(b"-").isdigit() for x in fields):
+                        ended[int(fields[0]), int(fields[1])] = int(fields[2])
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError):
+                self._log.warning("a predecessor's ledger of exits unreadable: its exit codes are unknown",
+                                  path=ledger, error=str(e))
+        with contextlib.suppress(OSError):
+            os.unlink(ledger)
+        return ended
 
     async def _pump(self, run: _Running) -> None:
         """Publish the output, line by line (pieces of at most CHUNK characters), until both pipes end (those

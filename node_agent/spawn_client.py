@@ -4,7 +4,8 @@ their exits.
 A launch is one datagram out and one back (with the pipes' read ends); an exit comes as a datagram of its
 own. If the spawner dies (SIGKILL, out of memory), its children are re-parented to the agent -- the agent
 is a child subreaper -- so the agent waits for those itself (through pidfds): their exit codes are still
-known. The next launch starts a new spawner."""
+known. The next launch starts a new spawner. If the agent dies, the spawner does not: it writes its
+launches' ends to the ledger (see :mod:`~coorm.node_agent.spawner`) for the agent's successor."""
 
 from __future__ import annotations
 
@@ -37,9 +38,10 @@ class SpawnerGone(Exception):
 
 
 class Spawner:
-    def __init__(self, sock: socket.socket, proc: subprocess.Popen) -> None:
+    def __init__(self, sock: socket.socket, proc: subprocess.Popen, ledger: str | None = None) -> None:
         self.sock = sock
         self.proc = proc
+        self.ledger = ledger  # where it writes its launches' ends
         self.loop = asyncio.get_running_loop()
         self._n = 0
         self._asked: dict[int, asyncio.Future] = {}
@@ -49,16 +51,16 @@ class Spawner:
         self.loop.add_reader(sock.fileno(), self._readable)
 
     @classmethod
-    def start(cls) -> Spawner:
+    def start(cls, ledger: str | None = None) -> Spawner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         theirs.set_inheritable(True)
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-S", "-E", "-s", str(Path(_spawner.__file__)), str(theirs.fileno()),
-                 str(os.getpid())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                 *([ledger] if ledger is not None else [])], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
-        return cls(ours, proc)
+        return cls(ours, proc, ledger)
 
     async def spawn(self, *, argv: list[str], env: dict[str, str], cwd: str | None, cgroup: str | None,
                     drop: tuple[int, int, list[int]] | None, files: tuple[str | None, str | None, bool] | None,
@@ -130,12 +132,12 @@ class Spawner:
         _wait_child(self.loop, self.proc.pid, reaped)
 
     def close(self) -> None:
-        """The agent stops: the spawner goes (its children, if any, are the agent's to kill)."""
+        """The agent stops: the spawner goes once its launches have ended (the agent kills them first)."""
         if not self.dead:
             self.dead = True
             self.loop.remove_reader(self.sock.fileno())
-            self.sock.close()  # (it exits on end of file)
-        with contextlib.suppress(OSError):
+            self.sock.close()  # (it exits on end of file, or once its last launch has)
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             self.proc.wait(timeout=2)
 
 

@@ -18,12 +18,17 @@ Protocol, over a ``SOCK_SEQPACKET`` socket pair with the agent (one message per 
   write; ``exec``: the program; ``cwd``, ``cgroup``, ``identity``);
 * spawner -> agent: ``{"exit": pid, "code": returncode}`` when a launched process ends (``-N``: signal N).
 
-The spawner is its children's subreaper (what a launch leaves behind comes back to it and is reaped), and
-dies with the agent (``PR_SET_PDEATHSIG``): its children are then re-parented as the agent's were.
-Standard library only: it runs with ``python -S``."""
+The spawner is its children's subreaper (what a launch leaves behind comes back to it and is reaped). An
+agent SIGKILLed does not take the spawner with it: it goes on reaping its launches, and writes their ends
+to the agent's *ledger* of exits (a file, one line ``pid start code`` each, the start in clock ticks as
+``/proc/<pid>/stat`` has it) -- those that come after the agent's death, and the last ``RECENT`` before it,
+which the agent may not have read. The successor kills what still runs, waits for the spawner to leave
+(once its last launch has ended), then reads from the ledger how each one ended: the exit code of one that
+ended while no agent watched is known. Standard library only: it runs with ``python -S``."""
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import marshal
@@ -34,8 +39,8 @@ import socket
 import sys
 import warnings  # noqa: F401 - os.execvpe imports it; the child, no longer root, may not read the stdlib
 
+RECENT = 4096  # exits kept for the ledger while the agent lives: more than it can have left unread
 MAX_MESSAGE = 1 << 20  # a launch's argv and environment fit (NATS caps a message at 1 MB too)
-_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -125,6 +130,16 @@ class _Starting:
     def __init__(self, request: int, pid: int, fds: list[int]) -> None:
         self.request, self.pid, self.fds = request, pid, fds
         self.report = b""  # why it could not exec, as the child wrote it
+        self.start = _start_time(pid)
+
+
+def _start_time(pid: int) -> int:
+    """The process's start (clock ticks since boot): with the pid, what a reused pid does not share."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[-1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def _reap(pid: int) -> None:
@@ -138,8 +153,8 @@ def _reap(pid: int) -> None:
             return
 
 
-def serve(sock: socket.socket) -> None:
-    launched: set[int] = set()  # exec'd: their exits are told
+def serve(sock: socket.socket, ledger: int | None = None) -> None:
+    launched: dict[int, int] = {}  # exec'd: their exits are told -> their start
     starting: dict[int, _Starting] = {}  # report pipe -> launch
     early: dict[int, int] = {}  # pid -> return code of a launch reaped before its exec was confirmed
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -149,12 +164,35 @@ def serve(sock: socket.socket) -> None:
     sel.register(sock, selectors.EVENT_READ, "agent")
     sel.register(wake_r, selectors.EVENT_READ, "child")
 
+    agent = True  # (until its end of the socket closes)
+    recent: collections.deque[bytes] = collections.deque(maxlen=RECENT)
+
+    def write_down(lines) -> None:
+        if ledger is not None:
+            try:
+                os.write(ledger, b"".join(lines))
+            except OSError:
+                pass  # (a full disk: the successor reports the codes unknown)
+
     def send(msg: dict, fds: list[int] | None = None) -> None:
+        if not agent:
+            return
         data = marshal.dumps(msg)
-        if fds:
-            socket.send_fds(sock, [data], fds)
+        try:
+            if fds:
+                socket.send_fds(sock, [data], fds)
+            else:
+                sock.send(data)
+        except OSError:
+            pass  # the agent died: its successor reads the ledger
+
+    def ended(pid: int, start: int, code: int) -> None:
+        line = b"%d %d %d\n" % (pid, start, code)
+        if agent:
+            recent.append(line)  # (told, but the agent may die before it reads it)
+            send({"exit": pid, "code": code})
         else:
-            sock.send(data)
+            write_down([line])
 
     def reap_all() -> None:
         pids = {s.pid for s in starting.values()}
@@ -166,8 +204,7 @@ def serve(sock: socket.socket) -> None:
             if pid == 0:
                 return
             if pid in launched:
-                launched.discard(pid)
-                send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+                ended(pid, launched.pop(pid), os.waitstatus_to_exitcode(status))
             elif pid in pids:  # (told once its exec is: the agent must have the pid before its exit)
                 early[pid] = os.waitstatus_to_exitcode(status)
 
@@ -197,11 +234,11 @@ def serve(sock: socket.socket) -> None:
             os.close(r)
         code = early.pop(launch.pid, None)
         if code is None:
-            launched.add(launch.pid)
+            launched[launch.pid] = launch.start
         else:
-            send({"exit": launch.pid, "code": code})
+            ended(launch.pid, launch.start, code)
 
-    while True:
+    while agent or launched or starting:
         for key, _ in sel.select():
             if key.data == "child":
                 try:
@@ -218,8 +255,13 @@ def serve(sock: socket.socket) -> None:
                 data = sock.recv(MAX_MESSAGE)
             except InterruptedError:
                 continue
-            if not data:
-                return  # the agent is gone
+            except OSError:
+                data = b""
+            if not data:  # the agent is gone: its launches go on, and their ends go to the ledger
+                agent = False
+                sel.unregister(sock)
+                write_down(recent)
+                continue
             req = marshal.loads(data)
             try:
                 pid, report, fds = _fork(req)
@@ -232,19 +274,18 @@ def serve(sock: socket.socket) -> None:
 
 
 def main() -> None:
-    fd, agent = int(sys.argv[1]), int(sys.argv[2])
+    fd = int(sys.argv[1])
+    ledger = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600) \
+        if len(sys.argv) > 2 else None
     for sig in (signal.SIGINT, signal.SIGTERM):  # (sent to the agent's group: the agent stops, then this goes)
         signal.signal(sig, signal.SIG_IGN)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != agent:  # the agent died before the death signal was set
-        return
     with socket.socket(fileno=fd) as sock:
-        serve(sock)
+        serve(sock, ledger)
 
 
 if __name__ == "__main__":

@@ -121,3 +121,38 @@ async def test_a_restarted_agent_gets_its_nodes_assignments_from_the_allocator(s
         for p in (first, second):
             if p is not None:
                 await _stop(p)
+
+
+@pytest.mark.parametrize("stack", [{"agent_timeout": 15.0}], indirect=True)
+async def test_an_exit_while_no_agent_watched_is_told_with_its_own_code(stack, tmp_path):
+    """SIGKILL the agent; one of its processes then exits 5 on its own, the other still runs. The spawner,
+    which outlives its agent, reaped the first and wrote its code down: the next agent reports 5 for it
+    (not an unknown code, which a job would have to turn into a failure of its own), and kills the other."""
+    first = await _agent(stack, tmp_path)
+    second = None
+    gate = tmp_path / "gate"
+    try:
+        await _nodes_up(stack, "c9", 2)
+        async with await Session.open(stack.settings, kind="rigid") as app:
+            (rid,) = await app.request(rq("unwatched", "c9", 2, 600))
+            start = await app.wait_start(rid, 10)
+            (quits,) = await app.launch(rid, start.nodes[0], ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; "
+                                                                          "done; exit 5"])
+            (runs,) = await app.launch(rid, start.nodes[1], ["sleep", "1000"])
+            first.kill()
+            await first.wait()
+            gate.touch()
+            deadline = asyncio.get_running_loop().time() + 20
+            while not group_gone(quits):  # (it ends on its own, unwatched: nothing to wait on but that)
+                assert asyncio.get_running_loop().time() < deadline, "the gated process did not end"
+                await asyncio.sleep(0.05)
+            assert not group_gone(runs)
+            second = await _agent(stack, tmp_path)
+            exits = await _exits(app, rid, [quits, runs])
+            assert (exits[quits].code, exits[quits].killed, exits[quits].reason) == (5, False, None)
+            assert (exits[runs].code, exits[runs].killed, exits[runs].reason) == (-9, True, "agent_restarted")
+            assert not list((tmp_path / "state").glob("*.exits.*"))  # the ledger read, then removed
+    finally:
+        for p in (first, second):
+            if p is not None:
+                await _stop(p)
