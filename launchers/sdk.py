@@ -344,11 +344,11 @@ class Session:
     # ============================================================================================
     async def clusters_info(self) -> ClustersInfoReply:
         """``listClustersInfo``."""
-        return await self._call(subjects.CLUSTERS_INFO, InfoQuery(), ClustersInfoReply)
+        return await self._call(subjects.CLUSTERS_INFO, InfoQuery(), ClustersInfoReply, query=True)
 
     async def inter_cluster_info(self) -> InterClusterInfoReply:
         """``listInterClusterInfo``."""
-        return await self._call(subjects.CLUSTERS_INTERINFO, InfoQuery(), InterClusterInfoReply)
+        return await self._call(subjects.CLUSTERS_INTERINFO, InfoQuery(), InterClusterInfoReply, query=True)
 
     async def cluster_props(self) -> ClusterProps:
         """Both, in the form the launcher decision objects take."""
@@ -671,7 +671,9 @@ class Session:
     # plumbing
     # ============================================================================================
     async def _call(self, subject: str, message, reply, *, retry_unavailable: bool = True,
-                    after_timeout: AfterTimeout | None = None):
+                    after_timeout: AfterTimeout | None = None, query: bool = False):
+        """``query``: a question that changes nothing, asked again after a timeout too (sooner: its server
+        may be busy riding over a failover, as the view publisher is over the Valkey primary's)."""
         if self.lost is not None:
             raise self.lost
         self.stats.messages_sent += 1
@@ -679,7 +681,8 @@ class Session:
         # leaves it pending): it ends with the loss instead
         call = asyncio.ensure_future(_call_retrying(self.nc, subject, message, reply,
                                                     retry_unavailable=retry_unavailable,
-                                                    after_timeout=after_timeout))
+                                                    after_timeout=_reraise if query else after_timeout,
+                                                    **({"timeout": QUERY_TIMEOUT} if query else {})))
         try:
             await asyncio.wait((call, self._gone), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:

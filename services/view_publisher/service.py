@@ -107,8 +107,9 @@ class ViewPublisher:
                                     reconnected_cb=self._reconnected)
         subs = [
             await bus.serve(self.nc, subjects.SCHEDULE_EPOCH, ViewsEpoch, self._on_epoch),
-            await bus.serve(self.nc, subjects.CLUSTERS_INFO, InfoQuery, self._on_info),
-            await bus.serve(self.nc, subjects.CLUSTERS_INTERINFO, InfoQuery, self._on_interinfo),
+            # (each on its own: one waiting on Valkey -- a failover -- must not hold every other)
+            await bus.serve(self.nc, subjects.CLUSTERS_INFO, InfoQuery, self._on_info, concurrent=True),
+            await bus.serve(self.nc, subjects.CLUSTERS_INTERINFO, InfoQuery, self._on_interinfo, concurrent=True),
             await bus.serve(self.nc, subjects.APP_VIEWS_ANY, InfoQuery, self._on_refresh),
         ]
         self._syncing = asyncio.create_task(self._sync())
