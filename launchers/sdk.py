@@ -682,7 +682,7 @@ class Session:
         call = asyncio.ensure_future(_call_retrying(self.nc, subject, message, reply,
                                                     retry_unavailable=retry_unavailable,
                                                     after_timeout=_reraise if query else after_timeout,
-                                                    **({"timeout": QUERY_TIMEOUT} if query else {})))
+                                                    timeout=QUERY_TIMEOUT if query else CALL_TIMEOUT))
         try:
             await asyncio.wait((call, self._gone), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
