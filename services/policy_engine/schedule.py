@@ -147,7 +147,7 @@ class Schedule:
                         times.add(t)
         ranked = sorted(others + [PreemptibleDemand(app, priority, [], held)], key=lambda d: d.priority)
         me = next(i for i, d in enumerate(ranked) if d.app == app)
-        steps = []
+        steps: list[tuple[float, int]] = []
         for t in sorted(times):
             if t >= until and steps:
                 break
