@@ -160,6 +160,10 @@ class MalleableLauncher(Launcher):
             self.pending.pop(request, None)
             self.growth[request] = len(nodes)
             self.grows += 1
+            # the view it holds may announce a drop below what it now holds, and no new view comes when that
+            # view did not change (the same future seen from a later now): it wakes up at the drop. (It gives
+            # nothing back now: the view it holds may be older than this start, a new one on its way.)
+            return self._changed(now) + self._watch_drop(now)
         return self._changed(now)
 
     def on_offer(self, now: float, offer: OfferSeen) -> list[Command]:
@@ -208,13 +212,20 @@ class MalleableLauncher(Launcher):
             out.append(self.finish(rid))
         if out:
             out += self._changed(now)
-        # a drop its view announces for later brings no new view when it comes: it wakes up then
+        return out + self._watch_drop(now)
+
+    def _watch_drop(self, now: float) -> list[Command]:
+        """A drop its view announces for later, below the growth it holds, brings no new view when it comes:
+        a timer wakes it up then (to follow its view, whichever it holds by then)."""
+        view = self.views.preemptive.get(self.cluster) if self.views else None
         held = sum(self.growth.values())
+        if view is None or not held:
+            return []
         drop = next((t for t in view.breakpoints_after(now) if view.value_at(t) < held), None)
-        if drop is not None:
-            self._watch += 1
-            out.append(Timer(drop, f"view{self._watch}"))
-        return out
+        if drop is None:
+            return []
+        self._watch += 1
+        return [Timer(drop, f"view{self._watch}")]
 
     def on_end(self, now: float, request: str, reason: str) -> list[Command]:
         self._progress(now)

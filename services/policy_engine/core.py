@@ -415,17 +415,17 @@ class PolicyCore:
         return self._offer(app, neg, ev.stimulus_id)
 
     def _offer(self, app: App, neg: Negotiation, stimulus: str) -> Accepted | Offered:
-        made = negotiation.make_offer(self, neg, self._profile_after_placement(neg.cluster), stimulus)
+        ctx = self._place_all()
+        # preemptible growth is offered within the application's preemptive view: the schedule of this placement
+        sched = self._schedule(ctx) if neg.terms.type is RequestType.PREEMPTIBLE else None
+        made = negotiation.make_offer(self, neg, ctx.placer.profiles[neg.cluster].to_stepfunction(), stimulus,
+                                      sched=sched)
         if made is None:
             self.tell_negotiation(neg, "nothing to offer now: waits for nodes to free up")
             return Accepted(stimulus_id=stimulus, app=app.id)
         when = "now" if made.start == self.now else f"from {made.start}"
         self.tell_negotiation(neg, f"offered {made.nodes} nodes {when} ({made.offer}, round {made.round})")
         return made
-
-    def _profile_after_placement(self, cluster: str) -> StepFunction:
-        """The cluster's profile once every waiting request is placed: what is left never delays them."""
-        return self._place_all().placer.profiles[cluster].to_stepfunction()
 
     def _respond(self, ev: Respond) -> Accepted | Offered:
         app = self._app(ev.app)
@@ -759,8 +759,10 @@ class PolicyCore:
         clusters = {n.cluster for n in book.open.values() if n.offer is None and n.terms.standing}
         if not clusters:
             return []
-        profiles = self._place_all().placer.profiles
-        return negotiation.standing_offers(self, {c: profiles[c].to_stepfunction() for c in clusters}, stimulus)
+        ctx = self._place_all()  # (the profiles left once every waiting request is placed never delay them)
+        profiles = ctx.placer.profiles
+        return negotiation.standing_offers(self, {c: profiles[c].to_stepfunction() for c in clusters}, stimulus,
+                                           self._schedule(ctx))
 
     def _base(self) -> dict[str, list[tuple[float, float, int]]]:
         base: dict[str, list[tuple[float, float, int]]] = {c: [] for c in self.clusters}

@@ -40,9 +40,11 @@ from coorm.shared.stepfn import INF, StepFunction
 
 if TYPE_CHECKING:
     from coorm.services.policy_engine.core import PolicyCore
+    from coorm.services.policy_engine.schedule import Schedule
 
 # outcomes of offers no longer open, remembered so that a late answer is told why (bounded, as the core)
 RECENT_OFFERS = 10_000
+INF_NODES = 1 << 62  # no bound
 MAX_OPEN = 64  # open negotiations per application
 LAPSED, ANSWERED = "lapsed", "answered"
 
@@ -141,15 +143,41 @@ def _window(terms: NegotiationTerms) -> float:
     return terms.respond_within + terms.duration
 
 
-def capacity_now(core: PolicyCore, terms: NegotiationTerms, profile: StepFunction, taken: int = 0) -> int:
+def capacity_now(core: PolicyCore, app: str, terms: NegotiationTerms, profile: StepFunction, taken: int = 0,
+                 sched: Schedule | None = None) -> int:
     """What can be given now: the profile left after the placement, over the window, and idle nodes
-    (less ``taken``: offered earlier in the same pass); preemptible growth also leaves KOALA's threshold."""
+    (less ``taken``: offered earlier in the same pass); preemptible growth also leaves KOALA's threshold
+    and stays within the application's preemptive view in ``sched`` (:func:`room_in_view`)."""
     now = core.now
     # (``taken`` is not in the profile, worked out before those offers, but is in the idle nodes already)
     cap = min(profile.min_over(now, now + _window(terms)) - taken, idle_now(core, terms.cluster))
     if terms.type is RequestType.PREEMPTIBLE:
         cap -= core.settings.local_threshold
+        if cap > 0:  # (the view costs a share per breakpoint: only when there is something to give)
+            cap = min(cap, room_in_view(core, app, terms, sched))
     return max(cap, 0)
+
+
+def room_in_view(core: PolicyCore, app: str, terms: NegotiationTerms, sched: Schedule | None) -> int:
+    """Preemptible growth the application may hold until the offer's deadline: its preemptive view in
+    ``sched`` (the schedule of the placement the offer is made on), at its lowest until then, less what it
+    holds or has asked for preemptibly on the cluster and its other open offers there. Beyond it, an
+    accepted growth would not start (the malleability policy gives it no room: it would wait, holding the
+    application's growth back) or would start only to be taken back within the grace."""
+    if sched is None or terms.cluster not in sched.up:
+        return INF_NODES
+    now = core.now
+    until = now + terms.respond_within
+    view = sched.p_view(app, terms.cluster, until=until).min_over(now, until)
+    owner = core.apps.get(app)
+    mine = 0
+    if owner is not None:
+        mine = sum(r.nodes for r in owner.preemptible.values()
+                   if r.cluster == terms.cluster and r.state in (RequestState.STARTED, RequestState.WAITING))
+    offered_elsewhere = sum(n.offer.nodes for n in core.negotiations.open.values()
+                            if n.app == app and n.cluster == terms.cluster and n.terms.negotiation != terms.negotiation
+                            and n.offer is not None and n.offer.reserved and n.terms.type is RequestType.PREEMPTIBLE)
+    return int(view) - mine - offered_elsewhere
 
 
 def later(terms: NegotiationTerms, profile: StepFunction, now: float, at_most: int | None) -> tuple[int, float]:
@@ -166,11 +194,11 @@ def later(terms: NegotiationTerms, profile: StepFunction, now: float, at_most: i
 
 
 def make_offer(core: PolicyCore, neg: Negotiation, profile: StepFunction, stimulus: str, *,
-               unsolicited: bool = False, taken: int = 0) -> Offered | None:
+               unsolicited: bool = False, taken: int = 0, sched: Schedule | None = None) -> Offered | None:
     """The next round's offer for ``neg`` (its previous one withdrawn by the caller), or None when a
     standing negotiation has nothing to be given now (it keeps waiting)."""
     now, terms = core.now, neg.terms
-    nodes, start = terms.best(capacity_now(core, terms, profile, taken), neg.at_most), now
+    nodes, start = terms.best(capacity_now(core, neg.app, terms, profile, taken, sched), neg.at_most), now
     if nodes == 0:
         if terms.standing:
             return None
@@ -226,9 +254,10 @@ def overdrawn(core: PolicyCore, cluster: str) -> None:
         core.dirty = True
 
 
-def standing_offers(core: PolicyCore, profiles: dict[str, StepFunction], stimulus: str) -> list[Offered]:
+def standing_offers(core: PolicyCore, profiles: dict[str, StepFunction], stimulus: str,
+                    sched: Schedule | None = None) -> list[Offered]:
     """Offers to the standing negotiations that have none, in their applications' priority order, each
-    within what the earlier ones left."""
+    within what the earlier ones left (``sched``: the pass's schedule before its starts, for the views)."""
     book = core.negotiations
     waiting = [n for n in book.open.values() if n.offer is None and n.terms.standing]
     if not waiting:
@@ -241,7 +270,8 @@ def standing_offers(core: PolicyCore, profiles: dict[str, StepFunction], stimulu
         profile = profiles.get(neg.cluster)
         if profile is None:
             continue
-        made = make_offer(core, neg, profile, stimulus, unsolicited=True, taken=taken.get(neg.cluster, 0))
+        made = make_offer(core, neg, profile, stimulus, unsolicited=True, taken=taken.get(neg.cluster, 0),
+                          sched=sched)
         if made is not None:
             core.tell_negotiation(neg, f"offered {made.nodes} nodes ({made.offer}), unsolicited")
             taken[neg.cluster] = taken.get(neg.cluster, 0) + made.nodes
