@@ -48,6 +48,8 @@ def run(out: Path, quick: bool = False) -> list[dict]:
                                  [100.0 * r[f"{app}_allocated"] / r["total"] for r in runs])
                 row |= stats_row(f"{app}_waste_nh", [r[f"{app}_waste"] / HOUR for r in runs])
             row |= stats_row("amr_allocated_pct", [100.0 * r["amr_allocated"] / r["total"] for r in runs])
+            # what no application held: the most filling could add to strict's used resources (with the waste)
+            row |= stats_row("idle_pct", [r["idle_pct"] for r in runs])
             row["failures"] = " | ".join(failed)
             rows.append(row)
     write_csv(out / f"{NAME}.csv", rows)
@@ -65,10 +67,13 @@ def markdown(rows: list[dict]) -> dict[str, str]:
 
     table = md_table(
         ("announce interval (s)", "strict", "filling", "filling − strict (points)",
+         "unused under strict: 100 − strict (points)", "idle %, strict / filling",
          "PSA1 / PSA2 allocated %, strict", "PSA1 / PSA2 allocated %, filling",
          "PSA1 / PSA2 waste (node-h), filling"),
         [(i, fmt_q(by[(i, "strict")], "used_pct", 2), fmt_q(by[(i, "filling")], "used_pct", 2),
           f"{by[(i, 'filling')]['used_pct_median'] - by[(i, 'strict')]['used_pct_median']:+.2f}",
+          f"{100.0 - by[(i, 'strict')]['used_pct_median']:.2f}",
+          f"{by[(i, 'strict')]['idle_pct_median']:.2f} / {by[(i, 'filling')]['idle_pct_median']:.2f}",
           share(by[(i, "strict")]), share(by[(i, "filling")]),
           f"{by[(i, 'filling')]['psa1_waste_nh_median']:.0f} / {by[(i, 'filling')]['psa2_waste_nh_median']:.0f}")
          for i in intervals])
