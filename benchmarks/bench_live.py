@@ -11,16 +11,25 @@ separate processes), with N concurrent launchers (one process here, one NATS con
 
     python benchmarks/bench_live.py              # N = 10, 100, 1000
     python benchmarks/bench_live.py --n 10 100   # fewer
+    python benchmarks/bench_live.py --n 100 1000 --only latency   # the latency rows alone
+    python benchmarks/bench_live.py --n 100 --only latency --tap   # and the messages per subject
+
+Beside the latencies, the CPU milliseconds each process of the system (and this one, the launchers) spent
+per request over the two latency runs -- from the first request to the last, the sessions open (their
+heartbeats and views included, their openings and closings not) -- read from ``/proc/PID/stat`` of the
+processes ``coorm up`` started (with their descendants): where a request's cost goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -30,6 +39,146 @@ from coorm.launchers.sdk import Session  # noqa: E402
 from coorm.shared.requests import RequestSpec  # noqa: E402
 
 INTERVAL = 0.01
+IDLE_WINDOW = 6.0  # seconds with every session open and no request: what the sessions alone cost
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def family(subject: str) -> str:
+    """A subject with its application, node, user and inbox names starred: what the counts are kept by."""
+    t = subject.split(".")
+    if t[0] == "_INBOX":
+        return "_INBOX.* (replies)"
+    if len(t) > 4 and t[2] == "app":
+        t[3:5] = ["*", "*"]
+        if len(t) > 6 and t[5] == "output":
+            t[6:] = ["*"]
+    elif len(t) > 3 and t[2] == "node":
+        t[3] = "*"
+        if len(t) > 5:
+            t[5:] = ["*"]
+    return ".".join(t)
+
+
+def _covers(a: str, b: str) -> bool:
+    """Whether every subject NATS pattern ``b`` matches, ``a`` matches."""
+    ta, tb = a.split("."), b.split(".")
+    for i, x in enumerate(ta):
+        if x == ">":
+            return len(tb) > i
+        if i >= len(tb) or (x != "*" and x != tb[i]) or (x == "*" and tb[i] == ">"):
+            return False
+    return len(ta) == len(tb)
+
+
+class Tap:
+    """Every message on the bus during the latency runs (a subscription to everything, with the services'
+    identity), counted by subject family: the messages and bytes a request costs, per subject."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+        self.on = False
+        self.seconds = 0.0  # how long it counted
+        self._since = 0.0
+
+    async def close(self) -> None:
+        from coorm.shared import bus
+
+        for nc in getattr(self, "conns", []):
+            await bus.shutdown(nc)
+
+    def switch(self) -> None:
+        now = time.perf_counter()
+        if self.on:
+            self.seconds += now - self._since
+        self.on, self._since = not self.on, now
+
+    async def start(self, up: Up) -> None:
+        """No identity may read everything: each role's connection subscribes to what that role may read
+        (the launchers' as this user, whose sessions these are), a pattern another one covers left out, so
+        that a message is counted once. Stream messages are counted as their consumers get them (inboxes)."""
+        import getpass
+
+        from coorm.shared import bus
+        from coorm.shared.credentials import CredentialStore
+        from coorm.shared.endpoints import Role, permissions
+
+        assert up.settings is not None and up.servers is not None
+        store = CredentialStore(up.servers.credentials)
+        user = getpass.getuser()
+        grants = [(store.role(Role.SERVICE), permissions(Role.SERVICE)),
+                  (store.role(Role.AGENT), permissions(Role.AGENT)),
+                  (store.user(user), permissions(Role.LAUNCHER, user))]
+        taken: dict[str, int] = {}  # pattern -> the grant it is read with
+        for k, (_, perms) in enumerate(grants):
+            for pattern in perms.subscribe:
+                if not any(_covers(t, pattern) for t in taken):
+                    taken = {t: g for t, g in taken.items() if not _covers(pattern, t)}
+                    taken[pattern] = k
+
+        async def seen(msg) -> None:
+            if self.on:
+                f = family(msg.subject)
+                self.count[f] = self.count.get(f, 0) + 1
+                self.bytes[f] = self.bytes.get(f, 0) + len(msg.data)
+
+        self.conns = []
+        for k, (identity, _) in enumerate(grants):
+            nc = await bus.connect(up.settings.nats_url, "bench-tap", identity)
+            self.conns.append(nc)
+            for pattern, g in sorted(taken.items()):
+                if g == k:
+                    await nc.subscribe(pattern, cb=seen)
+            await nc.flush()
+
+    def table(self, requests: int) -> str:
+        rows = sorted(self.count.items(), key=lambda kv: -kv[1])
+        per, secs = max(requests, 1), max(self.seconds, 1e-9)
+        lines = [f"       messages over {requests} requests in {self.seconds:.1f} s: "
+                 f"{sum(self.count.values()) / per:.1f} a request, {sum(self.count.values()) / secs:,.0f}/s"]
+        lines += [f"         {f:<40} {c / per:8.2f} msg/request {c / secs:8.1f}/s {self.bytes[f] / per:9.0f} B/request"
+                  for f, c in rows[:16]]
+        self.count, self.bytes, self.seconds = {}, {}, 0.0
+        return "\n".join(lines)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its reaped children (``/proc/PID/stat``, fields 14-17),
+    0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / _TICK
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def cpu_by_process(up: Up) -> dict[str, float]:
+    """CPU seconds so far of each process ``coorm up`` started (its live descendants added in: an agent's
+    spawner), and of this one (the launchers)."""
+    out: dict[str, float] = {}
+    for name, child in up.children.items():
+        if child.pid is None:
+            continue
+        total, todo = 0.0, [child.pid]
+        while todo:
+            pid = todo.pop()
+            total += cpu_seconds(pid)
+            todo.extend(children_of(pid))
+        out[name] = total
+    t = os.times()
+    out["launchers (bench)"] = t.user + t.system
+    return out
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -37,14 +186,41 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-async def latency_idle(settings, n: int, samples: int = 200, rate: float = 25.0) -> dict:
+async def open_sessions(settings, n: int, name: str, at_once: int = 50) -> list[Session]:
+    """N rigid launchers' sessions, opened ``at_once`` at a time, an opening that could not connect tried
+    again: a thousand NATS connections opened in the same instant overrun the 3 s connect timeout on a
+    loaded 2-core machine (what is measured is the latency with N sessions open, not the stampede of their
+    openings)."""
+    from coorm.shared.bus import Unreachable
+
+    async def one(i: int) -> Session:
+        for attempt in range(3):
+            try:
+                return await Session.open(settings, kind="rigid", name=f"{name}{i}", preemptive_views=False)
+            except Unreachable:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    out: list[Session] = []
+    for k in range(0, n, at_once):
+        out += await asyncio.gather(*(one(i) for i in range(k, min(n, k + at_once))))
+    return out
+
+
+async def latency_idle(settings, n: int, cpu: Callable[[], dict[str, float]],
+                       cpu_of: Callable[[], dict[str, float]], samples: int = 200, rate: float = 25.0) -> dict:
     """N launchers with open sessions (receiving their views); requests arrive at ``rate`` a second in all,
     each from a random launcher, and each is done once started: the time from request to start."""
     rng = random.Random(n)
-    sessions = await asyncio.gather(*(Session.open(settings, kind="rigid", name=f"idle{i}", preemptive_views=False)
-                                      for i in range(n)))
+    sessions = await open_sessions(settings, n, "idle")
     await asyncio.gather(*(s.wait_views() for s in sessions))
+    # what N open sessions cost with no request at all (heartbeats, mostly): CPU a second, per process
+    quiet0, t0 = cpu_of(), time.perf_counter()
+    await asyncio.sleep(IDLE_WINDOW)  # the window measured, not a synchronisation
+    quiet1, dt = cpu_of(), time.perf_counter() - t0
     lat: list[float] = []
+    cpu0 = cpu()
 
     async def one(s: Session, k: int) -> None:
         t = time.perf_counter()
@@ -58,15 +234,17 @@ async def latency_idle(settings, n: int, samples: int = 200, rate: float = 25.0)
         tasks.append(asyncio.create_task(one(rng.choice(sessions), k)))
         await asyncio.sleep(rng.expovariate(rate))  # the arrival process itself, not a synchronisation
     await asyncio.gather(*tasks)
+    cpu1 = cpu()
     await asyncio.gather(*(s.close() for s in sessions))
-    return {"p50_ms": 1000 * pct(lat, 50), "p99_ms": 1000 * pct(lat, 99)}
+    return {"p50_ms": 1000 * pct(lat, 50), "p99_ms": 1000 * pct(lat, 99), "requests": len(lat),
+            "cpu": {k: cpu1.get(k, 0.0) - v for k, v in cpu0.items()},
+            "quiet": {k: (quiet1.get(k, 0.0) - v) / dt for k, v in quiet0.items()}}
 
 
-async def latency(settings, n: int, samples: int = 200) -> dict:
+async def latency(settings, n: int, cpu: Callable[[], dict[str, float]], samples: int = 200) -> dict:
     """N launchers each ask for one node at the same moment; the time from each request to its start.
     Rounds repeat until there are ``samples`` measurements (a p99 of 10 is no p99)."""
-    sessions = await asyncio.gather(*(Session.open(settings, kind="rigid", name=f"lat{i}", preemptive_views=False)
-                                      for i in range(n)))
+    sessions = await open_sessions(settings, n, "lat")
     await asyncio.gather(*(s.wait_views() for s in sessions))
 
     async def one(s: Session, k: int) -> float:
@@ -76,12 +254,15 @@ async def latency(settings, n: int, samples: int = 200) -> dict:
         return time.perf_counter() - t
 
     lat: list[float] = []
+    cpu0 = cpu()
     for k in range(max(1, -(-samples // n))):
         lat += await asyncio.gather(*(one(s, k) for s in sessions))
         await asyncio.gather(*(s.done(s.rid(f"r{k}")) for s in sessions))
         await asyncio.sleep(2 * INTERVAL)  # the next round starts on an idle cluster, after a pass
+    cpu1 = cpu()
     await asyncio.gather(*(s.close() for s in sessions))
-    return {"p50_ms": 1000 * pct(lat, 50), "p99_ms": 1000 * pct(lat, 99)}
+    return {"p50_ms": 1000 * pct(lat, 50), "p99_ms": 1000 * pct(lat, 99), "requests": len(lat),
+            "cpu": {k: cpu1.get(k, 0.0) - v for k, v in cpu0.items()}}
 
 
 async def throughput(settings, n: int, jobs_per_launcher: int) -> dict:
@@ -138,12 +319,38 @@ async def throughput_in_session(settings, n: int, jobs_per_launcher: int) -> dic
             "submitted_per_s": total / dt}
 
 
-async def run(ns: list[int], nodes: int, jobs: int) -> None:
+def _role(process: str) -> str:
+    """The policy engine's two processes count as one: either may be the leader (under load a lease may
+    pass to the standby during a run)."""
+    return "policy-engine (+standby)" if process.startswith("policy-engine") else process
+
+
+def cpu_table(runs: list[dict]) -> str:
+    """CPU ms per request of each process over the latency runs' requests (sessions open, views received:
+    their openings and closings are not counted)."""
+    requests = sum(r["requests"] for r in runs)
+    spent: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["cpu"].items():
+            k = _role(k)
+            spent[k] = spent.get(k, 0.0) + v
+    rows = sorted(((v / max(requests, 1), k) for k, v in spent.items() if v > 0), reverse=True)
+    total = sum(v for v, _ in rows)
+    lines = [f"       CPU ms per request over {requests} requests (latency runs, sessions open): "
+             f"total {1000 * total:.1f}"]
+    lines += [f"         {k:<24} {1000 * v:8.2f}" for v, k in rows[:8]]
+    return "\n".join(lines)
+
+
+async def run(ns: list[int], nodes: int, jobs: int, only: str = "all", args_tap: bool = False) -> None:
     env = {"COORM_RESCHEDULE_INTERVAL": str(INTERVAL), "COORM_FAIR_START": "0", "COORM_LOG_LEVEL": "WARNING",
            "COORM_SESSION_TIMEOUT": "120"}
     up = Up({"c0": nodes}, env=env, write_connection=False, accounting=False)
     settings = await asyncio.to_thread(up.start, 120)
+    tap = Tap()
     try:
+        if args_tap:
+            await tap.start(up)
         print(f"embedded system: 1 cluster of {nodes} emulated nodes, re-scheduling interval {INTERVAL * 1000:g} ms")
         print("done/s: a session per job (as coorm submit); in-session: N launchers' sessions, jobs one after "
               "the other in each")
@@ -151,15 +358,33 @@ async def run(ns: list[int], nodes: int, jobs: int) -> None:
         print(f"{'N':>6} {'p50':>6} {'p99':>6} {'burst50':>8} {'burst99':>8} {'jobs':>6} {'done/s':>8} "
               f"{'submitted/s':>12} {'in-session/s':>13} {'bytes/app':>10} {'max':>8}")
         for n in ns:
-            idle = await latency_idle(settings, n)
-            lat = await latency(settings, n)
-            tp = await throughput(settings, n, max(1, jobs // n))
-            ts = await throughput_in_session(settings, n, max(1, jobs // n))
-            print(f"{n:>6} {idle['p50_ms']:>6.1f} {idle['p99_ms']:>6.1f} {lat['p50_ms']:>8.1f} {lat['p99_ms']:>8.1f} "
-                  f"{tp['jobs']:>6} {tp['completed_per_s']:>8.1f} {tp['submitted_per_s']:>12.1f} "
-                  f"{ts['completed_per_s']:>13.1f} {tp['bytes_per_app_mean']:>10.0f} {tp['bytes_per_app_max']:>8}",
-                  flush=True)
+            def cpu() -> dict[str, float]:
+                tap.switch()  # (called as the requests start, and as they end)
+                return cpu_by_process(up)
+
+            idle = await latency_idle(settings, n, cpu, lambda: cpu_by_process(up))
+            lat = await latency(settings, n, cpu)
+            if only == "latency":
+                print(f"{n:>6} {idle['p50_ms']:>6.1f} {idle['p99_ms']:>6.1f} {lat['p50_ms']:>8.1f} "
+                      f"{lat['p99_ms']:>8.1f}", flush=True)
+            else:
+                tp = await throughput(settings, n, max(1, jobs // n))
+                ts = await throughput_in_session(settings, n, max(1, jobs // n))
+                print(f"{n:>6} {idle['p50_ms']:>6.1f} {idle['p99_ms']:>6.1f} {lat['p50_ms']:>8.1f} "
+                      f"{lat['p99_ms']:>8.1f} {tp['jobs']:>6} {tp['completed_per_s']:>8.1f} "
+                      f"{tp['submitted_per_s']:>12.1f} {ts['completed_per_s']:>13.1f} "
+                      f"{tp['bytes_per_app_mean']:>10.0f} {tp['bytes_per_app_max']:>8}", flush=True)
+            print(cpu_table([idle, lat]), flush=True)
+            per_role: dict[str, float] = {}
+            for k, v in idle["quiet"].items():
+                per_role[_role(k)] = per_role.get(_role(k), 0.0) + v
+            quiet = sorted(((v, k) for k, v in per_role.items() if v > 0), reverse=True)
+            print(f"       CPU ms a second with {n} sessions open, no request ({IDLE_WINDOW:g} s): "
+                  + ", ".join(f"{k} {1000 * v:.0f}" for v, k in quiet[:6]), flush=True)
+            if args_tap:
+                print(tap.table(idle["requests"] + lat["requests"]), flush=True)
     finally:
+        await tap.close()
         await asyncio.to_thread(up.stop)
 
 
@@ -168,8 +393,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[10, 100, 1000], help="concurrent launchers")
     ap.add_argument("--nodes", type=int, default=1024, help="emulated nodes (>= the largest N)")
     ap.add_argument("--jobs", type=int, default=1000, help="rigid jobs per throughput run")
+    ap.add_argument("--only", choices=("all", "latency"), default="all",
+                    help="latency: leave out the throughput runs")
+    ap.add_argument("--tap", action="store_true",
+                    help="count every message on the bus during the latency runs, per subject (adds its own load)")
     args = ap.parse_args()
-    asyncio.run(run(args.n, max(args.nodes, max(args.n)), args.jobs))
+    asyncio.run(run(args.n, max(args.nodes, max(args.n)), args.jobs, args.only, args.tap))
 
 
 if __name__ == "__main__":
