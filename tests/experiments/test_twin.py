@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from coorm.experiments import twin
-from coorm.experiments.twin_workload import workload
+from coorm.experiments.twin_workload import MIN_GAP, workload
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,15 @@ def test_the_calibrated_simulator_starts_applications_closer_to_the_live_system(
     assert run["holds"] == (_diff(rows, "start (s)", "calibrated")["p95"] <= twin.TOLERANCE_P95_START)
 
 
+def test_the_sampled_simulator_is_measured_against_itself(rows):
+    """Drawing each delay from the live samples, the simulator's runs differ by seed; how much is reported
+    next to how much the live system differs from itself."""
+    noise = _diff(rows, twin.SELF, "sampled")
+    assert noise["n"] == (twin.SEEDS - 1) * len([r for r in rows if r["row"] == "app"])
+    assert noise["max"] >= noise["p95"] >= noise["median"] >= 0
+    assert "another seed" in twin.markdown(rows)["twin-summary"]
+
+
 def test_fig8_compares_traffic_and_cpu(rows):
     fig8 = {(r["what"], r["model"]): r for r in rows if r["row"] == "fig8"}
     for model in twin.MODELS:
@@ -60,3 +69,34 @@ def test_fig8_compares_traffic_and_cpu(rows):
         assert fig8[("CPU seconds", model)]["live"] > fig8[("CPU seconds", model)]["sim"] > 0
     blocks = twin.markdown(rows)
     assert set(blocks) == {"twin-summary", "twin-diffs", "twin-fig8", "twin-apps"}
+
+
+def test_the_applications_the_live_system_reproduces_are_those_both_runs_start_alike():
+    def app(name, live, again, choice=4, again_choice=4):
+        return {"name": name, "live_start": live, "again_start": again, "live_choice": choice,
+                "again_choice": again_choice}
+
+    apps = [app("a", 1.0, 1.0 + twin.AGREE_S), app("b", 1.0, 1.01 + twin.AGREE_S), app("c", 2.0, 2.1, 8, 4),
+            app("d", 3.0, None), app("e", 5.0, 4.9)]
+    assert [a["name"] for a in twin.reproduced(apps)] == ["a", "e"]
+
+
+def test_the_spaced_scenario_is_the_same_applications_never_closer_than_the_gap():
+    plain, spaced = workload(), workload(spaced=True)
+    assert [(a.name, a.kind, a.cluster, a.params) for a in plain] == [(a.name, a.kind, a.cluster, a.params)
+                                                                      for a in spaced]
+    gaps = [b.at - a.at for a, b in zip(spaced[2:], spaced[3:], strict=False)]
+    assert min(gaps) >= MIN_GAP - 0.01
+    assert min(b.at - a.at for a, b in zip(plain[2:], plain[3:], strict=False)) < MIN_GAP  # (what it changes)
+    mean = (spaced[-1].at - spaced[2].at) / (len(spaced) - 3)
+    assert 0.8 * 1.3 < mean < 1.2 * 1.3  # the load is the same
+
+
+def test_a_cem_share_replaces_that_share_of_the_applications_at_the_same_times():
+    plain = workload()
+    for share in (0.0, 0.25, 0.5):
+        mixed = workload(cem_share=share)
+        others = [a for a in mixed if a.kind != "psa"]
+        assert sum(a.kind == "cem" for a in others) == round(share * len(others))
+        assert [(a.at, a.cluster) for a in mixed] == [(a.at, a.cluster) for a in plain]
+        assert all(a.kind == b.kind for a, b in zip(plain, mixed, strict=True) if "cem" not in (a.kind, b.kind))
