@@ -20,10 +20,8 @@ command not found...); 2 when the submission is refused; 3 when CooRM cannot be 
 
 from __future__ import annotations
 
-import contextlib
-import json
+import _signal  # type: ignore[import-not-found]  # (signal's own module: signal imports enum)
 import os
-import signal
 import sys
 import time
 
@@ -40,11 +38,12 @@ from coorm.cli.fast import (
     submission,
     submit_options,
 )
+from coorm.shared import lightjson as json  # (json imports re)
 
 RECONNECT_WINDOW = 30.0  # Settings.reconnect_window's default: seconds a client tries to connect again
 CANCEL_WAIT = 10.0  # seconds a cancelled job's end is waited for after Ctrl-C
 SILENCE = 10.0  # seconds without a word from the server before it is PINGed (the batch service probes every 2 s)
-_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+_SIGNALS = {_signal.SIGINT: 130, _signal.SIGTERM: 143, _signal.SIGHUP: 129}
 _EVENTS, _REPLIES, _STOPPING = "1", "2", "3"  # subscription ids
 
 
@@ -83,7 +82,7 @@ class _Attached:
         from coorm.shared import subjects
 
         for sig in _SIGNALS:
-            signal.signal(sig, self._on_signal)
+            _signal.signal(sig, self._on_signal)
         try:
             self._listen()
             self._submit()
@@ -91,8 +90,10 @@ class _Attached:
                 if self.signalled is not None and self.cancel_by is None:
                     self.cancel_by = time.monotonic() + CANCEL_WAIT
                     # (lost with the connection: the service cancels the job once this command is gone)
-                    with contextlib.suppress(OSError):
+                    try:
                         self._publish(subjects.batch_cancel(self.client.user), {"jobs": [self.job]}, self.replies)
+                    except OSError:
+                        pass
                 if self.cancel_by is not None and time.monotonic() > self.cancel_by:
                     _say(f"job {self.job} was cancelled; its end was not seen within {CANCEL_WAIT:g} s")
                     return self.signalled or 1
@@ -110,7 +111,7 @@ class _Attached:
     def _on_signal(self, signum: int, _frame) -> None:
         if self.signalled is not None:  # the second: leave now (the job was asked to end)
             raise SystemExit(self.signalled)
-        self.signalled = _SIGNALS[signal.Signals(signum)]
+        self.signalled = _SIGNALS[signum]
 
     def _listen(self) -> None:
         from coorm.shared import subjects
