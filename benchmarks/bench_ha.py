@@ -131,6 +131,39 @@ async def guarded(app, name: str, via: str) -> chaos.Outcome:
         if task is not None and task.cancelling():
             raise  # the run itself is being cancelled
         return chaos.Outcome(name, via, 0, error=f"CancelledError out of the SDK: {e!r}")
+    except Exception as e:  # noqa: BLE001 - told an error (a session never opened: no leader for 40 tries)
+        return chaos.Outcome(name, via, 0, error=f"{type(e).__name__}: {e}")
+
+
+def _await_chain(task: asyncio.Task) -> tuple[str, ...]:
+    """Where a task waits: each coroutine of its await chain (function and line), down to the future."""
+    out: list[str] = []
+    coro = task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        out.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return tuple(out)
+
+
+async def where_they_wait(at: float) -> dict[str, str]:
+    """Just before the applications' deadline: where each application's runner waits (said for those that
+    hung), by application id."""
+    await asyncio.sleep(max(0.0, at - time.monotonic()))  # (a moment of the run, not a synchronisation)
+    out: dict[str, str] = {}
+    for t in asyncio.all_tasks():
+        coro = t.get_coro()
+        frame = getattr(coro, "cr_frame", None)
+        if t.done() or frame is None:
+            continue
+        name = getattr(coro, "__qualname__", "")
+        if name == "LiveRunner.run" and getattr(frame.f_locals.get("self"), "s", None) is not None:
+            out[frame.f_locals["self"].s.app] = " <- ".join(reversed(_await_chain(t)))  # its runner
+        elif name == "guarded":
+            out[frame.f_locals["name"]] = " <- ".join(reversed(_await_chain(t)))  # the application (opening)
+    return out
 
 
 async def kill_in_turn(up: Up, settings: Settings, pause: float, env: dict[str, str], cwd: Path) -> dict:
@@ -177,6 +210,7 @@ async def run(clusters: dict[str, int], apps: int, seed: int, workdir: Path | No
     sampler = asyncio.create_task(chaos.sample_double_bookings(settings, stop_sampling, doubles))
     try:
         deadline = time.monotonic() + pause * (len(VICTIMS) + 2) + 180
+        waits = asyncio.create_task(where_they_wait(deadline - 2.0))
         tasks = [asyncio.create_task(guarded(chaos.psa_app(settings, c, 4 * n, deadline), f"psa-{c}", "psa"))
                  for c, n in clusters.items()]
         killer = None
@@ -197,6 +231,8 @@ async def run(clusters: dict[str, int], apps: int, seed: int, workdir: Path | No
             if i == apps // 10:
                 killer = asyncio.create_task(kill_in_turn(up, settings, pause, env, jobs_dir))
         outcomes: list[chaos.Outcome] = await asyncio.gather(*tasks)
+        waiting_at = await waits if waits.done() else {}
+        waits.cancel()
         assert killer is not None
         kills = await killer
         stop_sampling.set()
@@ -220,7 +256,9 @@ async def run(clusters: dict[str, int], apps: int, seed: int, workdir: Path | No
             "double_bookings": doubles, "samples": samples, "recovery": kills["recovery"],
             "failover": kills["failover"], "killed": kills["killed"], "started_in": started_in, "streams": streams,
             "gave_up": [f"{o.name}: {o.refused[0]}" for o in outcomes if o.refused and o.via == "psa"],
-            "exits": sum(len(o.exits) for o in outcomes)}
+            "exits": sum(len(o.exits) for o in outcomes),
+            "waiting_at": {o.name: waiting_at.get(o.detail.split(":")[0]) or waiting_at.get(o.name, "?")
+                           for o in hung if o.detail}}
 
 
 def report(r: dict) -> str:
@@ -231,6 +269,7 @@ def report(r: dict) -> str:
     lines += [f"{v}: the sentinels named a new primary {t:.1f} s after the kill" for v, t in r["failover"].items()]
     if r["hung"]:
         lines.append(f"decisions at the end: {r['streams']}")
+        lines += [f"{name} waited at: {where}" for name, where in r.get("waiting_at", {}).items()]
     return "\n".join(lines)
 
 
@@ -240,10 +279,11 @@ def main() -> None:
     ap.add_argument("--clusters", default=None, help="CLUSTER=NODES,... (default c0=32,c1=32, --quick c0=8,c1=8)")
     ap.add_argument("--quick", action="store_true", help="a smaller run")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--workdir", type=Path, default=None, help="coorm up's directory, kept (logs)")
     args = ap.parse_args()
     apps = args.apps if args.apps is not None else 40 if args.quick else 300
     clusters = parse_clusters(args.clusters or ("c0=8,c1=8" if args.quick else "c0=32,c1=32"))
-    r = asyncio.run(run(clusters, apps, args.seed))
+    r = asyncio.run(run(clusters, apps, args.seed, workdir=args.workdir))
     print(report(r))
     bad = r["lost"] or r["hung"] or r["untold"] or r["wrong"] or r["double_bookings"]
     bad = bad or any(t == float("inf") for t in r["recovery"].values())
