@@ -7,7 +7,10 @@ Rules:
   is placed by the backfilling, over the offer's deadline plus the request's duration) and that is
   physically idle (a running or held node is never offered); if none, the earliest start at which the
   smallest allowed size fits, with the largest allowed size then (a *later* offer; when the room is
-  nodes held preemptibly, which must be given back within ``preempt_grace``, from then), or nothing;
+  nodes held preemptibly, which must be given back within ``preempt_grace``, from then), or nothing.
+  Preemptible growth is offered only within the application's preemptive view until the offer's deadline
+  (less what it holds, has asked or is offered preemptibly): more would not start, or would start only to
+  be taken back;
 * an offer *now* sets its nodes aside until its deadline: no other request is placed on them, no
   preemptible request starts on them, no other offer counts them (``reserved``); a later offer reserves
   nothing -- accepted, its request is placed by the backfilling like any other, so it may start later
