@@ -82,15 +82,36 @@ def defined() -> list[MetricWrapperBase]:
     return [obj for obj in globals().values() if isinstance(obj, MetricWrapperBase)]
 
 
+BIND_WAIT = 3.0  # seconds a port in use is tried again: another program's probe for a free port holds it briefly
+
+
 def serve(port: int | None, addr: str = "0.0.0.0") -> int | None:
-    """Expose this process's metrics on ``port`` (0: a free one; None: not at all). Returns the port."""
+    """Expose this process's metrics on ``port`` (0: a free one; None: not at all). Returns the port, or None
+    if it stays in use: the process goes on without serving its metrics (its scrape target is down, and
+    its log says why) -- a port taken by another program is no reason for a service or an agent to stop.
+    (``coorm up`` picks each process's port before starting it, and several systems starting side by side
+    on one host can pick the same one.)"""
     if port is None:
         return None
+    import errno
+    import time
+
+    import structlog
+
     from coorm.shared.events import ErrorCode
 
     zero(error_replies, *((c.value,) for c in ErrorCode))
-    server, _thread = start_http_server(port, addr=addr)
-    return server.server_address[1]
+    deadline = time.monotonic() + BIND_WAIT
+    while True:
+        try:
+            server, _thread = start_http_server(port, addr=addr)
+            return server.server_address[1]
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                structlog.get_logger("coorm.metrics").error("metrics not served: the port cannot be bound", port=port,
+                                                            addr=addr, error=str(e))
+                return None
+        time.sleep(0.1)  # (before the process's event loop: nothing else to do meanwhile)
 
 
 def zero(counter_or_gauge, *label_sets: tuple[str, ...]) -> None:
