@@ -203,6 +203,7 @@ class Agent:
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._register_task: asyncio.Task | None = None
+        self._releasing = True  # whether the registration under way ends what its answer does not name
         self._rearm = asyncio.Event()
         self._stopping = False
         self._closed = asyncio.Event()
@@ -313,7 +314,9 @@ class Agent:
             self._closed.set()
 
     # -- registration and heartbeats ----------------------------------------------------------------
-    async def _register(self) -> None:
+    async def _register(self, release: bool = True) -> None:
+        """``release`` False (after a reconnection): learn the assignments sent meanwhile, but end nothing the
+        answer does not name (see :meth:`_sync`)."""
         pause = REGISTER_BACKOFF[0]
         while True:
             seen = dict(self._assigns_seen)
@@ -327,7 +330,7 @@ class Agent:
             except nats.errors.Error as e:
                 self._log.warning("registration failed", error=str(e))
             else:
-                self._sync(reply, seen)
+                self._sync(reply, seen, release=release)
                 self.registrations += 1
                 self.registered.set()
                 self._log.info("registered", nodes=[n.id for n in self.node_info])
@@ -335,10 +338,13 @@ class Agent:
             await asyncio.sleep(pause)  # retry back-off
             pause = min(pause * 2, REGISTER_BACKOFF[1])
 
-    def _sync(self, reply: AgentRegistered, seen: dict[str, int]) -> None:
+    def _sync(self, reply: AgentRegistered, seen: dict[str, int], release: bool = True) -> None:
         """Take the RMS's word for whom each node belongs to now: a restarted agent learns its assignments,
         one that was cut off kills what runs under allocations that ended meanwhile. A node assigned while
-        the registration was under way keeps that newer assignment."""
+        the registration was under way keeps that newer assignment. Without ``release`` a node the answer
+        names no owner of keeps its assignment (its processes end at its end, or at the RMS's kill): after a
+        mere reconnection the allocator's records may lag -- a bookkeeping write dropped over a Valkey
+        failover -- and a live job must not be killed for that."""
         current = {node: a for a in reply.assignments for node in a.nodes if node in self.book.nodes}
         doomed: list[int] = []
         for node in self.book.nodes:
@@ -346,7 +352,7 @@ class Agent:
                 continue
             if node in current:
                 doomed += self.book.assign(node, current[node])
-            else:
+            elif release:
                 doomed += self.book.release(node, "allocation_ended")
         self._rearm.set()
         if doomed:
@@ -365,18 +371,21 @@ class Agent:
     async def _on_reconnected(self) -> None:
         """Back from a cut (its nats-server died, the agent moved to another of the cluster): the assignments
         and kills sent meanwhile are lost (core NATS), and a node's new owner would be refused its launches.
-        The allocator's answer to a registration is every node's current assignment. Launches go on being
+        The allocator's answer to a registration is every node's current assignment, taken without ending
+        what it does not name (:meth:`_sync`: its records may lag). Launches go on being
         served meanwhile, from the books as they are (an owner refused for an assignment not learnt yet asks
         again: the SDK's ``Session.launch``)."""
         if self._stopping:
             return
         self._log.info("reconnected to NATS: registering again for the assignments sent meanwhile")
-        self._register_again()
+        self._register_again(release=False)
 
-    def _register_again(self) -> None:
+    def _register_again(self, release: bool = True) -> None:
         if self._register_task is not None and not self._register_task.done():
             self._register_task.cancel()
-        self._register_task = asyncio.create_task(self._register())
+            release = release or self._releasing  # (a hello's full sync is not downgraded by a reconnection)
+        self._releasing = release
+        self._register_task = asyncio.create_task(self._register(release))
 
     async def _heartbeat_loop(self) -> None:
         nodes = list(self.book.nodes)
