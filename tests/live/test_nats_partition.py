@@ -1,0 +1,165 @@
+"""A NATS server partitioned away from its cluster. Three nats-servers in one cluster (JetStream on each, CooRM's
+streams at 3 replicas): two on the machine's side of a bridge, the third on a host of its own (a network
+namespace: :mod:`tests.hosts`) with an agent that knows only that server; the services and another agent
+use the first two. The third host's link is cut: its server is alive but alone, so its agent's heartbeats
+reach no one -- its nodes go down and their owner is told -- while the majority carries on (a stream at 3
+replicas still has 2). Healed, the server rejoins the cluster, the agent is heard of again, kills what ran
+under the allocation that ended meanwhile, and its nodes take new work. Skipped where network namespaces
+cannot be made (not root, no ``ip``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nats
+import pytest
+
+from coorm.launchers.sdk import Exited, Killed, Session
+from coorm.services.stack import LocalStack
+from coorm.shared.credentials import CredentialStore, write_secret
+from coorm.shared.endpoints import Role
+from coorm.shared.servers import free_port, nats_binary
+from tests.hosts import Hosts, unavailable
+from tests.live.test_agent import group_gone
+from tests.live.test_hosts import NODES, _nodes_up
+from tests.live.test_system import _settings, next_of, rq
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"no hosts here: {unavailable()}")
+
+FAR, NEAR = "far", "near"  # far: the third NATS server and the agent that knows only it
+
+
+def _wait_listening(addr: str, port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=0.2).close()
+            return
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, f"nats-server did not listen on {addr}"
+            time.sleep(0.05)  # polling a server that is starting
+
+
+@pytest.fixture
+def cluster(servers, tmp_path):
+    """The three servers: ``(urls, hosts)``, ``urls[i]`` the i-th server's (the third's on host ``far``)."""
+    with Hosts([FAR, NEAR]) as hosts:
+        store = CredentialStore(servers.credentials)
+        secret = os.urandom(12).hex()
+        addrs = [hosts.gateway, hosts.gateway, hosts.addr[FAR]]
+        ports, routes = [free_port() for _ in addrs], [free_port() for _ in addrs]
+        procs = []
+        try:
+            for i, addr in enumerate(addrs):
+                work = tmp_path / f"nats-{i}"
+                work.mkdir()
+                urls = ", ".join(f'"nats-route://route:{secret}@{a}:{r}"' for a, r in zip(addrs, routes, strict=True))
+                conf = write_secret(work / "nats.conf", (
+                    f'include "{os.path.relpath(store.nats_auth_path, work)}"\n'
+                    f"server_name: part-{i}\n"
+                    f"cluster {{\n  name: part\n  listen: {addr}:{routes[i]}\n"
+                    f'  authorization {{ user: route, password: "{secret}" }}\n  routes: [{urls}]\n}}\n'))
+                argv = [nats_binary(), "-c", str(conf), "-a", addr, "-p", str(ports[i]), "-js", "-sd",
+                        str(work / "js")]
+                if i == 2:
+                    argv = hosts.command(FAR, argv)
+                procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                              start_new_session=True))
+            for proc, addr, port in zip(procs, addrs, ports, strict=True):
+                _wait_listening(addr, port, proc)
+            yield [f"nats://{a}:{p}" for a, p in zip(addrs, ports, strict=True)], hosts
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+
+
+async def _jetstream_ready(urls: list[str], settings) -> None:
+    """Until the cluster's JetStream has a meta leader (a stream of 3 replicas can be made)."""
+    me = settings.identity(Role.SERVICE)
+    nc = await nats.connect(urls, nkeys_seed_str=me.seed, inbox_prefix=me.inbox_prefix, connect_timeout=2)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                await nc.jetstream().account_info()
+                return
+            except Exception:  # noqa: BLE001 - no meta leader yet
+                assert time.monotonic() < deadline, "the cluster's JetStream did not come up"
+                await asyncio.sleep(0.1)  # the election runs in the servers: nothing to wait on here
+    finally:
+        await nc.close()
+
+
+def _agent(hosts: Hosts, host: str, nats_url: str, settings, tmp_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "COORM_NATS_URL": nats_url, "COORM_KILL_GRACE": str(settings.kill_grace),
+           "COORM_AGENT_HEARTBEAT": str(settings.agent_heartbeat), "COORM_CONNECTION_FILE": str(tmp_path / "none"),
+           "COORM_AGENT_STATE_DIR": str(tmp_path / f"state-{host}")}
+    code = (f"from coorm.node_agent.agent import main; main('c0', '{host}n0..{host}n{NODES - 1}', "
+            f"agent_id='agent-{host}', cores=1, memory_mb=64)")
+    log = open(tmp_path / f"agent-{host}.log", "wb")  # noqa: SIM115 - the process's, closed with it
+    with log:
+        return subprocess.Popen(hosts.command(host, [sys.executable, "-c", code]), env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+async def test_a_nats_server_cut_from_its_cluster(servers, redis_url, cluster, tmp_path):
+    urls, hosts = cluster
+    majority = ",".join(urls[:2])
+    settings = _settings(servers, nats_url=majority, agent_timeout=1.5, kill_grace=0.3, stream_replicas=3)
+    await _jetstream_ready(urls[:2], settings)
+    async with LocalStack(settings, {}) as stack:
+        agents = [_agent(hosts, FAR, urls[2], settings, tmp_path), _agent(hosts, NEAR, majority, settings, tmp_path)]
+        try:
+            await _nodes_up(stack, "c0", 2 * NODES)
+            async with await Session.open(settings, kind="rigid") as app:
+                (rid,) = await app.request(rq("cut", "c0", 2 * NODES, 60))
+                start = await app.wait_start(rid, 20)
+                pids = {n: await app.launch(rid, n, ["sleep", "1000"]) for n in start.nodes}
+                far = [p for n, ps in pids.items() if n.startswith(FAR) for p in ps]
+                assert len(far) == NODES
+                cut_at = time.monotonic()
+                hosts.cut(FAR)  # the third server is alive, but alone with its agent
+                killed = await next_of(app, Killed, 20, lambda e: e.request == rid)
+                assert killed.reason == "node_failure"
+                assert time.monotonic() - cut_at < settings.agent_timeout + 5.0
+                await _nodes_up(stack, "c0", NODES)  # near's only
+                # the majority carries on: a job runs on near's nodes
+                (near_job,) = await app.request(rq("near", "c0", NODES, 60))
+                st = await app.wait_start(near_job, 20)
+                assert all(n.startswith(NEAR) for n in st.nodes)
+                ran = [p for n in st.nodes for p in await app.launch(near_job, n, ["sh", "-c", "exit 0"])]
+                assert not any(group_gone(p) for p in far)  # nobody reached the far host yet
+                hosts.heal(FAR)
+                # the server rejoins, its agent is heard of again: what ran under the ended allocation is
+                # killed and told, and its nodes come back
+                await _nodes_up(stack, "c0", 2 * NODES, timeout=60)
+                told = {}
+                while len(told) < NODES:
+                    ev = await next_of(app, Exited, 30, lambda e: e.pid in far)
+                    told[ev.pid] = ev
+                assert all(e.killed for e in told.values())
+                assert all(group_gone(p) for p in far)
+                await app.done(near_job)
+                (again,) = await app.request(rq("again", "c0", 2 * NODES, 60))
+                st = await app.wait_start(again, 30)
+                assert sorted(st.nodes) == sorted(start.nodes)
+                ran = [p for n in st.nodes for p in await app.launch(again, n, ["sh", "-c", "exit 0"])]
+                assert len(ran) == 2 * NODES
+        finally:
+            for a in agents:
+                if a.poll() is None:
+                    os.killpg(a.pid, signal.SIGTERM)
+                    try:
+                        a.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(a.pid, signal.SIGKILL)
+                        a.wait()
