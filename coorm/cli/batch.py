@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -101,6 +102,11 @@ def control(verb: str, jobs: list[str], name: str | None, states: list[str] | No
         _line(f"coorm {verb} JOBID... (or --name, --state, --user {me} for all of yours)")
         raise typer.Exit(2)
     subject = {"cancel": subjects.batch_cancel, "hold": subjects.batch_hold, "release": subjects.batch_release}[verb]
+    bad = [j for j in jobs if not _JOB_ID.fullmatch(j)]
+    if bad:
+        _line(f"cannot {verb}: not a job id: {', '.join(map(repr, bad[:5]))} (42, an array's task 42_7, a whole "
+              "array 42)")
+        raise typer.Exit(2)
     try:
         msg = BatchControl(jobs=jobs, name=name, states=_states(states) if states else None)
     except ValueError as e:
@@ -109,23 +115,18 @@ def control(verb: str, jobs: list[str], name: str | None, states: list[str] | No
     if not jobs and name is None and msg.states is None:
         msg = BatchControl(states=list(SHORT_STATE))  # --user ME: every job of mine
     reply = BatchControlReply.model_validate(_send(subject, msg.model_dump(mode="json")))
-    past = {"cancel": "cancelled", "hold": "held", "release": "released"}[verb]
-    if reply.jobs:
-        print(f"{past} {len(reply.jobs)} job{'s' if len(reply.jobs) != 1 else ''}: {_ids(reply.jobs)}")
-    if reply.unchanged:
-        _line(f"not {past} ({'already ended' if verb == 'cancel' else 'not in a state for it'}): "
-              f"{_ids(reply.unchanged)}")
-    if not reply.jobs and (reply.unchanged or jobs):
+    from coorm.cli.fast import report_control
+
+    if report_control(verb, reply.model_dump(), jobs):
         raise typer.Exit(1)
-
-
-def _ids(ids: list[str], most: int = 20) -> str:
-    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
 
 
 _STATE_NAMES = {"pending": ["held", "blocked", "eligible", "queued"], "pd": ["held", "blocked", "eligible", "queued"],
                 "r": ["running"], "cd": ["completed"], "f": ["failed"], "to": ["timeout"], "ca": ["cancelled"],
                 "nf": ["node_fail"]}
+
+
+_JOB_ID = re.compile(r"[0-9]{1,18}(_[0-9]{1,9})?")  # (BatchControl's)
 
 
 def _states(states: list[str]) -> list:

@@ -1,6 +1,7 @@
 """The ``coorm`` script, and the batch commands users run by the thousand, kept fast.
 
-``coorm batch`` and ``coorm submit --no-wait`` are one request each to the batch service. Through the full
+``coorm batch``, ``coorm submit --no-wait``, ``cancel``, ``hold`` and ``release`` are one request each to the
+batch service. Through the full
 command line they cost about a second of CPU (typer, rich, pydantic's models, pydantic-settings, nats-py);
 here they cost what Python's own start does: the options are read by :mod:`coorm.batch.jobscript`, the
 connection by :mod:`coorm.shared.connection`, and the request goes over NATS's text protocol on a plain
@@ -72,6 +73,8 @@ def run(argv: list[str]) -> int | None:
         return batch(argv[1:])
     if argv[:1] == ["queue"]:
         return queue(argv[1:])
+    if argv[:1] in (["cancel"], ["hold"], ["release"]):
+        return control(argv[0], argv[1:])
     if argv[:1] == ["submit"]:
         if "--no-wait" in argv[1:argv.index("--") if "--" in argv else len(argv)]:
             return submit_no_wait(argv[1:])
@@ -244,6 +247,52 @@ def queue(argv: list[str]) -> int:
     now, jobs = pages(subjects.BATCH_QUERY, body, "the batch service")
     print_queue(jobs, now)
     return 0
+
+
+def control(verb: str, argv: list[str]) -> int:
+    """``coorm cancel|hold|release JOBID... [-n NAME]`` (scancel, scontrol hold/release): the jobs named, or
+    the user's of that name. ``--state``, ``--user``, ``--help``, an id that is not one: the full command
+    line, which says what is wrong."""
+    from coorm.shared import subjects
+    from coorm.shared.when import digits
+
+    jobs: list[str] = []
+    name: str | None = None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-n", "--name") and i + 1 < len(argv):
+            name, i = argv[i + 1], i + 2
+            continue
+        job, underscore, task = a.partition("_")
+        if a.startswith("--name="):
+            name = a.partition("=")[2]
+        elif digits(job) and len(job) <= 18 and (not underscore or (digits(task) and len(task) <= 9)):
+            jobs.append(a)
+        else:
+            raise Fallback
+        i += 1
+    if (not jobs and name is None) or (name is not None and not 0 < len(name) <= 128):
+        raise Fallback
+    subject = {"cancel": subjects.batch_cancel, "hold": subjects.batch_hold, "release": subjects.batch_release}[verb]
+    body: dict = {"jobs": jobs} if name is None else {"jobs": jobs, "name": name}
+    return report_control(verb, request(subject, body, "the batch service"), jobs)
+
+
+def report_control(verb: str, reply: dict, named: list[str]) -> int:
+    """What ``cancel``, ``hold`` and ``release`` print (both command lines): the jobs changed on stdout, those
+    named but not in a state for it on stderr; exit 1 if nothing named was changed."""
+    past = {"cancel": "cancelled", "hold": "held", "release": "released"}[verb]
+    changed, unchanged = list(reply.get("jobs", ())), list(reply.get("unchanged", ()))
+    if changed:
+        print(f"{past} {len(changed)} job{'s' if len(changed) != 1 else ''}: {_ids(changed)}")
+    if unchanged:
+        _say(f"not {past} ({'already ended' if verb == 'cancel' else 'not in a state for it'}): {_ids(unchanged)}")
+    return 1 if not changed and (unchanged or named) else 0
+
+
+def _ids(ids: list[str], most: int = 20) -> str:
+    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
 
 
 PAGE = 2000  # jobs per reply (BatchQuery's most)

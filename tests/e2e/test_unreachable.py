@@ -31,7 +31,8 @@ GIVE_UP = 30.0
 # what the coorm script's light path runs itself (a plain socket, no nats-py): the same failure, the same line
 FAST = [sys.executable, "-m", "coorm.cli.fast"]
 FAST_COMMANDS = {"submit": NATS_COMMANDS["submit"], "submit --no-wait": NATS_COMMANDS["submit --no-wait"],
-                 "batch": ["batch", "-N", "1", "--wrap", "true"], "queue": ["queue"]}
+                 "batch": ["batch", "-N", "1", "--wrap", "true"], "queue": ["queue"], "cancel": ["cancel", "12"],
+                 "release": ["release", "-n", "x"]}
 
 
 def _closed_port() -> int:

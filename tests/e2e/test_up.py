@@ -151,6 +151,35 @@ def test_the_fast_queue_prints_what_the_full_command_line_prints(up):
         _run(env, "cancel", job)
 
 
+def test_cancel_hold_and_release_on_the_light_path_say_what_the_full_one_says(up):
+    """scancel and scontrol hold/release are run by the thousand too: the coorm script's light path sends
+    them (job ids, --name), with the full command line's words and exit codes; what it does not read
+    (--state) goes to the full one."""
+    proc, env, tmp, conn = up
+    first = _run(env, "batch", "-H", "-J", "light-a", "--wrap", "true", entry=FAST).stdout.split()[-1]
+    then = _run(env, "batch", "-J", "light-b", "-d", f"afterok:{first}", "--wrap", "true",
+                entry=FAST).stdout.split()[-1]
+    try:
+        light, full = _run(env, "hold", first, entry=FAST), _run(env, "hold", first)  # already held
+        assert (light.returncode, light.stdout, light.stderr) == (full.returncode, full.stdout, full.stderr)
+        assert (light.returncode, light.stderr) == (1, f"coorm: not held (not in a state for it): {first}\n")
+        r = _run(env, "hold", "-n", "light-b", entry=FAST)
+        assert (r.returncode, r.stdout) == (0, f"held 1 job: {then}\n"), r.stderr
+        r = _run(env, "release", then, entry=FAST)
+        assert (r.returncode, r.stdout) == (0, f"released 1 job: {then}\n"), r.stderr
+        light, full = _run(env, "cancel", "999999999", entry=FAST), _run(env, "cancel", "999999999")
+        assert (light.returncode, light.stdout, light.stderr) == (full.returncode, full.stdout, full.stderr)
+        assert (light.returncode, light.stderr) == (2, "coorm: refused: no job 999999999\n")
+        r = _run(env, "cancel", then, "--name=light-b", entry=FAST)
+        assert (r.returncode, r.stdout) == (0, f"cancelled 1 job: {then}\n"), r.stderr
+        r = _run(env, "cancel", "--state", "held", entry=FAST)  # (the full command line's option)
+        assert (r.returncode, r.stdout) == (0, f"cancelled 1 job: {first}\n"), r.stderr
+        r = _run(env, "cancel", "12x", entry=FAST)  # not an id: the full command line says so
+        assert r.returncode == 2 and "12x" in r.stderr, r.stderr
+    finally:
+        _run(env, "cancel", first, then)
+
+
 def test_bad_submissions_are_refused_clearly(up, entry):
     proc, env, tmp, conn = up
     r = _run(env, "submit", "-c", "nowhere", "-N", "1", "-t", "1m", "--", "true", entry=entry)
