@@ -331,15 +331,22 @@ class PolicyEngine:
                 log.warning("an event could not be logged or applied: back to standby, to rebuild the state "
                             "from the log", instance=self.instance)
         finally:
+            # this term takes nothing more first: its subscriptions go before its tasks are waited for (one may
+            # take a while to end), and a task that had failed does not stop the rest of the clean-up -- a term
+            # whose handlers outlived it went on taking opens no sequencer logged, for a minute
             self.leader.clear()
             metrics.leader.set(0)
-            for t in [lease, *tasks]:
-                await _cancelled(t)
-            observe.clear()
             for sub in self._subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
             self._subs = []
+            self._fail_pending(_changing_leader())
+            for t in [lease, *tasks]:
+                try:
+                    await _cancelled(t)
+                except Exception as e:  # noqa: BLE001 - the term ends all the same
+                    log.warning("a task of the term had failed", instance=self.instance, error=repr(e))
+            observe.clear()
             self._fail_pending(_changing_leader())
 
     async def _keep_lease(self, stop: asyncio.Event) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
 import redis
 
 from coorm.services.policy_engine.service import PolicyEngine
@@ -54,4 +55,49 @@ async def test_a_restore_longer_than_the_lease_keeps_it(servers, redis_url):
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 20)
+        r.close()
+
+
+class FailingTask(PolicyEngine):
+    """The real engine, one of whose term's tasks fails at once (as a loop that met Valkey's failover did)."""
+
+    async def _gauges_loop(self) -> None:
+        raise RuntimeError("a task of the term failed")
+
+
+async def test_a_term_whose_task_failed_still_takes_nothing_more_once_over(servers, redis_url):
+    """Its lease taken by another, the leader steps down: its subscriptions go, whatever its tasks ended with
+    (a term whose clean-up stopped at a failed task kept answering session opens it could not log)."""
+    from coorm.shared import bus, subjects
+    from coorm.shared.endpoints import Role
+    from coorm.shared.protocol import SessionOpen, SessionOpenReply
+    from tests.live.roles import ME
+
+    settings = Settings(nats_url=servers.nats_url, redis_url=redis_url, leader_lease=LEASE)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    engine = FailingTask(settings, "failing")
+    stop = asyncio.Event()
+    running = asyncio.create_task(engine.run(stop))
+    nc = await bus.connect(servers.nats_url, "app", settings.identity(Role.LAUNCHER))
+    try:
+        await asyncio.wait_for(engine.leader.wait(), 10)
+        r.set(keys.POLICY_LEASE, "another", px=60_000)  # another instance took over
+        while engine.leader.is_set():
+            await asyncio.sleep(0.05)  # polling the engine's state: nothing to wait on
+        # nobody serves opens now (the other instance is not running): no responders, not this term's handler
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            try:
+                await bus.call(nc, subjects.session_open(ME), SessionOpen(), SessionOpenReply, timeout=2)
+                raise AssertionError("a session was opened by a leader that stepped down")
+            except bus.WireError as e:  # ("changing leader": the term's handler is still subscribed)
+                assert asyncio.get_running_loop().time() < deadline, f"the old term still answers: {e}"
+                await asyncio.sleep(0.1)  # its clean-up may still be under way
+            except nats.errors.NoRespondersError:
+                break
+    finally:
+        stop.set()
+        r.delete(keys.POLICY_LEASE)
+        await asyncio.wait_for(running, 20)
+        await bus.shutdown(nc)
         r.close()
