@@ -194,6 +194,8 @@ def experiment(
     update_doc: Path | None = typer.Option(None, "--update-doc", help="store the rows next to this doc "
                                            "(experiments/NAME.json) and rewrite its generated tables"),
     stored: bool = typer.Option(False, "--stored", help="do not run: render the rows stored next to --update-doc"),
+    live: bool = typer.Option(False, "--live", help="run it live over coorm up, at a reduced size (koala-pra, "
+                              "koala-pwa; negotiation is live already)"),
 ) -> None:
     """Reproduce a paper's experiment: writes NAME.csv and NAME.png (medians and quartiles over seeds)."""
     import inspect
@@ -210,6 +212,17 @@ def experiment(
     for n in chosen:
         if n not in known:
             typer.echo(f"unknown experiment {n}; known: {', '.join(sorted(known))}", err=True)
+            raise typer.Exit(2)
+        if live and hasattr(known[n], "run_live"):
+            if update_doc is not None or stored:
+                raise typer.BadParameter("the doc shows the simulated runs: no --update-doc or --stored with --live")
+            t0 = time.perf_counter()
+            rows = known[n].run_live(out, quick=quick)
+            typer.echo(f"{n} live: {len(rows)} runs in {time.perf_counter() - t0:.1f} s -> {out / (n + '-live.csv')}")
+            typer.echo(known[n].live_markdown(rows))
+            continue
+        if live and n != "negotiation":
+            typer.echo(f"{n} has no live form (--live: koala-pra, koala-pwa, negotiation)", err=True)
             raise typer.Exit(2)
         documented = hasattr(known[n], "markdown")  # renders its tables for EXPERIMENTS.md
         if (markdown or update_doc is not None) and not documented:

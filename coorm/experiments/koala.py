@@ -12,8 +12,11 @@ in for it:
 * the speed-up curves are read off Fig. 6 only at its two ends: we model T(n) = a + b/n + c*n through
   T(2) and a minimum (4 min at 24 nodes for GADGET 2, 1 min at 16 for FT: "the maximum sizes ... are
   greater than the sizes for which we have observed the minimum execution times");
-* DAS3's five clusters with worst-fit placement (not implemented): one cluster of 68 nodes (Delft's,
-  where Fig. 6 was measured), ``threshold`` of them kept for local users; no background load;
+* DAS3's five clusters (Table I: 85, 41, 68, 46 and 32 nodes), each job placed by KOALA's worst-fit
+  (``placement``, :mod:`coorm.shared.cluster_choice`: the cluster with the most idle nodes where its
+  minimum starts first, read off its views when it opens; a malleable job grows on that cluster only),
+  ``threshold`` nodes of each cluster kept for local users; no background load. ``--placement single``
+  keeps the first runs' set-up: Delft's 68 nodes alone (where Fig. 6 was measured);
 * a malleable job is CooRMv2's: a non-preemptible request of its minimum (never shrunk) and preemptible
   requests for what it grows into, each asked as its preemptive view allows (FT only to a power of two,
   as its DYNACO side accepts); a mandatory shrink gives back whole growth requests, latest first;
@@ -28,19 +31,23 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from coorm.experiments.common import md_table, write_csv
-from coorm.launchers.base import ClusterProps, Command, Launcher, Timer, Views
+from coorm.launchers.base import ClusterProps, Command, Launcher, Submit, Timer, Views
 from coorm.launchers.rigid import RigidLauncher
 from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared.cluster_choice import RULES, WORST_FIT, choose
 from coorm.shared.requests import RequestSpec, RequestType
 from coorm.shared.stepfn import StepFunction
 from coorm.simulator.engine import Simulation
 
 CLUSTER = "delft"
 NODES = 68
+DAS3 = {"vu": 85, "uva": 41, "delft": 68, "multimedian": 46, "leiden": 32}  # the paper's Table I
+PLACEMENT = WORST_FIT  # KOALA's, in its experiments
 THRESHOLD = 4
 POLICIES = ("fpsma", "egs")
 WORKLOADS = ("Wm", "Wmr")
@@ -80,6 +87,7 @@ class KoalaMalleable(Launcher):
 
     def __init__(self, app: str, cluster: str, curve: Curve, min_nodes: int = MIN_NODES) -> None:
         super().__init__(app)
+        # a placement rule (worst-fit...): the cluster is chosen on its first views
         self.cluster, self.curve, self.min_nodes = cluster, curve, min_nodes
         self.base: str | None = None  # the non-preemptible request of its minimum
         self.extra: dict[str, int] = {}  # started growth requests, oldest first -> nodes
@@ -105,12 +113,23 @@ class KoalaMalleable(Launcher):
         return max(n, self.min_nodes)
 
     # -- events -------------------------------------------------------------------------------------
+    def walltime(self) -> float:
+        return self.curve.time(self.min_nodes) * 1.1  # it only ever runs faster than on its minimum
+
     def on_open(self, now: float, props: ClusterProps) -> list[Command]:
+        if self.cluster in RULES:
+            return []  # placed on its first views
         self.base = self.new_id()
-        walltime = self.curve.time(self.min_nodes) * 1.1  # it only ever runs faster than on its minimum
-        return [self.submit(RequestSpec(id=self.base, cluster=self.cluster, nodes=self.min_nodes, duration=walltime))]
+        return [self.submit(RequestSpec(id=self.base, cluster=self.cluster, nodes=self.min_nodes,
+                                        duration=self.walltime()))]
 
     def on_views(self, views: Views) -> list[Command]:
+        if self.cluster in RULES:
+            sub = place(self, views, self.min_nodes, self.walltime())
+            if sub is None:
+                return []
+            self.base = sub.requests[0].id
+            return [sub]
         self.view = views.preemptive.get(self.cluster)
         return self._adapt(views.now)
 
@@ -194,15 +213,46 @@ class KoalaMalleable(Launcher):
         return out + self.close()
 
 
+def place(launcher: KoalaMalleable | PlacedRigid, views: Views, nodes: int, duration: float) -> Submit | None:
+    """The launcher's cluster, by its rule on its non-preemptive views, and its request of ``nodes`` there
+    (None while it fits nowhere: it waits for its next views, as a job KOALA could not place waits)."""
+    cluster = choose(launcher.cluster, views.non_preemptive, nodes, duration, views.now)
+    if cluster is None:
+        return None
+    launcher.cluster = cluster
+    return launcher.submit(RequestSpec(id=launcher.new_id(), cluster=cluster, nodes=nodes, duration=duration))
+
+
+class PlacedRigid(RigidLauncher):
+    """A rigid job whose cluster is chosen by a placement rule on its first views."""
+
+    def on_open(self, now: float, props: ClusterProps) -> list[Command]:
+        return [] if self.cluster in RULES else super().on_open(now, props)
+
+    def on_views(self, views: Views) -> list[Command]:
+        if self.cluster not in RULES:
+            return []
+        sub = place(self, views, self.nodes, self.duration)
+        if sub is None:
+            return []
+        self.request = sub.requests[0].id
+        return [sub]
+
+
 # ==================================================================================================
 # one run
 # ==================================================================================================
 def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarrival: float, seed: int,
-             threshold: int = THRESHOLD, nodes: int = NODES) -> dict:
+             threshold: int = THRESHOLD, placement: str = PLACEMENT) -> dict:
+    """One run; ``placement``: a rule of :mod:`coorm.shared.cluster_choice` over DAS3's clusters, or
+    ``single`` (Delft's cluster alone)."""
     rng = random.Random(seed)
     settings = PolicySettings(preemptible=policy, precedence=precedence, local_threshold=threshold,
                               fair_start=0.0, reschedule_interval=1.0, preempt_grace=10.0)
-    sim = Simulation({CLUSTER: nodes}, settings)
+    clusters = {CLUSTER: NODES} if placement == "single" else dict(DAS3)
+    where = CLUSTER if placement == "single" else placement
+    nodes = sum(clusters.values())
+    sim = Simulation(clusters, settings)
     malleable: list[tuple[KoalaMalleable, float]] = []
     for i in range(jobs):
         at = i * interarrival
@@ -210,9 +260,9 @@ def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarr
         rigid = workload == "Wmr" and rng.random() < 0.5
         if rigid:
             t = curve.time(MIN_NODES)
-            sim.add(at, RigidLauncher(f"r{i}", CLUSTER, MIN_NODES, t * 1.1, t))
+            sim.add(at, PlacedRigid(f"r{i}", where, MIN_NODES, t * 1.1, t))
         else:
-            job = KoalaMalleable(f"m{i}", CLUSTER, curve)
+            job = KoalaMalleable(f"m{i}", where, curve)
             sim.add(at, job)
             malleable.append((job, at))
     result = sim.run()
@@ -223,8 +273,11 @@ def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarr
     used = sum(r.nodes * ((r.end or result.now) - r.start) for r in result.requests
                if r.type != "pre-allocation")
     return {
-        "policy": policy, "precedence": precedence, "workload": workload, "seed": seed, "jobs": jobs,
-        "malleable": len(malleable), "finished": len(done),
+        "policy": policy, "precedence": precedence, "workload": workload, "placement": placement, "seed": seed,
+        "jobs": jobs, "malleable": len(malleable), "finished": len(done),
+        # how evenly worst-fit spread the malleable jobs: the largest share of them on one cluster
+        "busiest_cluster_pct": 100.0 * max(Counter(j.cluster for j, _ in malleable).values(), default=0)
+        / max(len(malleable), 1),
         "exec_mean_s": statistics.fmean(execution) if execution else float("nan"),
         "response_mean_s": statistics.fmean(response) if response else float("nan"),
         "avg_size": statistics.fmean(j.area / (j.ended - j.started) for j, _ in done) if done else 0.0,  # type: ignore[operator]
@@ -243,32 +296,48 @@ FULL = (300, 4)  # jobs, seeds: the paper's 300 jobs, 4 runs per combination
 QUICK = (60, 2)
 SAME = 0.02  # two means within 2 % of each other: no difference, not a trend
 KEYS = ("exec_mean_s", "response_mean_s", "avg_size", "max_size_mean", "stuck_at_min_pct", "utilisation_pct",
-        "grows", "shrinks")
+        "grows", "shrinks", "busiest_cluster_pct")
+
+
+PLACEMENTS = (PLACEMENT, "single")  # the paper's set-up, and the first runs' (one cluster) beside it
 
 
 def run_precedence(name: str, precedence: str, interarrival: float, out: Path, quick: bool) -> list[dict]:
     jobs, seeds = QUICK if quick else FULL
     rows = []
+    for placement in PLACEMENTS:
+        rows += _rows(precedence, interarrival, placement, jobs, seeds)
+    write_csv(out / f"{name}.csv", rows)
+    return rows
+
+
+def _rows(precedence: str, interarrival: float, placement: str, jobs: int, seeds: int) -> list[dict]:
+    rows = []
     for workload in WORKLOADS:
         for policy in POLICIES:
-            runs = [simulate(policy, precedence, workload, jobs=jobs, interarrival=interarrival, seed=s)
-                    for s in range(seeds)]
-            row = {"policy": policy, "precedence": precedence, "workload": workload,
+            runs = [simulate(policy, precedence, workload, jobs=jobs, interarrival=interarrival, seed=s,
+                             placement=placement) for s in range(seeds)]
+            row = {"policy": policy, "precedence": precedence, "workload": workload, "placement": placement,
+                   "nodes": NODES if placement == "single" else sum(DAS3.values()),
                    "interarrival_s": interarrival, "jobs": jobs, "seeds": len(runs),
                    "unfinished": sum(r["malleable"] - r["finished"] for r in runs)}
             row |= {k: statistics.fmean(r[k] for r in runs) for k in KEYS}
             rows.append(row)
-    write_csv(out / f"{name}.csv", rows)
     return rows
 
 
 def table(rows: list[dict]) -> str:
     return md_table(
-        ("workload", "policy", "exec. time (s)", "response time (s)", "avg size", "max size", "stuck at 2 (%)",
-         "utilisation (%)", "grows", "shrinks"),
-        [(r["workload"], r["policy"].upper(), f"{r['exec_mean_s']:.0f}", f"{r['response_mean_s']:.0f}",
-          f"{r['avg_size']:.1f}", f"{r['max_size_mean']:.1f}", f"{r['stuck_at_min_pct']:.0f}",
-          f"{r['utilisation_pct']:.1f}", f"{r['grows']:.0f}", f"{r['shrinks']:.0f}") for r in rows])
+        ("placement", "workload", "policy", "exec. time (s)", "response time (s)", "avg size", "max size",
+         "stuck at 2 (%)", "utilisation (%)", "grows", "shrinks", "busiest cluster (%)"),
+        [(_where(r), r["workload"], r["policy"].upper(), f"{r['exec_mean_s']:.0f}",
+          f"{r['response_mean_s']:.0f}", f"{r['avg_size']:.1f}", f"{r['max_size_mean']:.1f}",
+          f"{r['stuck_at_min_pct']:.0f}", f"{r['utilisation_pct']:.1f}", f"{r['grows']:.0f}", f"{r['shrinks']:.0f}",
+          f"{r['busiest_cluster_pct']:.0f}") for r in rows])
+
+
+def _where(row: dict) -> str:
+    return f"Delft alone ({NODES})" if row["placement"] == "single" else f"DAS3 {row['placement']} ({row['nodes']})"
 
 
 def _cmp(a: float, b: float) -> str:
@@ -279,7 +348,9 @@ def _cmp(a: float, b: float) -> str:
 
 
 def trends(rows: list[dict], precedence: str) -> list[tuple[str, str]]:
-    """The paper's statements about its figures, each checked on our rows: (statement, verdict)."""
+    """The paper's statements about its figures, each checked on our rows of its set-up (DAS3, worst-fit):
+    (statement, verdict)."""
+    rows = [r for r in rows if r.get("placement", PLACEMENT) == PLACEMENT]
     by = {(r["workload"], r["policy"]): r for r in rows}
     out = []
     if precedence == "running":
@@ -312,7 +383,9 @@ def markdown_for(name: str, rows: list[dict], precedence: str, paper: str) -> di
     checks = "\n".join(f"- {v if v == 'holds' else f'**{v}**'}: {s}" for s, v in trends(rows, precedence))
     r0 = rows[0]
     return {name: f"**Paper:** {paper}\n\nOurs: {r0['jobs']} jobs, one inter-arrival of {r0['interarrival_s']:g} s, "
-                  f"means over {r0['seeds']} seeds; {NODES} nodes, {THRESHOLD} kept for local users.\n\n"
+                  f"means over {r0['seeds']} seeds; DAS3's five clusters ({sum(DAS3.values())} nodes), each job "
+                  f"placed by worst-fit, and Delft's cluster alone beside it; {THRESHOLD} nodes of each cluster kept "
+                  "for local users. The trends are checked on the DAS3 rows.\n\n"
                   + table(rows) + "\n\n" + checks}
 
 

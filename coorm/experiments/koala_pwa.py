@@ -20,3 +20,16 @@ def run(out: Path, quick: bool = False) -> list[dict]:
 
 def markdown(rows: list[dict]) -> dict[str, str]:
     return koala.markdown_for(NAME, rows, "waiting", PAPER)
+
+
+def run_live(out: Path, quick: bool = False) -> list[dict]:
+    """The same launchers over ``coorm up``, at a reduced size (:mod:`coorm.experiments.koala_live`)."""
+    from coorm.experiments import koala_live
+
+    return koala_live.run_live(NAME, "waiting", 30.0, out, quick)
+
+
+def live_markdown(rows: list[dict]) -> str:
+    from coorm.experiments import koala_live
+
+    return koala_live.table(rows)

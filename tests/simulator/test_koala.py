@@ -63,7 +63,8 @@ def test_a_rigid_job_shrinks_a_malleable_one_under_pwa_and_waits_for_it_under_pr
 @pytest.mark.parametrize("module", [koala_pra, koala_pwa])
 def test_the_quick_experiment_runs_every_combination_to_its_end(module, tmp_path):
     rows = module.run(tmp_path, quick=True)
-    assert {(r["workload"], r["policy"]) for r in rows} == {(w, p) for w in koala.WORKLOADS for p in koala.POLICIES}
+    assert {(r["placement"], r["workload"], r["policy"]) for r in rows} == {
+        (pl, w, p) for pl in koala.PLACEMENTS for w in koala.WORKLOADS for p in koala.POLICIES}
     assert all(r["unfinished"] == 0 for r in rows)
     assert (tmp_path / f"{module.NAME}.csv").exists()
     text = module.markdown(rows)[module.NAME]
@@ -72,6 +73,22 @@ def test_the_quick_experiment_runs_every_combination_to_its_end(module, tmp_path
         assert all(r["shrinks"] == 0 for r in rows)  # PRA never shrinks
     else:
         assert all(r["shrinks"] > 0 for r in rows)
+    # worst-fit spreads the malleable jobs over DAS3's clusters; alone, Delft's takes them all
+    for r in rows:
+        assert (r["busiest_cluster_pct"] == 100) == (r["placement"] == "single"), r
+
+
+def test_worst_fit_places_each_job_on_the_cluster_with_the_most_idle_nodes():
+    """Two malleable jobs one after the other on DAS3: the first goes to the VU's 85 nodes, where it grows
+    (EGS, PRA) to its maximum of 46 -- leaving 39 idle there --, so the second goes to Delft's 68."""
+    sim = Simulation(dict(koala.DAS3), PolicySettings(preemptible="egs", precedence="running", fair_start=0.0))
+    first = KoalaMalleable("m1", koala.PLACEMENT, GADGET2)
+    second = KoalaMalleable("m2", koala.PLACEMENT, GADGET2)
+    sim.add(0.0, first)
+    sim.add(30.0, second)
+    sim.run()
+    assert (first.cluster, first.max_size) == ("vu", 46)
+    assert second.cluster == "delft"
 
 
 def test_a_trend_within_two_percent_is_no_difference():

@@ -1,0 +1,105 @@
+"""KOALA's experiments live (``coorm experiment koala-pra --live``, ``koala-pwa --live``): the same launcher
+objects as the simulated runs (:class:`~coorm.experiments.koala.KoalaMalleable`, placed by worst-fit on
+their first views, and :class:`~coorm.experiments.koala.PlacedRigid`), each through
+:class:`~coorm.launchers.live.LiveRunner` over ``coorm up`` (nats-server, valkey, every service, one node
+agent per cluster starting a real ``sleep`` on each node a job holds), under ``COORM_MALLEABLE_POLICY``,
+``COORM_PRECEDENCE`` and ``COORM_LOCAL_THRESHOLD`` as the simulated runs set them.
+
+At a reduced size: DAS3's five clusters at an eighth of their nodes (:data:`CLUSTERS`), one node of each
+kept for local users, the applications' times divided by :data:`SPEED` (GADGET 2 runs 600 / 20 = 30 s on
+2 nodes), ``JOBS`` jobs, one seed, the inter-arrival time divided by ``SPEED`` too. The metrics are the
+simulated runs' (:func:`coorm.experiments.koala.simulate`), in the launchers' own clock (wall time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+from coorm.experiments import common, koala
+
+CLUSTERS = {"vu": 11, "uva": 5, "delft": 8, "multimedian": 6, "leiden": 4}  # DAS3 / 8 (rounded)
+SPEED = 20.0
+THRESHOLD = 1
+JOBS, QUICK_JOBS = 12, 6
+LONG = ["sleep", "3600"]  # a job's process on each of its nodes (killed when the node goes back)
+
+
+def env(policy: str, precedence: str) -> dict[str, str]:
+    return {"COORM_MALLEABLE_POLICY": policy, "COORM_PRECEDENCE": precedence,
+            "COORM_LOCAL_THRESHOLD": str(THRESHOLD), "COORM_RESCHEDULE_INTERVAL": "0.2", "COORM_FAIR_START": "0",
+            "COORM_PREEMPT_GRACE": "3", "COORM_KILL_GRACE": "1", "COORM_LOG_LEVEL": "WARNING",
+            "COORM_SESSION_TIMEOUT": "60"}
+
+
+def run_live(name: str, precedence: str, interarrival: float, out: Path, quick: bool = False,
+             policies: tuple[str, ...] = koala.POLICIES) -> list[dict]:
+    """One live run per policy (workload ``Wmr``: malleable and rigid jobs), on a system started for it."""
+    from coorm.cli.up import Up
+
+    rows = []
+    for policy in policies:
+        up = Up(CLUSTERS, env=env(policy, precedence), write_connection=False, accounting=False)
+        try:
+            settings = up.start(180)
+            rows.append(asyncio.run(_run(settings, policy, precedence, interarrival / SPEED,
+                                         QUICK_JOBS if quick else JOBS)))
+        finally:
+            up.stop()
+    common.write_csv(out / f"{name}-live.csv", rows)
+    return rows
+
+
+async def _run(settings, policy: str, precedence: str, interarrival: float, jobs: int, seed: int = 0) -> dict:
+    import time
+
+    from coorm.launchers.live import LiveRunner
+    from coorm.launchers.sdk import Session
+
+    rng = random.Random(seed)
+    curves = {c.name: replace(c, t2=c.t2 / SPEED, best=c.best / SPEED) for c in (koala.GADGET2, koala.FT)}
+    t0 = time.time()
+    malleable: list[tuple[koala.KoalaMalleable, float]] = []
+    tasks = []
+    for i in range(jobs):
+        at = t0 + i * interarrival
+        await asyncio.sleep(max(0.0, at - time.time()))  # the workload's arrival times (not a synchronisation)
+        curve = curves[rng.choice((koala.GADGET2, koala.FT)).name]
+        if rng.random() < 0.5:
+            t = curve.time(koala.MIN_NODES)
+            s = await Session.open(settings, kind="rigid", name=f"r{i}", preemptive_views=False)
+            launcher: object = koala.PlacedRigid(s.app, koala.PLACEMENT, koala.MIN_NODES, t * 1.1, t)
+        else:
+            s = await Session.open(settings, kind="malleable", name=f"m{i}")
+            job = koala.KoalaMalleable(s.app, koala.PLACEMENT, curve)
+            malleable.append((job, at))
+            launcher = job
+        tasks.append(asyncio.create_task(LiveRunner(s, launcher, command=LONG).run()))  # type: ignore[arg-type]
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30 * 60)
+    done = [(j, at) for j, at in malleable if j.started is not None and j.ended is not None]
+    return {
+        "policy": policy, "precedence": precedence, "workload": "Wmr", "placement": koala.PLACEMENT,
+        "nodes": sum(CLUSTERS.values()), "speed": SPEED, "jobs": jobs, "malleable": len(malleable),
+        "finished": len(done), "failed": sum(1 for r in results if r.exit_code != 0),
+        "exec_mean_s": statistics.fmean(j.ended - j.started for j, _ in done) if done else float("nan"),  # type: ignore[operator]
+        "response_mean_s": statistics.fmean(j.ended - at for j, at in done) if done else float("nan"),  # type: ignore[operator]
+        "avg_size": statistics.fmean(j.area / (j.ended - j.started) for j, _ in done) if done else 0.0,  # type: ignore[operator]
+        "max_size_mean": statistics.fmean(j.max_size for j, _ in done) if done else 0.0,
+        "grows": sum(j.grows for j, _ in malleable), "shrinks": sum(j.shrinks for j, _ in malleable),
+        "busiest_cluster_pct": 100.0 * max(Counter(j.cluster for j, _ in malleable).values(), default=0)
+        / max(len(malleable), 1),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    return common.md_table(
+        ("policy", "precedence", "jobs (malleable)", "finished", "failed", "exec. time (s)", "response time (s)",
+         "avg size", "max size", "grows", "shrinks", "busiest cluster (%)"),
+        [(r["policy"].upper(), r["precedence"], f"{r['jobs']} ({r['malleable']})", r["finished"], r["failed"],
+          f"{r['exec_mean_s']:.1f}", f"{r['response_mean_s']:.1f}", f"{r['avg_size']:.1f}",
+          f"{r['max_size_mean']:.1f}", r["grows"], r["shrinks"], f"{r['busiest_cluster_pct']:.0f}") for r in rows])
+
