@@ -626,13 +626,6 @@ class PolicyEngine:
         return ViewsEpoch(epoch=policy.epoch, now=self.cores.now, views=views,
                           shared={k: v for k, v in shared.values()}, refs=refs, **kw)
 
-    def _app_views(self, app: str, memo: dict | None = None) -> dict[str, AppViews]:
-        """The application's views of the clusters of its filter. ``memo`` shares the non-preemptive views
-        between the applications that see the same ones (with a thousand idle launchers, most do)."""
-        flt = self.sessions.get(app, {}).get("filter", {})
-        views = self.cores.policy.views_of(app, flt.get("clusters"), flt.get("preemptive_views", True), memo)
-        return {c: AppViews(non_preemptive=np, preemptive=p) for c, (np, p) in views.items()}
-
     # ============================================================================================
     # handlers
     # ============================================================================================
