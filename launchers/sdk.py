@@ -266,7 +266,10 @@ class Session:
             self._recovering.cancel()
         if self._heartbeat:
             self._heartbeat.cancel()
-            await _quietly(self._heartbeat)
+            # (waited for, not awaited: the CancelledError it ends with is this cancel's, not the caller's --
+            # raised in a launcher's clean-up after its own cancellation, it stopped the close before the RMS
+            # was told, and the session held its nodes until it was reaped)
+            await asyncio.wait([self._heartbeat])
         # (what goes wrong now changes nothing for the caller: the RMS reaps a session it did not hear close)
         await _quietly(self._call(self.reply.subjects.close, CloseMsg(token=self.token), Ack))
         if self.own_connection:  # closing the connection ends its subscriptions

@@ -71,3 +71,36 @@ def test_close_returns_when_the_server_drops_the_connection_and_a_cancelled_clos
             await s._engine.close()
 
         asyncio.run(scenario())
+
+
+def test_a_launcher_cancelled_still_tells_the_rms_its_session_closes(tmp_path):
+    """A launcher task cancelled (a user stopping it) closes its session in its clean-up: the close reaches the
+    RMS. It did not when the heartbeat's own CancelledError, raised while the task was being cancelled, was
+    taken for the caller's: the session kept its nodes until it was reaped."""
+    with start_servers(tmp_path / "servers") as servers:
+        settings = Settings(nats_url=servers.nats_url, credentials_dir=servers.credentials, reconnect_window=1.0)
+
+        async def scenario() -> None:
+            s, closes = await _session(settings)
+            s._heartbeat = asyncio.create_task(s._beat())  # (as Session.open starts it)
+            running = asyncio.Event()
+
+            async def launcher() -> None:
+                try:
+                    running.set()
+                    await asyncio.Event().wait()  # its work, until it is stopped
+                finally:
+                    await s.close()
+
+            task = asyncio.create_task(launcher())
+            await running.wait()
+            task.cancel()
+            msg = await asyncio.wait_for(closes.get(), 10)  # the close went out, from the cancelled task's clean-up
+            assert msg.subject == subjects.app_close(APP)
+            task.cancel()  # (the engine here never answers: the close's wait for it ends with this cancel)
+            await asyncio.wait({task}, timeout=10)
+            assert task.done()
+            await bus.shutdown(s._engine)
+            await s.nc.close()
+
+        asyncio.run(scenario())
