@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos  # noqa: E402  # (the chaos run's applications and checks)
 
 from coorm.cli.up import Up, parse_clusters  # noqa: E402
+from coorm.services.runtime import await_chain  # noqa: E402
 from coorm.shared.servers import ReplicatedServers  # noqa: E402
 from coorm.shared.settings import Settings  # noqa: E402
 
@@ -135,19 +136,6 @@ async def guarded(app, name: str, via: str) -> chaos.Outcome:
         return chaos.Outcome(name, via, 0, error=f"{type(e).__name__}: {e}")
 
 
-def _await_chain(task: asyncio.Task) -> tuple[str, ...]:
-    """Where a task waits: each coroutine of its await chain (function and line), down to the future."""
-    out: list[str] = []
-    coro = task.get_coro()
-    while coro is not None:
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-        if frame is None:
-            break
-        out.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}:{frame.f_lineno}")
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-    return tuple(out)
-
-
 async def where_they_wait(at: float) -> dict[str, str]:
     """Just before the applications' deadline: where each application's runner waits (said for those that
     hung), by application id."""
@@ -160,9 +148,9 @@ async def where_they_wait(at: float) -> dict[str, str]:
             continue
         name = getattr(coro, "__qualname__", "")
         if name == "LiveRunner.run" and getattr(frame.f_locals.get("self"), "s", None) is not None:
-            out[frame.f_locals["self"].s.app] = " <- ".join(reversed(_await_chain(t)))  # its runner
+            out[frame.f_locals["self"].s.app] = " <- ".join(reversed(await_chain(t)))  # its runner
         elif name == "guarded":
-            out[frame.f_locals["name"]] = " <- ".join(reversed(_await_chain(t)))  # the application (opening)
+            out[frame.f_locals["name"]] = " <- ".join(reversed(await_chain(t)))  # the application (opening)
     return out
 
 

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import time
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -71,6 +72,19 @@ async def ensure_streams(js, replicas: int | None = None) -> None:
             await js.add_stream(config)
         except BadRequestError:
             await js.update_stream(config)
+
+
+def await_chain(task: asyncio.Task) -> tuple[str, ...]:
+    """Where a task waits: each coroutine of its await chain (file:function:line), down to the future."""
+    out: list[str] = []
+    coro: Any = task.get_coro()
+    while coro is not None and len(out) < 64:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        out.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return tuple(out)
 
 
 def stop_on_signals() -> asyncio.Event:

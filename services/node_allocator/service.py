@@ -28,7 +28,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from coorm.launchers.delivery import notice
-from coorm.services.runtime import clock, ensure_streams, redis_client
+from coorm.services.runtime import await_chain, clock, ensure_streams, redis_client
 from coorm.shared import bus, keys, metrics, subjects
 from coorm.shared.credentials import Identity, signature_headers
 from coorm.shared.endpoints import Role
@@ -77,7 +77,15 @@ log = structlog.get_logger("coorm.node_allocator")
 
 REDIS_RIDE_OVER = 30.0  # seconds a Redis write waits for a restarted server (decisions wait their turn meanwhile)
 _RECORDS_KEPT = 3600  # seconds an ended session's allocation records stay (its launcher may still ask)
+# How long one decision message may take: longer than any Redis call can (a write rides over a restart for
+# REDIS_RIDE_OVER, a command's socket waits SOCKET_TIMEOUT, a replicated write WAIT_MS). One that takes
+# longer is stuck, and would hold every later decision behind it for ever: it is abandoned and tried again.
+ACT_BOUND = 90.0
 
+
+async def _close_quietly(client) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(client.aclose(), 10.0)
 
 
 class NodeAllocatorService:
@@ -95,6 +103,8 @@ class NodeAllocatorService:
         # a registration's reply (the nodes' current assignments) is read between two decisions, never
         # half-way through one: an agent must not learn of an assignment older than one already sent
         self._acting = asyncio.Lock()
+        self.act_bound = ACT_BOUND
+        self._acted = 0  # the last decision message acted on (or set aside), by stream sequence
 
     async def run(self, stop: asyncio.Event) -> None:
         self.redis = redis_client(self.settings.redis_url, ride_over=REDIS_RIDE_OVER)
@@ -137,21 +147,63 @@ class NodeAllocatorService:
     # decisions
     # ============================================================================================
     async def _on_decision(self, m) -> None:
-        """Act on one message of the decision stream, then ack it. One that is not a decision message is
-        set aside at once (it never will be one); one whose handling fails comes again, and is set aside
-        after ``bus.MAX_DELIVERIES`` deliveries: a poison message must not come back for ever."""
+        """Act on one message of the decision stream, in the stream's order, then ack it. One that is not a
+        decision message is set aside at once (it never will be one). One whose handling fails, never
+        returns within ``act_bound``, or is cancelled from inside a client library is tried again in its
+        turn (the decisions behind it wait: a node freed must not be handed out again before its kill), and
+        set aside after ``bus.MAX_DELIVERIES`` tries: a poison message must not hold the stream for ever.
+        A copy the server sends again meanwhile (its ack wait ran out) is acknowledged and passed over."""
+        seq = m.metadata.sequence.stream
+        if seq <= self._acted:
+            with contextlib.suppress(Exception):
+                await m.ack()
+            return
         try:
             decisions = bus.decode(m.data, AllocatorDecisions).decisions
         except bus.WireError as e:
             await bus.set_aside(self.nc, m, f"not a decision message: {e.message}")
+            self._acted = seq
             return
-        try:
-            await self._act_on(decisions)
-        except Exception as e:  # noqa: BLE001 - whatever it was, the next messages must go on
-            await bus.retry_or_set_aside(self.nc, m, e)
-            return
-        with contextlib.suppress(Exception):  # not acked: it comes again (the connection is going)
+        for attempt in range(1, bus.MAX_DELIVERIES + 1):
+            failure = await self._try_acting(decisions)
+            if failure is None:
+                break
+            log.warning("could not act on a decision message: trying again", seq=seq, attempt=attempt,
+                        error=failure)
+            if attempt == bus.MAX_DELIVERIES:
+                await bus.set_aside(self.nc, m, f"failed {attempt} tries, the last with {failure}")
+                self._acted = seq
+                return
+            await asyncio.sleep(bus.RETRY_DELAY * 2 ** (attempt - 1))  # back-off before the next try
+        self._acted = seq
+        with contextlib.suppress(Exception):  # not acked: it comes again, and is passed over
             await m.ack()
+
+    async def _try_acting(self, decisions: list) -> str | None:
+        """Act on a message's decisions in a task of its own: what went wrong, or None."""
+        task = asyncio.create_task(self._act_on(decisions))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.act_bound)
+        finally:
+            if not task.done():
+                task.cancel()
+        if not done:
+            where = " <- ".join(reversed(await_chain(task)))
+            log.error("a decision's handling is stuck: abandoned, tried again on new Redis connections",
+                      bound=self.act_bound, stuck_at=where)
+            self._renew_redis()
+            return f"stuck for {self.act_bound} s at {where}"
+        if task.cancelled():
+            return "cancelled from within"
+        e = task.exception()
+        return None if e is None else f"{type(e).__name__}: {e}"
+
+    def _renew_redis(self) -> None:
+        """A fresh client: a wait that never ended may be one for a pool connection never given back."""
+        old, self.redis = self.redis, redis_client(self.settings.redis_url, ride_over=REDIS_RIDE_OVER)
+        task = asyncio.create_task(_close_quietly(old))
+        self._kills.add(task)
+        task.add_done_callback(self._kills.discard)
 
     async def _act_on(self, decisions: list) -> None:
         # the Redis bookkeeping of a message's decisions (records for coorm nodes and kill notifications,

@@ -45,7 +45,7 @@ async def allocator(servers, redis_url):
         await asyncio.gather(task, ready, return_exceptions=True)
         raise AssertionError("the node allocator did not start")
     try:
-        yield js, nc
+        yield js, nc, service
     finally:
         stop.set()
         await asyncio.wait_for(task, DEADLINE)
@@ -57,7 +57,7 @@ def dead_lettered() -> float:
 
 
 async def test_a_message_that_is_no_decision_is_set_aside_and_the_next_is_acted_on(allocator):
-    js, nc = allocator
+    js, nc, _ = allocator
     letters: asyncio.Queue = asyncio.Queue()
     kills: asyncio.Queue = asyncio.Queue()
     await nc.subscribe(subjects.deadletter(subjects.DECISIONS_STREAM), cb=letters.put)
@@ -90,6 +90,46 @@ async def test_a_message_that_is_no_decision_is_set_aside_and_the_next_is_acted_
     # every message acknowledged or terminated: nothing waits to come again
     info = await until(lambda: acked(js, last), "the allocator to go past every message")
     assert (info.num_ack_pending, info.num_redelivered) == (0, 0)
+
+
+async def test_a_handling_that_never_returns_or_is_cancelled_from_within_stops_no_later_decision(allocator):
+    """The stall seen after a Valkey failover: one decision's handling that never returned held every later
+    one (delivered, never acknowledged, nothing logged); and a CancelledError raised from inside a client
+    library ends the subscription's delivery loop without a word. Both are faults injected here into the real
+    allocator's handling of its first two deliveries: the message comes again and is acted on, and so is
+    the one behind it."""
+    js, nc, service = allocator
+    service.act_bound = 1.0
+    real = service._act_on
+    deliveries: list[str] = []
+
+    async def faulty(decisions):
+        deliveries.append(decisions[0].request)
+        if len(deliveries) == 1:
+            await asyncio.Event().wait()  # a Redis call that never returns
+        if len(deliveries) == 2:
+            raise asyncio.CancelledError  # not the allocator's own cancellation
+        await real(decisions)
+
+    service._act_on = faulty
+    me = Settings().identity(Role.LAUNCHER)
+    assert me is not None
+    app = subjects.app_id(me.name, 2)
+    kills: asyncio.Queue = asyncio.Queue()
+    user_nc = await bus.connect(nc.connected_url.geturl(), "test-user", me)
+    await user_nc.subscribe(subjects.notify_kill(app), cb=kills.put)
+    await user_nc.flush()
+    ends = [EndRequest(stimulus_id=f"e{i}", app=app, request=f"r{i}", type=RequestType.NON_PREEMPTIBLE,
+                       cluster="c0", nodes=1, started=True, reason=EndReason.DONE, at=1_700_000_000.0 + i)
+            for i in (1, 2)]
+    seqs = [(await js.publish(subjects.DECISIONS, bus.encode(AllocatorDecisions(decisions=[e])))).seq
+            for e in ends]
+    told = [KillNotify.model_validate_json((await asyncio.wait_for(kills.get(), DEADLINE)).data).request
+            for _ in ends]
+    await bus.shutdown(user_nc)
+    assert told == ["r1", "r2"]  # in order, the first after its two failed deliveries
+    assert deliveries == ["r1", "r1", "r1", "r2"]
+    await until(lambda: acked(js, seqs[-1]), "the allocator to go past every message")
 
 
 async def acked(js, seq: int):
