@@ -17,7 +17,16 @@ job at its walltime.
 
 Pure: events in (tasks added or withdrawn, slots started or ended, tasks ended, the time passed in), and
 :meth:`FarmCore.decide` says what to do (ask a slot, run a task on a slot, release a slot, wake up at a
-time). The shell (:mod:`coorm.services.batch.farm_runner`) carries it out over a session."""
+time). The shell (:mod:`coorm.services.batch.farm_runner`) carries it out over a session.
+
+A farm of **separate jobs** (``per_job``: a user's like jobs, of one cluster, size and walltime, submitted one
+by one) plans differently, for a lone job's request must not stand longer in everyone's schedule than the
+job's own would: one slot per pending job, each asking the walltime and a margin small against it
+(:func:`slot_margin`) -- never a share of several walltimes, so that other users' backfilling sees the plan
+separate jobs would make. A slot whose job ended early takes the next like job only while what remains of it
+holds that job's whole walltime, i.e. within the margin; an idle slot with nothing to run may **linger**
+(``linger`` seconds, never past that point) for the next like job before it goes back: idle time others could
+have used, bounded by ``linger`` per slot and by the slot's own request."""
 
 from __future__ import annotations
 
@@ -28,6 +37,13 @@ from dataclasses import dataclass, field
 # seconds a slot asks beyond its tasks' walltimes: what its start and each task's launch and exit take, so
 # that a slot asked for k tasks holds k whole walltimes from when it can run the first
 SLOT_MARGIN = 10.0
+
+
+def slot_margin(walltime: float) -> float:
+    """A separate job's slot's margin: at least a second (a slot's start and a launch take some tens of
+    milliseconds on a loaded machine), a fiftieth of the walltime (2 % longer in everyone's schedule than the
+    job's own request), at most :data:`SLOT_MARGIN`."""
+    return min(SLOT_MARGIN, max(1.0, walltime / 50))
 
 @dataclass(frozen=True)
 class Ask:
@@ -48,14 +64,15 @@ class Run:
 
 @dataclass(frozen=True)
 class Release:
-    """Give slot ``request`` back (``done``): nothing is left for it, or what runs there must stop."""
+    """Give slot ``request`` back (``done``): nothing is left for it, or what runs there must stop (one not
+    started yet: its request is cancelled)."""
 
     request: str
 
 
 @dataclass(frozen=True)
 class Wake:
-    """Call :meth:`FarmCore.decide` again at ``at`` (a running task's walltime)."""
+    """Call :meth:`FarmCore.decide` again at ``at`` (a running task's walltime, a lingering slot's end)."""
 
     at: float
 
@@ -71,6 +88,7 @@ class Slot:
     task: str | None = None  # the task it runs
     since: float = 0.0  # when that task started
     releasing: bool = False  # released: its end (and its task's exit) is on the way
+    idle_since: float | None = None  # started, with no task, since then (a lingering slot's bound counts from it)
 
 
 @dataclass
@@ -84,7 +102,11 @@ class FarmCore:
     withdrawn: set[str] = field(default_factory=set)  # running tasks cancelled (their exit is on the way)
     expected: int = 0  # tasks of the array still to run, as the shell last counted them (a slot's share)
     asked: int = 0  # requests asked so far (their ids: "<app>.<n>")
+    per_job: bool = False  # a farm of separate jobs: one slot per pending job, of a walltime and slot_margin
+    linger: float = 0.0  # seconds an idle slot waits for the next task (0: it goes back at once)
+    drained: set[str] = field(default_factory=set)  # nodes an operator drains: a slot there starts nothing new
     _releases: list[str] = field(default_factory=list)  # slots to release at the next decision
+    _ended: set[str] = field(default_factory=set)  # slots ended: a start told late (a cancel's race) is none
     _woken: float | None = None  # the Wake last decided, not yet passed
 
     # -- events ---------------------------------------------------------------------------------------
@@ -106,9 +128,19 @@ class FarmCore:
                 s.releasing = True
                 self._releases.append(rid)
 
+    def drain(self, nodes: list[str], on: bool) -> None:
+        """An operator drains nodes (or resumes them): what runs there finishes, nothing new starts there --
+        an idle slot on them goes back at the next decision."""
+        if on:
+            self.drained.update(nodes)
+        else:
+            self.drained.difference_update(nodes)
+
     def started(self, request: str, nodes: tuple[str, ...], end: float) -> None:
         """A slot started -- or, after a restart, one asked by the last instance is told of: adopted (it runs
         the next task, or goes back at once)."""
+        if request in self._ended:
+            return
         s = self.slots.setdefault(request, Slot())
         s.nodes, s.end, s.started = tuple(nodes), end, True
 
@@ -137,11 +169,14 @@ class FarmCore:
     def slot_ended(self, request: str) -> str | None:
         """The slot's request ended (released, or ended by the RMS). Returns the task it ran, if any: that
         task's processes were killed with it."""
+        self._ended.add(request)
         s = self.slots.pop(request, None)
         return s.task if s is not None else None
 
     # -- decisions ------------------------------------------------------------------------------------
     def decide(self, now: float) -> list[Decision]:
+        if self._woken is not None and now >= self._woken:
+            self._woken = None  # (passed: the same time asked again is a new wake-up)
         out: list[Decision] = [Release(rid) for rid in self._releases if rid in self.slots]
         self._releases.clear()
         for rid, s in self.slots.items():  # tasks past their walltime: their slots go (which kills them)
@@ -149,38 +184,69 @@ class FarmCore:
                 self.timed_out.add(s.task)
                 s.releasing = True
                 out.append(Release(rid))
+        lingering = []
         for rid, s in self.slots.items():  # idle slots: the next task, if the slot holds its walltime
             if not s.started or s.task is not None or s.releasing:
                 continue
-            if self.pending and s.end - now >= self.walltime:
-                s.task, s.since = self.pending.popleft(), now
+            usable = s.end - now >= self.walltime and not self.drained.intersection(s.nodes)
+            if self.pending and usable:
+                s.task, s.since, s.idle_since = self.pending.popleft(), now, None
                 out.append(Run(s.task, rid, s.nodes))
-            else:
-                s.releasing = True
+                continue
+            if not self.pending and self.linger > 0 and usable:
+                s.idle_since = now if s.idle_since is None else s.idle_since
+                until = self._linger_until(s)
+                if now < until:
+                    lingering.append(until)
+                    continue
+            s.releasing = True
+            out.append(Release(rid))
+        if self.per_job:  # a slot not started whose job ran elsewhere, or was withdrawn: cancelled, the newest
+            # first (it stood for that job in everyone's schedule, as the job's own request would have)
+            waiting = [rid for rid, s in self.slots.items() if not s.started and not s.releasing]
+            for rid in waiting[len(self.pending):][::-1]:
+                self.slots[rid].releasing = True
                 out.append(Release(rid))
         out += self._ask(now)
         due = [s.since + self.walltime for s in self.slots.values() if s.task is not None and not s.releasing]
+        due += lingering
         wake = min(due) if due else None
         if wake is not None and wake != self._woken:
             self._woken = wake
             out.append(Wake(wake))
         return out
 
+    def _linger_until(self, s: Slot) -> float:
+        """When an idle slot goes back: ``linger`` after it fell idle, or as soon as it can no longer hold a
+        whole walltime, whichever comes first."""
+        assert s.idle_since is not None
+        return min(s.idle_since + self.linger, s.end - self.walltime)
+
+    def free(self, now: float) -> int:
+        """Slots that could start a task at once, beyond the tasks pending (a job joining the farm now would
+        run without a new request)."""
+        idle = sum(1 for s in self.slots.values() if s.started and s.task is None and not s.releasing
+                   and s.end - now >= self.walltime and not self.drained.intersection(s.nodes))
+        return idle - len(self.pending)
+
     def _ask(self, now: float) -> list[Ask]:
-        waiting = sum(1 for s in self.slots.values() if not s.started)
+        waiting = sum(1 for s in self.slots.values() if not s.started and not s.releasing)
         want = len(self.pending) - waiting  # tasks no slot that is yet to start will take
         live = sum(1 for s in self.slots.values() if not s.releasing)
         n = min(want, self.width - live)
         if n <= 0:
             return []
-        # each slot's share of what is still to run, at the walltime: the plan separate tasks would make
-        share = max(1, math.ceil(self.expected / max(1, live + n)))
+        if self.per_job:  # one job's walltime, as its own request would ask, and a margin small against it
+            duration = self.walltime + slot_margin(self.walltime)
+        else:  # each slot's share of what is still to run, at the walltime: the plan separate tasks would make
+            share = max(1, math.ceil(self.expected / max(1, live + n)))
+            duration = share * self.walltime + SLOT_MARGIN
         out = []
         for _ in range(n):
             self.asked += 1
             rid = f"{self.app}.{self.asked}"
             self.slots[rid] = Slot()
-            out.append(Ask(rid, share * self.walltime + SLOT_MARGIN))
+            out.append(Ask(rid, duration))
         return out
 
     @property

@@ -1,5 +1,7 @@
-"""The shell of an array's task farm (:mod:`coorm.services.batch.farm`): one session for the array, its
-slots' requests, its tasks' processes, and the tasks' records through the batch service.
+"""The shell of a task farm (:mod:`coorm.services.batch.farm`): one session for an array, or for a user's
+separate jobs of one shape (cluster, nodes, walltime: see :meth:`BatchService._shape_farm`), its slots'
+requests, its tasks' processes, and the tasks' records through the batch service. Each task is launched with
+its own submission (command, environment, directory, files), as the job it is.
 
 Inputs come one at a time through an inbox (tasks added or withdrawn by the queue, the session's starts,
 ends and exits, launches done, wake-ups); after each batch of inputs the core decides, and its decisions
@@ -7,8 +9,9 @@ are carried out: slots asked (all of one decision in one request), tasks started
 background: a slot's launch does not wait for another's), slots released.
 
 Written down, so that a batch service killed and started again takes the farm up: the session (``keys.
-BATCH_FARMS``: the array -> its session and the requests it has asked, before it asks them), and each
-task's record as a job's (started, the processes launched and exited). A slot that started while no
+BATCH_FARMS``: the farm's id -- an array's own id, or ``shape.<user>.<n>`` -- -> its session, the requests it
+has asked, before it asks them, and a shape farm's shape), and each task's record as a job's (its farm, started,
+the processes launched and exited). A slot that started while no
 instance ran is adopted when the session's recovery tells of it; one still waiting goes with the session."""
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from coorm.services.batch.core import ENDED, JobState
 from coorm.services.batch.farm import Ask, FarmCore, Release, Run, Wake
 from coorm.shared import bus, keys
 from coorm.shared.events import ErrorCode
-from coorm.shared.protocol import RELEASE_KILL_REASONS, SessionOpenReply
+from coorm.shared.protocol import RELEASE_KILL_REASONS, BatchSubmit, SessionOpenReply
 from coorm.shared.requests import RequestSpec
 
 if TYPE_CHECKING:
@@ -58,13 +61,25 @@ class _Task:
         return not self.launching and self.left <= 0
 
 
+# seconds an idle slot of separate jobs waits for the next like job before it goes back: a stream of jobs
+# submitted one after the other (a client's round trip, a script's loop) comes within tens of milliseconds;
+# more would hold nodes idle that others could use (the bound is per slot, and never past the slot's request)
+LINGER = 0.4
+
+
 class FarmRunner:
-    def __init__(self, svc: BatchService, sid: str, width: int = 1) -> None:
+    def __init__(self, svc: BatchService, fid: str, sub: BatchSubmit, user: str, per_job: bool = False,
+                 opened: float = 0.0) -> None:
         self.svc = svc
-        self.sid = sid
-        sub = svc.specs[sid]["submit"]
-        self.sub = sub
-        self.core = FarmCore(app="", walltime=sub.walltime, width=max(1, width))
+        self.sid = fid  # the farm's id: its array's, or a shape farm's
+        self.sub = sub  # (the shape: cluster, nodes, walltime; each task is launched with its own submission)
+        self.user = user
+        self.per_job = per_job
+        self.opened = opened  # when its session opened (its priority in the RMS), as the service's clock says
+        self.members: set[str] = set()  # a shape farm's jobs, entered or taken up (an array's: its tasks)
+        self.adding = 0  # tasks handed to it whose "add" is not handled yet
+        self.core = FarmCore(app="", walltime=sub.walltime, width=1, per_job=per_job,
+                             linger=LINGER if per_job else 0.0, drained=set(svc.drained))
         self.session: Session | None = None
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.tasks: dict[str, _Task] = {}
@@ -78,20 +93,44 @@ class FarmRunner:
 
     # -- from the batch service -----------------------------------------------------------------------
     def add(self, task: str) -> None:
+        self.adding += 1
         self.inbox.put_nowait(("add", task))
+
+    def free(self, now: float) -> int:
+        """Slots that could run a job handed to the farm now, beyond those handed to it already."""
+        return self.core.free(now) - self.adding
+
+    def shape(self) -> tuple[str, str, int, float]:
+        return self.user, self.sub.cluster or "", self.sub.nodes, self.sub.walltime
+
+    def _mine(self) -> list[str]:
+        """The jobs this farm runs or may run: an array's tasks, a shape farm's members."""
+        if self.per_job:
+            return sorted(self.members, key=lambda t: self.svc.core.jobs[t].seq if t in self.svc.core.jobs else 0)
+        return list(self.svc.core.arrays.get(self.sid, ()))
+
+    def _sub_of(self, task: str) -> BatchSubmit:
+        """The task's own submission (a shape farm's jobs were submitted one by one)."""
+        spec = self.svc.specs.get(self.svc.records[task].spec)
+        return spec["submit"] if spec is not None else self.sub
 
     def withdraw(self, task: str) -> None:
         self.inbox.put_nowait(("withdraw", task))
+
+    def drain(self, nodes: list[str], on: bool) -> None:
+        self.inbox.put_nowait(("drain", nodes, on))
 
     # -- life -----------------------------------------------------------------------------------------
     async def run(self, resume: dict | None = None) -> None:
         svc = self.svc
         try:
             if resume is None:
-                self.session = await Session.open(svc.settings, user=svc.specs[self.sid]["user"],
-                                                  name=svc.core.jobs[svc.core.arrays[self.sid][0]].name,
-                                                  kind="batch-array", preemptive_views=False, views=False,
-                                                  nc=svc.nc)
+                if self.per_job:
+                    name, kind = f"{self.sub.nodes}x{self.sub.walltime:g}s", "batch-farm"
+                else:
+                    name, kind = svc.core.jobs[svc.core.arrays[self.sid][0]].name, "batch-array"
+                self.session = await Session.open(svc.settings, user=self.user, name=name, kind=kind,
+                                                  preemptive_views=False, views=False, nc=svc.nc)
                 self.core.app = self.session.app
                 await self._write_down()
             else:
@@ -120,7 +159,7 @@ class FarmRunner:
         svc = self.svc
         reply = SessionOpenReply.model_validate(resume["session"])
         self.core.app, self.core.asked = reply.app, int(resume.get("asked", 0))
-        mine = [svc.core.jobs[t] for t in svc.core.arrays.get(self.sid, ())]
+        mine = [svc.core.jobs[t] for t in self._mine() if t in svc.core.jobs]
         running = [j for j in mine if j.state is JobState.RUNNING]
         launched: dict[tuple[str, int], str] = {}
         for j in running:
@@ -150,7 +189,7 @@ class FarmRunner:
             for key in left:
                 self.by_pid[key] = j.id
             t.left = len(left)
-            if {n for n, _, _ in r.launched} >= set(self._launch_nodes(tuple(r.node_ids))):
+            if {n for n, _, _ in r.launched} >= set(self._launch_nodes(tuple(r.node_ids), self._sub_of(j.id))):
                 t.launching = False
             else:  # killed between its start and its launch's record: launched again, under the same launch
                 # ids -- an agent that started it answers with its pids, one that did not starts it now
@@ -158,7 +197,7 @@ class FarmRunner:
         for d in relaunch:
             self._spawn(self._launch(d, again=True))
         self.core.add([j.id for j in mine if j.state is JobState.QUEUED], self._expected())
-        log.info("farm taken up", array=self.sid, app=reply.app, running=len(running))
+        log.info("farm taken up", farm=self.sid, app=reply.app, running=len(running))
         return True
 
     async def _pump(self) -> None:
@@ -188,9 +227,12 @@ class FarmRunner:
         if isinstance(item, tuple):
             what = item[0]
             if what == "add":
+                self.adding -= 1
                 adds.append(item[1])
             elif what == "withdraw":
                 c.withdraw(item[1])
+            elif what == "drain":
+                c.drain(item[1], item[2])
             elif what == "launched":
                 await self._launched(*item[1:])
             # ("wake",): only decide again
@@ -230,13 +272,25 @@ class FarmRunner:
             took = [t for t in tasks if t in svc.core.jobs and svc.core.jobs[t].state is JobState.ELIGIBLE]
             for t in took:
                 svc.core.entered(t)
-                svc.records[t].farmed = True
+                svc.records[t].farmed, svc.records[t].farm = True, self.sid
+            # (queued ones: a lost farm's, run in this one -- which their records must say before they start)
+            moved = [svc.records[t] for t in tasks if t in svc.core.jobs and svc.core.jobs[t].state is JobState.QUEUED
+                     and t not in took and svc.records[t].farm != self.sid]
+            for r in moved:
+                r.farmed, r.farm = True, self.sid
             await svc._flush()
+            if moved:
+                await svc.save_many(moved)
         queued = [t for t in tasks if t in svc.core.jobs and svc.core.jobs[t].state is JobState.QUEUED]
+        if self.per_job:
+            self.members.update(queued)
         self.core.add(queued, self._expected())
 
     def _expected(self) -> int:
-        """The array's tasks still to run: a slot asks for its share of them."""
+        """The array's tasks still to run: a slot asks for its share of them (a shape farm's slots ask one job's
+        time each: its pending jobs)."""
+        if self.per_job:
+            return len(self.core.pending)
         return sum(1 for t in self.svc.core.arrays.get(self.sid, ())
                    if self.svc.core.jobs[t].state in (JobState.BLOCKED, JobState.ELIGIBLE, JobState.QUEUED))
 
@@ -262,7 +316,7 @@ class FarmRunner:
         try:
             await self.session.request(*specs)
         except bus.WireError as e:  # the RMS refuses the farm's slots: its tasks cannot run
-            log.error("the RMS refused an array's slots", array=self.sid, error=e.message)
+            log.error("the RMS refused a farm's slots", farm=self.sid, error=e.message)
             for a in asks:
                 self.core.slot_ended(a.request)
             while self.core.pending:
@@ -289,20 +343,21 @@ class FarmRunner:
             self.tasks[d.task] = _Task(d.request)
             self._spawn(self._launch(d))
 
-    def _launch_nodes(self, nodes: tuple[str, ...]) -> tuple[str, ...]:
+    @staticmethod
+    def _launch_nodes(nodes: tuple[str, ...], sub: BatchSubmit) -> tuple[str, ...]:
         """Where a task's processes run: every node of its slot, or the first for a script."""
-        return nodes[:1] if (self.sub.script is not None or self.sub.wrap is not None) else nodes
+        return nodes[:1] if (sub.script is not None or sub.wrap is not None) else nodes
 
     async def _launch(self, d: Run, again: bool = False) -> None:
         """Start the task's processes on its slot, then hand the outcome to the loop. ``again``: launched
         before a restart, maybe: the pids come back, and the session asks the agents for exits it missed."""
         assert self.session is not None
-        svc, sub = self.svc, self.sub
+        svc, sub = self.svc, self._sub_of(d.task)
         j = svc.core.jobs[d.task]
         argv = svc.argv_of(sub)
         out, err = svc._files(j, sub)
         r = svc.records[d.task]
-        nodes = tuple(n for n in self._launch_nodes(d.nodes) if not again or n not in {x[0] for x in r.launched})
+        nodes = tuple(n for n in self._launch_nodes(d.nodes, sub) if not again or n not in {x[0] for x in r.launched})
 
         async def on(node: str):
             try:
@@ -378,8 +433,11 @@ class FarmRunner:
 
     async def _release(self, request: str) -> None:
         assert self.session is not None
+        slot = self.core.slots.get(request)
         try:
             await self.session.done(request)
+            if slot is not None and not slot.started:  # (a request cancelled before its start ends untold)
+                self.inbox.put_nowait(Killed(request, "done", ()))
         except bus.WireError as e:
             if e.code is not ErrorCode.ENDED:
                 log.warning("a slot's release was refused", request=request, error=e.message)
@@ -397,13 +455,15 @@ class FarmRunner:
         self.svc.farm_closing(self.sid, self)
         if self.session is not None:
             await self.session.close()
-        log.info("farm done", array=self.sid, slots=self.core.asked)
+        log.info("farm done", farm=self.sid, slots=self.core.asked)
         return True
 
     async def _write_down(self) -> None:
         assert self.session is not None
-        await self.svc.redis.hset(keys.BATCH_FARMS, self.sid, json.dumps({
-            "session": self.session.reply.model_dump(mode="json"), "asked": self.core.asked}))
+        rec: dict = {"session": self.session.reply.model_dump(mode="json"), "asked": self.core.asked}
+        if self.per_job:
+            rec["shape"] = list(self.shape())
+        await self.svc.redis.hset(keys.BATCH_FARMS, self.sid, json.dumps(rec))
 
     # -- plumbing -------------------------------------------------------------------------------------
     def _spawn(self, coro) -> None:
@@ -414,5 +474,5 @@ class FarmRunner:
     def _arm(self, at: float) -> None:
         if self._wake is not None:
             self._wake.cancel()
-        delay = max(0.0, at - self.svc.clock())
+        delay = max(0.0, at - self.svc.clock()) + 0.001  # (not a hair early: the core would wait on)
         self._wake = asyncio.get_running_loop().call_later(delay, self.inbox.put_nowait, ("wake",))

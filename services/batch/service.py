@@ -15,6 +15,11 @@ Theory of operation
   killed and started again takes each session up where it was (:meth:`Session.resume`: what started,
   ended or exited meanwhile is asked for), within the session timeout; past it, the RMS has reaped the
   session and killed its processes, and the job is recorded as failed with that reason.
+* Arrays' tasks, and a user's separate jobs of one shape (cluster, nodes, walltime) when they are not attached,
+  run in **task farms** (:mod:`coorm.services.batch.farm_runner`): a session for many jobs, whose requests
+  (slots) each run the jobs one after the other -- a ``true`` costs some milliseconds of the system's CPU, not
+  a session's seventy. See :meth:`BatchService._shape_farm` for which farm a separate job joins, and why that
+  keeps the RMS's priorities.
 * An ended job's record moves to ``keys.BATCH_HISTORY`` (indexed by end time in ``keys.BATCH_ENDED``; kept
   ``batch_history_days``), which ``coorm history`` reads.
 """
@@ -26,7 +31,9 @@ import contextlib
 import functools
 import heapq
 import json
+import math
 import os
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +70,7 @@ from coorm.shared.protocol import (
     BatchQueryReply,
     BatchSubmit,
     BatchSubmitReply,
+    NodesEvent,
     SessionOpenReply,
     StatusQuery,
     StatusReply,
@@ -79,6 +87,14 @@ SIZES_FOR = 2.0  # seconds the clusters' sizes are trusted (a submission's check
 # NATS restart, which its command rides over), its job is cancelled, as srun's is when srun is killed
 ATTACH_PROBE_EVERY = 2.0
 ATTACH_GRACE = 10.0
+# A separate job joins its shape's current farm while that farm's session opened less than this ago. The RMS
+# orders applications by when their session opened, so a job in a farm takes the farm's priority: at most
+# JOIN_YOUNG seconds earlier than a session of its own would have had. A user's job can thus pass another
+# user's job submitted at most JOIN_YOUNG seconds before it -- as two submissions that close can in any queue
+# that is not a strict FIFO of arrival (a second session's open is itself ~10-70 ms on a loaded system). One
+# second lets a burst of like jobs (a script's loop, parallel submitters) share a farm; past it a new farm,
+# with the priority of now, takes the shape's new jobs, and the old one runs what it has and closes.
+JOIN_YOUNG = 1.0
 
 # a job script runs from a private copy (the agent runs argv; a script is text): written as the user, in the
 # user's TMPDIR, removed when it ends; its text comes in the environment (not visible in ps, unlike argv)
@@ -114,8 +130,9 @@ class Record:
     node_ids: list[str] = field(default_factory=list)
     launched: list[list] = field(default_factory=list)  # [[node, pid, request], ...]
     exited: list[list] = field(default_factory=list)  # [[node, pid], ...]
-    farmed: bool = False  # an array's task run by its array's task farm (its session is the farm's)
+    farmed: bool = False  # run by a task farm (its session is the farm's)
     slot: str | None = None  # the farm's request (slot) it runs on
+    farm: str | None = None  # the farm's id (None in records written before shape farms: its array's id)
 
     def to_job(self, nodes: int) -> Job:
         return Job(id=self.id, user=self.user, name=self.name, seq=self.seq, submitted=self.submitted,
@@ -142,7 +159,9 @@ class BatchService:
         self._lock = asyncio.Lock()  # one command at a time changes the queue (a handler awaits Redis)
         self._attached: dict[str, _Attached] = {}  # job -> its command's events, for attached jobs
         self._sizes: tuple[float, dict[str, int]] | None = None  # (when, nodes per cluster), read again after
-        self.farms: dict[str, FarmRunner] = {}  # array id -> its task farm (while it has tasks to run)
+        self.farms: dict[str, FarmRunner] = {}  # farm id -> its task farm (while it has tasks to run)
+        self.shapes: dict[tuple, list[str]] = {}  # (user, cluster, nodes, walltime) -> its farms, the newest last
+        self.drained: set[str] = set()  # nodes an operator drains: a farm's slot there starts no new job
         self._farm_runs: set[asyncio.Task] = set()
 
     # ============================================================================================
@@ -153,6 +172,9 @@ class BatchService:
         self.nc = await bus.connect(self.settings.nats_url, "batch", self.settings.identity(Role.SERVICE),
                                     reconnected_cb=self._reconnected)
         try:
+            # (a copy of the operators' drains, which the policy engine serves: a farm's slot on a drained
+            # node must not start the farm's next job there)
+            drains = await self.nc.subscribe(subjects.NODES_EVENT, cb=self._on_nodes_event)
             await self._load()
             subs = [
                 await bus.serve(self.nc, subjects.BATCH_SUBMIT_ANY, BatchSubmit, self._on_submit, concurrent=True),
@@ -161,6 +183,7 @@ class BatchService:
                 await bus.serve(self.nc, subjects.BATCH_RELEASE_ANY, BatchControl, self._on_release,
                                 concurrent=True),
                 await bus.serve(self.nc, subjects.BATCH_QUERY, BatchQuery, self._on_query, concurrent=True),
+                drains,
             ]
             sweeper = asyncio.create_task(self._sweep(stop))
             opener = asyncio.create_task(self._opener())
@@ -194,10 +217,23 @@ class BatchService:
         for session in [*self.sessions.values(), *(f.session for f in self.farms.values() if f.session)]:
             session.reconnected()
 
+    async def _on_nodes_event(self, raw: Msg) -> None:
+        try:
+            msg = NodesEvent.model_validate_json(raw.data)
+        except ValueError:
+            return  # (the policy engine answers it with the error)
+        if msg.kind not in ("drain", "resume"):
+            return
+        on = msg.kind == "drain"
+        (self.drained.update if on else self.drained.difference_update)(msg.nodes)
+        for farm in self.farms.values():
+            farm.drain(list(msg.nodes), on)
+
     async def _load(self) -> None:
         """The queue as the last instance left it: every job not ended, and those ended lately (a dependency
         may name them); sessions taken up, eligible jobs entered."""
         assert self.redis is not None
+        self.drained |= set(await self.redis.hkeys(keys.NODE_DRAINS))
         specs = await self.redis.hgetall(keys.BATCH_SPECS)
         for sid, raw in specs.items():
             d = json.loads(raw)
@@ -228,14 +264,14 @@ class BatchService:
         farmed: dict[str, list[str]] = {}
         for r in recs:
             if r.state in (JobState.QUEUED, JobState.RUNNING) and r.farmed:
-                farmed.setdefault(r.spec, []).append(r.id)
+                farmed.setdefault(r.farm or r.spec, []).append(r.id)
             elif r.state in (JobState.QUEUED, JobState.RUNNING):
                 self._spawn(r.id)
             elif r.state not in ENDED and r.spec in self.specs:
                 self._attach(r.id, self.specs[r.spec]["submit"])  # waiting: its command is watched
         for sid, tasks in farmed.items():
             if sid in farms:
-                self._start_farm(sid, resume=json.loads(farms[sid]))
+                self._start_farm(sid, tasks[0], resume=json.loads(farms[sid]), members=tasks)
             else:  # (its farm ended as they were entered: they run in a new one)
                 self.farm_again(sid, [t for t in tasks if self.core.jobs[t].state is JobState.QUEUED])
                 for t in tasks:
@@ -455,9 +491,9 @@ class BatchService:
             error=error, dependency=sub.dependency if sub else None)
 
     def _app_of(self, r: Record) -> str | None:
-        """The application a job is in the RMS as: its session's, or its array's task farm's."""
+        """The application a job is in the RMS as: its session's, or its task farm's."""
         if r.farmed:
-            farm = self.farms.get(r.spec)
+            farm = self.farms.get(r.farm or r.spec)
             return farm.core.app or None if farm is not None else None
         return (r.session or {}).get("app")
 
@@ -471,12 +507,15 @@ class BatchService:
                 if j.array_id is not None and self.settings.batch_farm:
                     self._farm(j.array_id).add(a.job)
                     continue
+                if self._farmable(j):
+                    self._shape_farm(a.job).add(a.job)
+                    continue
                 heapq.heappush(self._to_enter, (j.seq, j.task or 0, a.job))
                 self._enter_wake.set()
             elif isinstance(a, Withdraw):
                 r = self.records.get(a.job)
                 if r is not None and r.farmed:
-                    farm = self.farms.get(r.spec)
+                    farm = self.farms.get(r.farm or r.spec)
                     if farm is not None:
                         farm.withdraw(a.job)
                     continue
@@ -486,20 +525,56 @@ class BatchService:
                     self._closing.add(task)
                     task.add_done_callback(self._closing.discard)
 
-    # -- task farms (an array's tasks) ----------------------------------------------------------------
+    # -- task farms (an array's tasks, a user's like jobs) ---------------------------------------------
     def _farm(self, sid: str) -> FarmRunner:
         farm = self.farms.get(sid)
-        return farm if farm is not None else self._start_farm(sid)
+        return farm if farm is not None else self._start_farm(sid, self.core.arrays[sid][0])
 
-    def _start_farm(self, sid: str, resume: dict | None = None) -> FarmRunner:
-        farm = self.farms[sid] = FarmRunner(self, sid)
+    def _farmable(self, j: Job) -> bool:
+        """A separate job runs in its shape's farm: not an attached one (``coorm submit`` streams its output
+        through a session of its own), nor one whose session the last instance opened (it is run as it was)."""
+        r = self.records.get(j.id)
+        if not self.settings.batch_farm or r is None or r.session is not None or r.spec not in self.specs:
+            return False
+        return self.specs[r.spec]["submit"].attach is None
+
+    def _shape_farm(self, job: str) -> FarmRunner:
+        """The farm a separate job joins: one of its shape's farms with an idle slot that can run it at once
+        (held already: no request of the job's own would start sooner), else the shape's current farm while
+        it is young (``JOIN_YOUNG``: the priority it lends is at most that much older), else a new farm, whose
+        session opens now and which becomes the shape's current one; the older ones run what they have and
+        close."""
+        r = self.records[job]
+        sub: BatchSubmit = self.specs[r.spec]["submit"]
+        shape = (r.user, sub.cluster or "", sub.nodes, sub.walltime)
+        now = self.clock()
+        fids = self.shapes.get(shape, [])
+        for fid in fids:
+            farm = self.farms.get(fid)
+            if farm is not None and farm.free(now) > 0:
+                return farm
+        current = self.farms.get(fids[-1]) if fids else None
+        if current is not None and now - current.opened < JOIN_YOUNG:
+            return current
+        return self._start_farm(f"farm-{uuid.uuid4().hex[:12]}", job)
+
+    def _start_farm(self, sid: str, first: str, resume: dict | None = None,
+                    members: list[str] | None = None) -> FarmRunner:
+        """``sid``: the farm's id (an array's own); ``first``: a job of it, whose submission gives its shape."""
+        r = self.records[first]
+        per_job = r.array_id is None
+        farm = self.farms[sid] = FarmRunner(self, sid, self.specs[r.spec]["submit"], r.user, per_job=per_job,
+                                            opened=self.clock() if resume is None else -math.inf)
+        if per_job:
+            farm.members.update(members or ())
+            self.shapes.setdefault(farm.shape(), []).append(sid)
         task = asyncio.create_task(self._run_farm(farm, resume), name=f"farm-{sid}")
         self._farm_runs.add(task)
         task.add_done_callback(self._farm_runs.discard)
         return farm
 
     async def _run_farm(self, farm: FarmRunner, resume: dict | None) -> None:
-        sub = self.specs[farm.sid]["submit"]
+        sub = farm.sub
         try:
             sizes = await self._cluster_sizes()
             farm.core.width = max(1, sizes.get(sub.cluster or "", 1) // max(1, sub.nodes))
@@ -507,13 +582,23 @@ class BatchService:
         except asyncio.CancelledError:
             raise  # the service stops: the farm goes on, the next instance takes it up
         except bus.Unreachable:
-            log.error("NATS lost for good: the farm is taken up by the next instance", array=farm.sid)
+            log.error("NATS lost for good: the farm is taken up by the next instance", farm=farm.sid)
             raise
-        except Exception as e:  # noqa: BLE001 - one array's failure must not stop the others
-            log.exception("an array's task farm failed", array=farm.sid)
-            for t in self.core.arrays.get(farm.sid, ()):
-                j = self.core.jobs[t]
-                if j.state in (JobState.QUEUED, JobState.RUNNING) and self.records[t].farmed:
+        except Exception as e:  # noqa: BLE001 - one farm's failure must not stop the others
+            log.exception("a task farm failed", farm=farm.sid)
+            self.farm_closing(farm.sid, farm)  # (nothing more is handed to it)
+            handed = []  # (jobs handed to it, not yet entered: they end too rather than wait for ever)
+            while not farm.inbox.empty():
+                item = farm.inbox.get_nowait()
+                if isinstance(item, tuple) and item[0] == "add":
+                    handed.append(item[1])
+            for t in [*farm._mine(), *handed]:
+                j = self.core.jobs.get(t)
+                if j is None:
+                    continue
+                if (j.state in (JobState.QUEUED, JobState.RUNNING) and self.records[t].farmed
+                        and (self.records[t].farm or self.records[t].spec) == farm.sid) \
+                        or (t in handed and j.state is JobState.ELIGIBLE):
                     await self._end(t, JobState.FAILED, None, f"internal error: {type(e).__name__}: {e}")
             if farm.session is not None:
                 with contextlib.suppress(Exception):
@@ -527,13 +612,27 @@ class BatchService:
         """The farm has nothing left to run: tasks entered from now on go to a new one."""
         if self.farms.get(sid) is farm:
             del self.farms[sid]
+            if farm.per_job:
+                fids = self.shapes.get(farm.shape(), [])
+                if sid in fids:
+                    fids.remove(sid)
+                if not fids:
+                    self.shapes.pop(farm.shape(), None)
 
     def farm_again(self, sid: str, tasks: list[str]) -> None:
-        """Queued tasks whose farm's session was lost: a new farm runs them."""
-        if tasks:
-            farm = self._start_farm(sid)
+        """Queued tasks whose farm's session was lost: a new farm runs them (an array's: its own again; separate
+        jobs: their shape's, as if they entered now)."""
+        if not tasks:
+            return
+        if self.records[tasks[0]].array_id is not None:
+            farm = self._start_farm(sid, tasks[0])  # (in the lost one's place: it takes no more)
             for t in tasks:
                 farm.add(t)
+            return
+        if sid in self.farms:
+            self.farm_closing(sid, self.farms[sid])
+        for t in tasks:
+            self._shape_farm(t).add(t)
 
     async def _close_stale_farm(self, sid: str, rec: dict) -> None:
         """A farm written down with no task left to it (the service died as it closed): its session goes."""

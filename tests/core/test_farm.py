@@ -44,12 +44,15 @@ class Driver:
                 self.runs.append(d)
                 self.running[d.task] = (d.request, self.now)
             elif isinstance(d, Release):
-                assert d.request in self.held
+                assert d.request in self.held or d.request in {a.request for a in self.asked}
             elif isinstance(d, Wake):
                 self.wakes.append(d.at)
         assert sum(1 for s in self.core.slots.values() if not s.releasing) <= self.core.width
         for d in out:
-            if isinstance(d, Release):  # the RMS ends it at once: its task's processes are killed
+            if isinstance(d, Release) and d.request not in self.held:  # not started: its request is cancelled
+                self.asked = [a for a in self.asked if a.request != d.request]
+                assert self.core.slot_ended(d.request) is None
+            elif isinstance(d, Release):  # the RMS ends it at once: its task's processes are killed
                 node, _ = self.held.pop(d.request)
                 self.free.append(node)
                 task = self.core.slot_ended(d.request)

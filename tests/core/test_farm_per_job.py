@@ -1,0 +1,194 @@
+"""A task farm of separate jobs (FarmCore with ``per_job``): one slot per pending job, each asking one
+walltime and a small margin (never a share of several walltimes: other users' backfilling sees the plan
+separate jobs would make); an idle slot lingers a bounded time for the next like job, never past the point
+where it could no longer hold a whole walltime. Driven by the small RMS of tests/core/test_farm.py."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coorm.services.batch.farm import SLOT_MARGIN, Ask, FarmCore, Release, Run, Wake, slot_margin
+from tests.core.test_farm import Driver
+
+W = 100.0
+LINGER = 0.4
+
+
+class Watch(Driver):
+    """The driver, checking after every decision what a farm of separate jobs promises."""
+
+    def __init__(self, core: FarmCore, nodes: int) -> None:
+        super().__init__(core, nodes)
+        self.idle_from: dict[str, float] = {}  # held slot -> since when it has run nothing
+        self.wake_at: float | None = None
+
+    def start_slots(self) -> None:
+        before = set(self.held)
+        super().start_slots()
+        for rid in set(self.held) - before:
+            self.idle_from[rid] = self.now
+
+    def end_task(self, task: str) -> str | None:
+        rid, _ = self.running[task]
+        self.idle_from[rid] = self.now
+        return super().end_task(task)
+
+    def decide(self) -> list:
+        out = super().decide()
+        for x in out:
+            if isinstance(x, Ask):
+                assert x.duration == W + slot_margin(W), "a separate job's slot asks one walltime and the margin"
+            elif isinstance(x, Run):
+                self.idle_from.pop(x.request, None)
+            elif isinstance(x, Release):
+                self.idle_from.pop(x.request, None)
+            elif isinstance(x, Wake):
+                self.wake_at = x.at
+        waiting = sum(1 for s in self.core.slots.values() if not s.started and not s.releasing)
+        assert waiting <= len(self.core.pending), "a slot asked for no pending job"
+        busy = {r for r, _ in self.running.values()}
+        for rid, since in self.idle_from.items():
+            if rid not in self.held or rid in busy:
+                continue
+            _, end = self.held[rid]
+            assert self.now < since + self.core.linger + 1e-9, "a slot lingered past its bound"
+            assert end - self.now >= W, "a slot lingered that could no longer hold a walltime"
+            assert self.wake_at is not None and self.now < self.wake_at <= since + self.core.linger + 1e-9, \
+                "a lingering slot with no wake-up at its bound"
+        return out
+
+
+def farm(width: int = 8) -> FarmCore:
+    return FarmCore(app="a", walltime=W, width=width, per_job=True, linger=LINGER)
+
+
+def test_the_margin_is_small_against_the_walltime():
+    assert slot_margin(10.0) == 1.0  # at least a second
+    assert slot_margin(60.0) == 1.2
+    assert slot_margin(300.0) == 6.0  # a fiftieth
+    assert slot_margin(86400.0) == SLOT_MARGIN  # at most
+
+
+def test_one_slot_per_pending_job_each_of_one_walltime():
+    core = farm()
+    d = Watch(core, nodes=8)
+    core.add(["j0", "j1", "j2"], expected=3)
+    asks = [x for x in d.decide() if isinstance(x, Ask)]
+    assert len(asks) == 3
+    assert {a.duration for a in asks} == {W + slot_margin(W)}
+
+
+def test_an_idle_slot_lingers_then_goes_back_and_takes_a_job_that_comes_meanwhile():
+    core = farm()
+    d = Watch(core, nodes=2)
+    core.add(["j0"], expected=1)
+    d.decide()
+    d.start_slots()
+    (run,) = [x for x in d.decide() if isinstance(x, Run)]
+    d.now += 0.1
+    d.end_task("j0")
+    out = d.decide()
+    assert not any(isinstance(x, Release) for x in out)  # it lingers
+    assert Wake(d.now + LINGER) in out
+    assert core.free(d.now) == 1
+    d.now += LINGER / 2
+    core.add(["j1"], expected=1)  # the next like job: on the same slot, no request of its own
+    out = d.decide()
+    assert [x for x in out if isinstance(x, Run)] == [Run("j1", run.request, run.nodes)]
+    assert not any(isinstance(x, Ask) for x in out)
+    d.now += 0.1
+    d.end_task("j1")
+    d.decide()
+    d.now += LINGER  # nothing came: it goes back at its bound
+    out = d.decide()
+    assert Release(run.request) in out
+    assert core.idle
+
+
+def test_a_slot_lingers_only_while_it_can_hold_a_whole_walltime():
+    core = farm()
+    d = Watch(core, nodes=1)
+    core.add(["j0"], expected=1)
+    d.decide()
+    d.start_slots()
+    d.decide()
+    d.now += slot_margin(W) - 0.1  # j0 ends 0.1 s before its slot can no longer hold a walltime
+    d.end_task("j0")
+    out = d.decide()
+    (slot,) = core.slots
+    assert Wake(core.slots[slot].end - W) in out  # not LINGER from now: the slot's own bound comes first
+    d.now = core.slots[slot].end - W + 1e-6
+    core.add(["j1"], expected=1)  # too late for this slot: a new one is asked
+    out = d.decide()
+    assert Release(slot) in out and any(isinstance(x, Ask) for x in out)
+
+
+def test_an_array_farm_does_not_linger():
+    core = FarmCore(app="a", walltime=W, width=2)
+    d = Driver(core, nodes=2)
+    core.add(["t0"], expected=1)
+    d.decide()
+    d.start_slots()
+    d.decide()
+    d.end_task("t0")
+    assert any(isinstance(x, Release) for x in d.decide())
+
+
+step = st.one_of(
+    st.tuples(st.just("tick"), st.floats(min_value=0.0, max_value=3.0)),
+    st.tuples(st.just("long"), st.floats(min_value=0.0, max_value=2 * W)),
+    st.tuples(st.just("start"), st.just(0)),
+    st.tuples(st.just("end"), st.integers(min_value=0, max_value=30)),
+    st.tuples(st.just("withdraw"), st.integers(min_value=0, max_value=30)),
+    st.tuples(st.just("add"), st.integers(min_value=1, max_value=3)),
+    st.tuples(st.just("wake"), st.just(0)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes=st.integers(1, 6), width=st.integers(1, 6), first=st.integers(1, 6),
+       linger=st.sampled_from([0.0, 0.3, LINGER, 2.0]), steps=st.lists(step, max_size=60))
+def test_separate_jobs_run_once_on_slots_that_hold_them_and_no_slot_lingers_past_its_bound(
+        nodes, width, first, linger, steps):
+    core = FarmCore(app="a", walltime=W, width=width, per_job=True, linger=linger)
+    d = Watch(core, nodes=nodes)
+    n = first
+    added = [f"j{i}" for i in range(n)]
+    withdrawn: set[str] = set()
+    core.add(added, expected=n)
+    d.decide()
+    for kind, arg in steps:
+        if kind in ("tick", "long"):
+            d.now += arg
+        elif kind == "wake" and d.wake_at is not None and d.wake_at > d.now:
+            d.now = d.wake_at  # the shell's timer
+        elif kind == "start":
+            d.start_slots()
+        elif kind == "end" and d.running:
+            d.end_task(sorted(d.running)[arg % len(d.running)])
+        elif kind == "withdraw":
+            job = added[arg % len(added)]
+            if job not in withdrawn and job not in {r.task for r in d.runs if r.task not in d.running}:
+                withdrawn.add(job)
+                core.withdraw(job)
+        elif kind == "add":
+            new = [f"j{i}" for i in range(n, n + arg)]
+            n += arg
+            added += new
+            core.add(new, expected=len(core.pending) + len(new))
+        d.decide()
+    for _ in range(10 * (n + 1)):
+        if core.idle:
+            break
+        d.start_slots()
+        d.decide()
+        d.now += 1.0
+        for job in list(d.running):
+            d.end_task(job)
+        d.decide()
+    assert core.idle, "the farm never finished"
+    ran = [r.task for r in d.runs]
+    assert len(ran) == len(set(ran)), "a job ran twice"
+    assert set(added) - withdrawn <= set(ran), "a job neither ran nor was withdrawn"
+    assert len(d.free) == nodes
