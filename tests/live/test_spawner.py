@@ -63,3 +63,38 @@ async def test_launches_that_cannot_start_say_why_and_the_others_go_on(spawner, 
     assert isinstance(unwritable, SpawnFailed) and unwritable.stage == "files", unwritable
     assert not isinstance(ok, BaseException)
     assert await asyncio.wait_for(spawner.exited(ok[0]), BOUND) == 9
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup and another identity need root")
+async def test_a_child_starts_in_its_cgroup_as_the_user_with_every_signal_at_its_default(spawner, tmp_path):
+    """The child as the C fork makes it: born in its cgroup (the spawner stepped in for the fork, and out
+    again), with the user's ids and groups, nothing ignored or blocked (the spawner catches SIGTERM: an
+    ignored one would stay ignored in the job), its output file opened as the user and owned by the user."""
+    import pwd
+
+    from coorm.node_agent.containment import Cgroups
+
+    cgroups = Cgroups.create(f"test-spawner-{os.getpid()}")
+    if cgroups is None:
+        pytest.skip(f"no cgroups here: {Cgroups.why_not}")
+    nobody = pwd.getpwnam("nobody")
+    out = tmp_path / "out"
+    tmp_path.chmod(0o777)
+    cg = cgroups.prepare()
+    try:
+        pid, _ = await asyncio.wait_for(spawner.spawn(
+            argv=["/bin/sh", "-c", "id -u; id -G; cat /proc/self/cgroup; grep -E '^Sig(Ign|Blk)' /proc/self/status"],
+            env={"PATH": os.environ["PATH"]}, cwd=str(tmp_path), cgroup=str(cg),
+            drop=(nobody.pw_uid, nobody.pw_gid, [nobody.pw_gid]), files=("out", None, False), piped=[]), BOUND)
+        assert await asyncio.wait_for(spawner.exited(pid), BOUND) == 0
+        lines = out.read_text().split("\n")
+        assert lines[0] == str(nobody.pw_uid) and lines[1] == str(nobody.pw_gid)
+        assert f"0::/{cg.relative_to(cgroups.base.parent.parent)}" in lines or any(
+            line.startswith("0::") and line.endswith(cg.name) for line in lines), lines
+        assert "SigIgn:\t0000000000000000" in lines and "SigBlk:\t0000000000000000" in lines, lines
+        assert out.stat().st_uid == nobody.pw_uid
+        with open(f"/proc/{spawner.proc.pid}/cgroup") as f:
+            assert cg.name not in f.read()  # (the spawner went back to its own)
+    finally:
+        Cgroups.remove(cg)
+        cgroups.base.rmdir()
