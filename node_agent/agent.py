@@ -532,14 +532,15 @@ class Agent:
         if self.settings.agent_spawner:
             if files is not None:
                 files.close()  # (the spawner's child opens them, and says itself why it could not)
-            pid, pipes = await self._spawn(node, msg, user, run_as, env, cwd, cg, piped)
+            pid, pipes, start = await self._spawn(node, msg, user, run_as, env, cwd, cg, piped)
         else:
             pid, pipes = await self._fork(msg, user, run_as, env, cwd, cg, files, piped)
+            start = procs.start_time(pid)
         stale = self._running.get(pid)
         if stale is not None:  # a reaped leader whose watcher has not run yet: its pid was reused
             self._forget(stale)
         run = _Running(pid=pid, node=node, app=msg.app, request=msg.request, pipes=pipes, cgroup=cg,
-                       token_sha256=assignment.token_sha256, start_ticks=procs.start_time(pid), piped=piped)
+                       token_sha256=assignment.token_sha256, start_ticks=start, piped=piped)
         self._running[pid] = run
         self.book.started(pid, node, msg.app, msg.request)
         if msg.launch_id is not None:
@@ -558,7 +559,7 @@ class Agent:
         return LaunchReply(pids=[pid])
 
     async def _spawn(self, node: str, msg: LaunchMsg, user: str, run_as: runas.RunAs, env: dict[str, str],
-                     cwd: str, cg: Path | None, piped: frozenset[int]) -> tuple[int, _SpawnedPipes]:
+                     cwd: str, cg: Path | None, piped: frozenset[int]) -> tuple[int, _SpawnedPipes, int]:
         """Through the spawner (started at need, and again if it died): into its cgroup, the user's identity,
         its output files, as :meth:`_fork` does -- without a fork of the agent."""
         if self._spawner is None or self._spawner.dead:
@@ -568,7 +569,7 @@ class Agent:
             self._spawner = Spawner.start(ledger=f"{self.state_file}.exits.{time.time_ns()}")
             self._spawner_start = procs.start_time(self._spawner.proc.pid)
         try:
-            pid, fds = await self._spawner.spawn(
+            pid, fds, start = await self._spawner.spawn(
                 argv=msg.argv, env=env, cwd=cwd, cgroup=str(cg) if cg is not None else None,
                 drop=run_as.identity(), piped=sorted(piped),
                 files=(msg.stdout, msg.stderr, msg.open_mode == "append")
@@ -592,7 +593,7 @@ class Agent:
             raise WireError(ErrorCode.BAD_REQUEST, f"cannot start {msg.argv[0]!r}: {e}") from None
         pipes = _SpawnedPipes(self._spawner.exited(pid))
         await pipes.connect(fds)
-        return pid, pipes
+        return pid, pipes, start
 
     async def _fork(self, msg: LaunchMsg, user: str, run_as: runas.RunAs, env: dict[str, str], cwd: str,
                     cg: Path | None, files: runas.OutputFiles | None, piped: frozenset[int]) -> tuple[int, _Pipes]:

@@ -64,8 +64,10 @@ class Spawner:
 
     async def spawn(self, *, argv: list[str], env: dict[str, str], cwd: str | None, cgroup: str | None,
                     drop: tuple[int, int, list[int]] | None, files: tuple[str | None, str | None, bool] | None,
-                    piped: list[int]) -> tuple[int, dict[int, int]]:
-        """(pid, {1|2: read end of its pipe}); raises :class:`SpawnFailed` or :class:`SpawnerGone`."""
+                    piped: list[int]) -> tuple[int, dict[int, int], int]:
+        """(pid, {1|2: read end of its pipe}, its start in clock ticks since boot, -1 if not known); raises
+        :class:`SpawnFailed` or :class:`SpawnerGone`. (The start is read by the spawner before the exec is
+        confirmed: a launch that exits at once has one all the same.)"""
         if self.dead:
             raise SpawnerGone("the spawner is gone")
         self._n += 1
@@ -80,7 +82,7 @@ class Spawner:
             raise SpawnFailed(stage, number, text)
         pid = msg["pid"]
         self._handed[pid] = exit_
-        return pid, dict(zip(piped, fds, strict=True))
+        return pid, dict(zip(piped, fds, strict=True)), msg.get("start", -1)
 
     def exited(self, pid: int) -> asyncio.Future[int | None]:
         """The launch's return code (``-N``: killed by signal N; None: not known)."""

@@ -13,9 +13,9 @@ Protocol, over a ``SOCK_SEQPACKET`` socket pair with the agent (one message per 
 
 * agent -> spawner: ``{"id", "argv", "env", "cwd", "cgroup", "drop": [uid, gid, [groups]] | None,
   "files": [stdout, stderr, append] | None, "piped": [1, 2]}``;
-* spawner -> agent: ``{"id", "pid"}`` with the read ends of the piped fds (``SCM_RIGHTS``, in the order of
-  ``piped``), or ``{"id", "error": [stage, errno, text]}`` (stage ``files``: an output file the user cannot
-  write; ``exec``: the program; ``cwd``, ``cgroup``, ``identity``);
+* spawner -> agent: ``{"id", "pid", "start"}`` (its start, clock ticks since boot) with the read ends of the
+  piped fds (``SCM_RIGHTS``, in the order of ``piped``), or ``{"id", "error": [stage, errno, text]}`` (stage
+  ``files``: an output file the user cannot write; ``exec``: the program; ``cwd``, ``cgroup``, ``identity``);
 * spawner -> agent: ``{"exit": pid, "code": returncode}`` when a launched process ends (``-N``: signal N).
 
 The spawner is its children's subreaper (what a launch leaves behind comes back to it and is reaped). An
@@ -441,7 +441,7 @@ def serve(sock: socket.socket, ledger: int | None = None) -> None:
             stage, number, text = (launch.report.split(b"\0", 2) + [b"", b""])[:3]
             send({"id": launch.request, "error": [stage.decode(), int(number or 0), os.fsdecode(text)]})
             return
-        send({"id": launch.request, "pid": launch.pid}, launch.fds)
+        send({"id": launch.request, "pid": launch.pid, "start": launch.start}, launch.fds)
         for r in launch.fds:
             os.close(r)
         code = early.pop(launch.pid, None)

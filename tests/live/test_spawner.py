@@ -32,12 +32,12 @@ async def test_a_launch_slow_to_exec_does_not_hold_the_next(spawner, tmp_path):
     fifo = tmp_path / "out"
     os.mkfifo(fifo)
     slow = asyncio.ensure_future(_spawn(spawner, ["sh", "-c", "exit 5"], files=(str(fifo), None, True)))
-    pid, _ = await asyncio.wait_for(_spawn(spawner, ["sh", "-c", "exit 3"]), BOUND)
+    pid, _, _ = await asyncio.wait_for(_spawn(spawner, ["sh", "-c", "exit 3"]), BOUND)
     assert await asyncio.wait_for(spawner.exited(pid), BOUND) == 3
     assert not slow.done()  # (still opening its output: it was not waited for)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the child's open() returns: it execs
     try:
-        slow_pid, _ = await asyncio.wait_for(slow, BOUND)
+        slow_pid, _, _ = await asyncio.wait_for(slow, BOUND)
         assert await asyncio.wait_for(spawner.exited(slow_pid), BOUND) == 5
     finally:
         os.close(reader)
@@ -48,7 +48,7 @@ async def test_every_quick_exit_is_told_with_its_code(spawner):
     # agent before spawn() has returned the pid
     launched = await asyncio.wait_for(asyncio.gather(*(_spawn(spawner, ["sh", "-c", f"exit {k}"])
                                                        for k in range(60))), BOUND)
-    codes = await asyncio.wait_for(asyncio.gather(*(spawner.exited(pid) for pid, _ in launched)), BOUND)
+    codes = await asyncio.wait_for(asyncio.gather(*(spawner.exited(pid) for pid, _, _ in launched)), BOUND)
     assert codes == list(range(60))
 
 
@@ -82,7 +82,7 @@ async def test_a_child_starts_in_its_cgroup_as_the_user_with_every_signal_at_its
     tmp_path.chmod(0o777)
     cg = cgroups.prepare()
     try:
-        pid, _ = await asyncio.wait_for(spawner.spawn(
+        pid, _, _ = await asyncio.wait_for(spawner.spawn(
             argv=["/bin/sh", "-c", "id -u; id -G; cat /proc/self/cgroup; grep -E '^Sig(Ign|Blk)' /proc/self/status"],
             env={"PATH": os.environ["PATH"]}, cwd=str(tmp_path), cgroup=str(cg),
             drop=(nobody.pw_uid, nobody.pw_gid, [nobody.pw_gid]), files=("out", None, False), piped=[]), BOUND)
