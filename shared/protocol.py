@@ -24,6 +24,7 @@ from coorm.shared.events import (
     SessionEnded,
     StartRequest,
 )
+from coorm.shared.jobids import JOB_ID_PATTERN
 from coorm.shared.negotiation import MAX_NODES, Answer, NegotiationTerms
 from coorm.shared.requests import MAX_BATCH, Identifier, RequestSpec
 
@@ -628,7 +629,7 @@ class BatchControl(_Msg):
     ``12_3``, a whole array ``12``), or, with no ``jobs``, all of the user's jobs that match ``name`` and
     ``states`` (at least one of the three)."""
 
-    jobs: list[Annotated[str, Field(pattern=r"^[0-9]{1,18}(_[0-9]{1,9})?$")]] = Field(default_factory=list,
+    jobs: list[Annotated[str, Field(pattern=JOB_ID_PATTERN)]] = Field(default_factory=list,
                                                                                      max_length=100_000)
     name: str | None = Field(default=None, max_length=128)
     states: list[BatchState] | None = None
@@ -645,7 +646,7 @@ class BatchQuery(_Msg):
 
     user: str | None = Field(default=None, max_length=64)
     states: list[BatchState] | None = None
-    jobs: list[Annotated[str, Field(pattern=r"^[0-9]{1,18}(_[0-9]{1,9})?$")]] | None = Field(default=None,
+    jobs: list[Annotated[str, Field(pattern=JOB_ID_PATTERN)]] | None = Field(default=None,
                                                                                             max_length=10_000)
     ended: bool = False
     since: float | None = None

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import typer
 
 from coorm.cli.live import _connect, _failure, _fmt_time, _human, _line, _settings, run
 from coorm.cli.table import SHORT_STATE, columns, print_queue
+from coorm.shared.jobids import is_job_id
 
 # what squeue users read in the ST column
 
@@ -102,7 +102,7 @@ def control(verb: str, jobs: list[str], name: str | None, states: list[str] | No
         _line(f"coorm {verb} JOBID... (or --name, --state, --user {me} for all of yours)")
         raise typer.Exit(2)
     subject = {"cancel": subjects.batch_cancel, "hold": subjects.batch_hold, "release": subjects.batch_release}[verb]
-    bad = [j for j in jobs if not _JOB_ID.fullmatch(j)]
+    bad = [j for j in jobs if not is_job_id(j)]
     if bad:
         _line(f"cannot {verb}: not a job id: {', '.join(map(repr, bad[:5]))} (42, an array's task 42_7, a whole "
               "array 42)")
@@ -126,7 +126,6 @@ _STATE_NAMES = {"pending": ["held", "blocked", "eligible", "queued"], "pd": ["he
                 "nf": ["node_fail"]}
 
 
-_JOB_ID = re.compile(r"[0-9]{1,18}(_[0-9]{1,9})?")  # (BatchControl's)
 
 
 def _states(states: list[str]) -> list:

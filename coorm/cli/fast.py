@@ -254,7 +254,7 @@ def control(verb: str, argv: list[str]) -> int:
     the user's of that name. ``--state``, ``--user``, ``--help``, an id that is not one: the full command
     line, which says what is wrong."""
     from coorm.shared import subjects
-    from coorm.shared.when import digits
+    from coorm.shared.jobids import is_job_id
 
     jobs: list[str] = []
     name: str | None = None
@@ -264,10 +264,9 @@ def control(verb: str, argv: list[str]) -> int:
         if a in ("-n", "--name") and i + 1 < len(argv):
             name, i = argv[i + 1], i + 2
             continue
-        job, underscore, task = a.partition("_")
         if a.startswith("--name="):
             name = a.partition("=")[2]
-        elif digits(job) and len(job) <= 18 and (not underscore or (digits(task) and len(task) <= 9)):
+        elif is_job_id(a):
             jobs.append(a)
         else:
             raise Fallback
