@@ -90,6 +90,10 @@ REGISTER_WAIT = 10.0  # how long a launch waits for the agent's registration (an
 STRAY_KILL_WAIT = 5.0  # how long to wait for a SIGKILLed group to be gone
 OUTPUT_DRAIN = 2.0  # after a group is gone, how long its output pipes may stay open (escaped daemons)
 POLL = 0.02  # polling a group that has no parent we can wait on
+# a user's identity (uid, gid, groups, home, shell) is read from the user database at most this often: a
+# lookup (getpwnam, getgrouplist) was 4 % of the agent's time on a stream of short launches; a change to a user's
+# groups reaches new launches within it, as with nscd's cache
+USER_CACHE = 30.0
 RECENT_LAUNCHES = 4096  # launch ids remembered (a retried launch is answered, not started again)
 RECENT_EXITS = 256  # exits kept per node for launchers that missed them (a reconnection)
 STOP_WAIT = 5.0  # on stop, how long (beyond the kill grace) to wait for exits to be published
@@ -215,6 +219,7 @@ class Agent:
         self._assigns_seen: dict[str, int] = {}  # assignments received per node (see _sync)
         self._recent_exits: dict[str, collections.deque[tuple[ProcessExited, str]]] = {}
         self._launches: dict[tuple[str, str, str | None], list[int]] = {}  # (node, app, launch id) -> pids
+        self._users: dict[str, tuple[float, runas.RunAs]] = {}  # user -> (when looked up, identity)
         self._spawner: Spawner | None = None  # forks the launches (COORM_AGENT_SPAWNER), started at need
         self._spawner_start: int | None = None  # (its identity with its pid, for a successor)
         self._save_pending = False  # a write of the state file is due at the end of this turn of the loop
@@ -514,7 +519,7 @@ class Agent:
             return LaunchReply(pids=self._launches[key])  # a launcher's retry: started once already
         # as the application's user (never the agent's own environment: it holds the agent's credentials)
         try:
-            run_as = runas.resolve(user)
+            run_as = self._run_as(user)
             env = runas.launch_env(run_as, msg.env, deny=self.settings.launch_env_deny, coorm={
                 "COORM_NODE": node, "COORM_NODES": ",".join(assignment.nodes), "COORM_REQUEST": msg.request,
                 "COORM_APP": msg.app})
@@ -557,6 +562,19 @@ class Agent:
             await self._terminate([pid], 0.0)
             raise WireError(ErrorCode.NOT_OWNER, f"node {node} changed hands during the launch")
         return LaunchReply(pids=[pid])
+
+    def _run_as(self, user: str) -> runas.RunAs:
+        """The user's identity, from the user database at most every ``USER_CACHE`` seconds (a refusal --
+        no such user -- is not kept: a user created meanwhile may launch at once)."""
+        now = time.monotonic()
+        known = self._users.get(user)
+        if known is not None and now - known[0] < USER_CACHE:
+            return known[1]
+        run_as = runas.resolve(user)
+        if len(self._users) >= RECENT_LAUNCHES:
+            self._users.clear()
+        self._users[user] = (now, run_as)
+        return run_as
 
     async def _spawn(self, node: str, msg: LaunchMsg, user: str, run_as: runas.RunAs, env: dict[str, str],
                      cwd: str, cg: Path | None, piped: frozenset[int]) -> tuple[int, _SpawnedPipes, int]:

@@ -8,9 +8,11 @@ that is not root cannot change identity: it starts processes only for its own us
 never the agent's (it holds the agent's credentials): a clean one with the user's ``HOME``, ``USER``,
 ``LOGNAME``, ``SHELL`` and a default ``PATH``, then what the user exported, then the agent's ``COORM_*``.
 
-Output files (a batch job's ``-o``/``-e``): the child opens them itself, after it dropped to the user
-(:class:`OutputFiles`), so that the agent's rights never reach a file: not ``/etc/passwd``, not another user's
-file, not through a symbolic link. Why an open failed comes back to the agent through a pipe.
+Output files (a batch job's ``-o``/``-e``) are opened with the user's rights only, so that the agent's never
+reach a file: not ``/etc/passwd``, not another user's file, not through a symbolic link -- by the spawner
+with the user's file-system ids and groups for the ``open`` (``node_agent/spawner.py``), or by the child
+itself after it dropped to the user (:class:`OutputFiles`, without a spawner). Why an open failed comes back
+to the agent.
 """
 
 from __future__ import annotations
