@@ -194,20 +194,58 @@ class Launcher:
 class SelectingLauncher(Launcher):
     """A launcher that runs its resource selection on each new view until it starts (CooRM §III-B,
     steps 6-7). With an ``adaptation_delay`` (CooRM §IV-C) each view arms a timer and the selection then
-    runs on the latest view: a slow selection. Subclasses say when they are still selecting and how."""
+    runs on the latest view: a slow selection. Subclasses say when they are still selecting and how.
 
-    def __init__(self, app: str, adaptation_delay: float = 0.0) -> None:
+    ``start_lag``: how long after a view its start may be heard. A start and the views of the pass that
+    decided it travel apart -- live, the start through the node allocator, the views through the view
+    publisher, which is faster -- so a launcher may be shown its own request running before it hears that
+    it started. Chosen again on that view, it would cancel a request that has started and take what is
+    left: every such ``done`` frees nodes for fair-start and changes the views of everyone below it, and
+    that choice starts and is cancelled in its turn (issue 17's livelock). So when the configuration it
+    waits with no longer fits where it expected it (its own unheard start, or a higher priority took it),
+    a new choice is held back for ``start_lag`` seconds, a timer looks again then; a start heard meanwhile
+    ends the selection. 0 (the papers' simulator): a start is heard with the views that show it. None:
+    what the shell that drives it says (:class:`~coorm.launchers.live.LiveRunner`: its ``start_lag``)."""
+
+    def __init__(self, app: str, adaptation_delay: float = 0.0, start_lag: float | None = None) -> None:
         super().__init__(app)
         if adaptation_delay < 0:
             raise ValueError("adaptation_delay must be >= 0")
+        if start_lag is not None and start_lag < 0:
+            raise ValueError("start_lag must be >= 0")
         self.adaptation_delay = adaptation_delay
+        self.start_lag = start_lag
         self._latest: Views | None = None
+        self._held_since: float | None = None  # since when a new choice waits for a start maybe unheard
+        self._held_timer: float | None = None
+        self.held_back = 0  # views a new choice was held back on (a start not heard yet)
 
     def selecting(self) -> bool:
         return not self.closed
 
     def _reselect(self, now: float) -> list[Command]:
         raise NotImplementedError
+
+    def hold_back(self, now: float, still_fits: bool) -> list[Command] | None:
+        """Whether a new choice that would replace the waiting request(s) waits (a list: the commands
+        meanwhile, a timer to look again) or goes ahead (None). ``still_fits``: the configuration waited
+        with still fits, in the view chosen on, where it was expected to start -- then the view does not
+        show it running, and a better choice is a real one."""
+        lag = self.start_lag or 0.0
+        if lag <= 0 or still_fits:
+            self._held_since = None
+            return None
+        if self._held_since is None:
+            self._held_since = now
+        until = self._held_since + lag
+        if now >= until:  # no start came: it was taken by a higher priority, choose again
+            self._held_since = None
+            return None
+        self.held_back += 1
+        if self._held_timer == until:
+            return []
+        self._held_timer = until
+        return [Timer(until, "select")]
 
     def on_views(self, views: Views) -> list[Command]:
         if not self.selecting():

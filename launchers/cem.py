@@ -66,7 +66,9 @@ model constants) it found the exhaustive optimum in 1000 random cases out of 100
 
 **The launcher.** Until started, on every view it selects (after ``adaptation_delay``, CooRM §IV-C: every
 view arms a timer ``now + delay``, and the selection runs when it fires, on the latest view received; with
-no delay, at once in ``on_views``). The selection runs once per distinct input -- the views seen from the
+no delay, at once in ``on_views``; with a ``start_lag``, a new choice made on a view where the hosts
+it waits with are gone -- maybe its own start, not heard yet -- waits that long for the start: see
+:class:`~coorm.launchers.base.SelectingLauncher`). The selection runs once per distinct input -- the views seen from the
 time it selects -- and is memoised (``computed_configurations``). A new selection (other clusters or host
 counts) is submitted as one request per cluster, the first FREE and the others COALLOC to it, and then
 the previous requests are cancelled with ``done``. The requests start together; when the last has started,
@@ -337,8 +339,9 @@ class CEMLauncher(SelectingLauncher):
         adaptation_delay: float = 0.0,
         max_starts: int = 32,
         fixpoint_rounds: int = 4,
+        start_lag: float | None = None,
     ) -> None:
-        super().__init__(app, adaptation_delay)
+        super().__init__(app, adaptation_delay, start_lag)
         if not 0 < runtime_fraction <= 1.0:
             raise ValueError("runtime_fraction must be in (0, 1]: a run longer than its walltime is killed")
         self.model = model or CEMModel()
@@ -386,7 +389,12 @@ class CEMLauncher(SelectingLauncher):
             return []  # no host anywhere: wait for a view that has some
         if self.selection is not None and sel.config == self.selection.config:
             self.selection = sel  # same configuration: the RMS moves the requests itself
+            self._held_since = None
             return []
+        if self.selection is not None and self.group:
+            held = self.hold_back(now, self._still_fits(seen, now))
+            if held is not None:
+                return held
         specs: list[RequestSpec] = []
         for c, n in sel.hosts:
             rid = self.new_id()
@@ -402,6 +410,14 @@ class CEMLauncher(SelectingLauncher):
         self.group = tuple(s.id for s in specs)
         self.selection = sel
         return out
+
+    def _still_fits(self, views: dict[str, StepFunction], now: float) -> bool:
+        """The hosts waited with are still there, in ``views``, over the run from when it was expected to
+        start (or now): on every cluster of the group."""
+        sel = self.selection
+        assert sel is not None
+        t = max(sel.start, now)
+        return all(c in views and views[c].min_over(t, t + sel.duration) >= n for c, n in sel.hosts)
 
     # -- events ---------------------------------------------------------------------------------------
     def on_open(self, now: float, props: ClusterProps) -> list[Command]:

@@ -19,6 +19,9 @@ Rules:
   memoised, so an input seen before is answered without running the selection again;
 * ``adaptation_delay`` (CooRM §IV-C): every view arms a timer ``now + delay``; the selection then runs on
   the latest view received. With no delay it runs at once, inside ``on_views``;
+* ``start_lag`` (:class:`~coorm.launchers.base.SelectingLauncher`): a view on which the configuration
+  waited with no longer fits where it was expected may show that request running before its start is
+  heard; a new choice on it waits that long for the start (live; 0 in the papers' simulator);
 * once started, a timer at ``start + duration * runtime_fraction`` ends the run: ``done``, then close.
 
 Configurations are ``(nodes, duration)`` pairs for the launcher's ``cluster``, or ``(cluster, nodes,
@@ -116,8 +119,9 @@ class MoldableLauncher(SelectingLauncher):
         *,
         runtime_fraction: float = 1.0,
         adaptation_delay: float = 0.0,
+        start_lag: float | None = None,
     ) -> None:
-        super().__init__(app, adaptation_delay)
+        super().__init__(app, adaptation_delay, start_lag)
         norm: list[Config] = []
         for cfg in configs:
             if len(cfg) == 2:
@@ -175,7 +179,12 @@ class MoldableLauncher(SelectingLauncher):
             choice = self._memo[key] = self.select(seen, now)
         if self.choice is not None and choice.config == self.choice.config:
             self.choice = choice  # same configuration: the RMS already moves the request
+            self._held_since = None
             return []
+        if self.choice is not None and self.current is not None:
+            held = self.hold_back(now, self._still_fits(seen, now))
+            if held is not None:
+                return held
         c, n, d = choice.config
         new = RequestSpec(id=self.new_id(), cluster=c, nodes=n, duration=d)
         out: list[Command] = [self.submit(new)]
@@ -184,6 +193,13 @@ class MoldableLauncher(SelectingLauncher):
             self.resubmissions += 1
         self.current, self.choice = new.id, choice
         return out
+
+    def _still_fits(self, views: dict[str, StepFunction], now: float) -> bool:
+        """The configuration waited with still starts, in ``views``, when it was expected to (or now)."""
+        assert self.choice is not None
+        c, n, d = self.choice.config
+        view = views.get(c)
+        return view is not None and view.earliest_fit(n, d, now) <= max(self.choice.start, now) + 1e-6
 
     # -- events ---------------------------------------------------------------------------------------
     def selecting(self) -> bool:
