@@ -59,7 +59,10 @@ def simulate(
                                "metric with its 95 % confidence interval"),
     seed: int | None = typer.Option(None, "--seed", help="the first run's seed (default: the scenario's)"),
     malleable_fraction: float = typer.Option(0.0, "--malleable-fraction", min=0.0, max=1.0, help="make this "
-                                             "fraction of a trace's jobs malleable (the PSA launcher)"),
+                                             "fraction of a trace's jobs malleable (--malleable-model)"),
+    malleable_model: str = typer.Option("psa", "--malleable-model", help="what a malleable job is: psa (CooRMv2's "
+                                        "parameter-sweep model) or negotiating (the adaptive-RMS paper's: the "
+                                        "shipped negotiating launcher, from a quarter of its nodes up to all)"),
     evolving_fraction: float = typer.Option(0.0, "--evolving-fraction", min=0.0, max=1.0, help="make this "
                                             "fraction of a trace's jobs evolving (the NEXT-chain launcher)"),
     as_json: bool = typer.Option(False, "--json", help="print metrics.json instead of the tables"),
@@ -81,6 +84,7 @@ def simulate(
         raise typer.Exit(2) from None
     try:
         options = ReplayOptions(arrivals=arrivals, oversize=oversize, malleable_fraction=malleable_fraction,
+                                malleable_model=malleable_model,
                                 evolving_fraction=evolving_fraction, seed=seed)
         warm = Warmup.parse(warmup)
     except ValueError as e:

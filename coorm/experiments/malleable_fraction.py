@@ -105,32 +105,13 @@ def simulate(sc, fraction: float, seed: int, model: str, trace) -> dict:
     from coorm.simulator.replay import ReplayOptions, plan
     from coorm.simulator.summary import job_records
 
-    planned = plan(sc, ReplayOptions(seed=seed, malleable_fraction=fraction), trace)
-    if model == "negotiating":
-        for p in planned:
-            p.launcher = negotiating(p.launcher)
+    planned = plan(sc, ReplayOptions(seed=seed, malleable_fraction=fraction, malleable_model=model), trace)
     sim = Simulation(sc.sizes, sc.policy, sc.props())
     for p in planned:
         if p.launcher is not None:
             sim.add(p.at, p.launcher, p.name)
     result = sim.run()
     return compute(job_records(result, planned), NODES)
-
-
-def negotiating(launcher):
-    """The PSA the replay made of a malleable job, as the negotiating malleable launcher: the same work
-    (``n`` nodes for the run time), from a quarter of its nodes up to all of them."""
-    import math
-
-    from coorm.launchers.malleable import MalleableLauncher
-    from coorm.launchers.psa import PSALauncher
-
-    if not isinstance(launcher, PSALauncher):
-        return launcher
-    n, run_time = launcher.total_tasks or 1, launcher.task_duration
-    low = math.ceil(n / 4)
-    return MalleableLauncher(launcher.app, launcher.cluster, low, n, sizes="any", duration=n * run_time / low + 60.0,
-                             work=n * run_time)
 
 
 def _row(policy: str, model: str, fraction: float, seed: int, m: dict, base: dict, wall: float, jobs: int) -> dict:

@@ -18,10 +18,13 @@ choices a study makes explicit (:class:`ReplayOptions`).
   random stream, seeded ``kinds-SEED``, untouched when both fractions are 0) are made **malleable**
   (``malleable_fraction``) or **evolving** (``evolving_fraction``) with the shipped launchers:
 
-  - malleable: a :class:`~coorm.launchers.psa.PSALauncher` of ``nodes`` single-node tasks of the job's
-    run time on its cluster -- the job's work, run on however many nodes the RMS lends it (preemptible
-    requests), a task killed by a shrink run again. Unlike a parameter sweep it is not background work:
-    the run waits for it;
+  - malleable, as ``malleable_model`` says: ``psa`` (CooRMv2's), a :class:`~coorm.launchers.psa.PSALauncher`
+    of ``nodes`` single-node tasks of the job's run time on its cluster -- the job's work, run on however
+    many nodes the RMS lends it (preemptible requests), a task killed by a shrink run again; unlike a
+    parameter sweep it is not background work: the run waits for it. ``negotiating`` (the adaptive-RMS
+    paper's), the shipped :class:`~coorm.launchers.malleable.MalleableLauncher`: the same work (``nodes``
+    nodes for the run time) from a quarter of its nodes up to all of them, grown by standing negotiations,
+    its work kept across resizes;
   - evolving: a :class:`~coorm.launchers.next_chain.NextChainLauncher` (fully-predictably evolving,
     CooRMv2 §IV) of ``k`` phases (``k`` drawn in 2..4, stream ``evolving-SEED``), each a ``k``-th of the
     job's run time, of a node count drawn in 1..``nodes`` but one phase (drawn) of ``nodes``, its peak;
@@ -75,11 +78,15 @@ def parse_arrivals(text: str) -> float | None:
     raise ValueError(f"arrivals are 'trace' or 'spaced:SECONDS', not {text!r}")
 
 
+MALLEABLE_MODELS = ("psa", "negotiating")
+
+
 @dataclass(frozen=True)
 class ReplayOptions:
     arrivals: str | None = None  # trace | spaced:X; None: what the scenario says, else the trace's times
     oversize: str = "skip"
     malleable_fraction: float = 0.0
+    malleable_model: str = "psa"  # what a malleable job is: MALLEABLE_MODELS
     evolving_fraction: float = 0.0
     seed: int | None = None  # None: the scenario's own seeds
 
@@ -88,6 +95,9 @@ class ReplayOptions:
             parse_arrivals(self.arrivals)
         if self.oversize not in OVERSIZE:
             raise ValueError(f"oversize is one of {', '.join(OVERSIZE)}, not {self.oversize!r}")
+        if self.malleable_model not in MALLEABLE_MODELS:
+            raise ValueError(f"the malleable model is one of {', '.join(MALLEABLE_MODELS)}, "
+                             f"not {self.malleable_model!r}")
         for name in ("malleable_fraction", "evolving_fraction"):
             f = getattr(self, name)
             if not 0.0 <= f <= 1.0:
@@ -208,8 +218,10 @@ def _trace(scenario: Scenario, options: ReplayOptions, jobs: list[TraceJob], sta
         old = p.launcher
         assert isinstance(old, RigidLauncher)
         n, run = old.nodes, float(old.runtime)
-        if pos in malleable:
-            new: Launcher = PSALauncher(p.app, old.cluster, run, total_tasks=n)
+        if pos in malleable and options.malleable_model == "negotiating":
+            new: Launcher = negotiating_malleable(p.app, old.cluster, n, run)
+        elif pos in malleable:
+            new = PSALauncher(p.app, old.cluster, run, total_tasks=n)
             new.background = False  # the job's work, not a sweep: the run waits for it
         else:
             k = phases_rng.randint(2, 4)
@@ -218,3 +230,13 @@ def _trace(scenario: Scenario, options: ReplayOptions, jobs: list[TraceJob], sta
             new = NextChainLauncher(p.app, old.cluster, [(s, max(run / k, 1.0)) for s in sizes])
         p.launcher = new
     return out
+
+
+def negotiating_malleable(app: str, cluster: str, nodes: int, run_time: float) -> Launcher:
+    """A rigid job of ``nodes`` nodes for ``run_time`` seconds as a negotiating malleable job: the same work,
+    from a quarter of its nodes up to all of them (its request long enough for the work at its minimum)."""
+    from coorm.launchers.malleable import MalleableLauncher
+
+    low = math.ceil(nodes / 4)
+    return MalleableLauncher(app, cluster, low, nodes, sizes="any", duration=nodes * run_time / low + 60.0,
+                             work=nodes * run_time)

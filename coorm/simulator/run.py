@@ -47,6 +47,7 @@ def replay_settings(scenario: Scenario, options: ReplayOptions, seed: int) -> di
         "arrivals": arrivals if scenario.trace is not None else None,  # None: no trace
         "oversize": options.oversize,
         "malleable_fraction": options.malleable_fraction,
+        **({"malleable_model": options.malleable_model} if options.malleable_fraction else {}),
         "evolving_fraction": options.evolving_fraction,
         "seed": seed,
     }

@@ -265,3 +265,26 @@ def test_a_seed_moves_every_amr_applications_seed_too(tmp_path):
     assert plan(scenario)[0].launcher.seed == 5  # no seed given: the scenario as written
     amr = plan(scenario, ReplayOptions(seed=3))[0].launcher
     assert isinstance(amr, AMRLauncher) and amr.seed == 7  # the trace's seed moved from 1 to 3: so does it
+
+
+def test_malleable_jobs_as_the_negotiating_launcher(tmp_path):
+    """``--malleable-model negotiating``: the same jobs as the PSA model chooses, each the shipped negotiating
+    launcher with the rigid job's work (nodes x run time), from a quarter of its nodes to all of them; the
+    replay completes every job."""
+    from coorm.launchers.malleable import MalleableLauncher
+
+    scenario = load(_sample_scenario(tmp_path))
+    psa = plan(scenario, ReplayOptions(malleable_fraction=0.3))
+    neg = plan(scenario, ReplayOptions(malleable_fraction=0.3, malleable_model="negotiating"))
+    rigid = {p.app: p.launcher for p in plan(scenario) if isinstance(p.launcher, RigidLauncher)}
+    chosen = [p.app for p in psa if isinstance(p.launcher, PSALauncher)]
+    assert chosen and [p.app for p in neg if isinstance(p.launcher, MalleableLauncher)] == chosen
+    for p in neg:
+        if isinstance(p.launcher, MalleableLauncher):
+            r = rigid[p.app]
+            assert (p.launcher.min_nodes, p.launcher.max_nodes) == (math.ceil(r.nodes / 4), r.nodes)
+            assert p.launcher.work == pytest.approx(r.nodes * r.runtime)
+    run = run_once(scenario, ReplayOptions(malleable_fraction=0.3, malleable_model="negotiating"))
+    assert run.metrics["unfinished"] == 0
+    with pytest.raises(ValueError, match="malleable model"):
+        ReplayOptions(malleable_model="elastic")
