@@ -24,9 +24,14 @@ by one) plans differently, for a lone job's request must not stand longer in eve
 job's own would: one slot per pending job, each asking the walltime and a margin small against it
 (:func:`slot_margin`) -- never a share of several walltimes, so that other users' backfilling sees the plan
 separate jobs would make. A slot whose job ended early takes the next like job only while what remains of it
-holds that job's whole walltime, i.e. within the margin; an idle slot with nothing to run may **linger**
-(``linger`` seconds, never past that point) for the next like job before it goes back: idle time others could
-have used, bounded by ``linger`` per slot and by the slot's own request."""
+holds that job's whole walltime, i.e. within the margin, and only for a job that came less than ``linger``
+ago (one that waited longer has its own request in the RMS's queue, where it keeps its place: the freed
+nodes go back, for the RMS to give by priority). In a stream of jobs (one came less than ``linger`` before
+the slot fell idle), an idle slot with nothing to run may **linger** (``linger`` seconds, never past that
+point) for the next like job before it goes back: idle time others could have used, bounded by ``linger``
+per slot and by the slot's own request -- and none after a job that ran longer than ``linger``, nor in a
+batch of jobs released together (the backfill benchmark's makespan went from 1.08 to 1.17x the ideal when
+every idle slot lingered)."""
 
 from __future__ import annotations
 
@@ -89,6 +94,7 @@ class Slot:
     since: float = 0.0  # when that task started
     releasing: bool = False  # released: its end (and its task's exit) is on the way
     idle_since: float | None = None  # started, with no task, since then (a lingering slot's bound counts from it)
+    ran: bool = False  # it has run a task (freed, it is the farm's: not a pending job's own request)
 
 
 @dataclass
@@ -107,20 +113,28 @@ class FarmCore:
     drained: set[str] = field(default_factory=set)  # nodes an operator drains: a slot there starts nothing new
     _releases: list[str] = field(default_factory=list)  # slots to release at the next decision
     _ended: set[str] = field(default_factory=set)  # slots ended: a start told late (a cancel's race) is none
+    _added: dict[str, float] = field(default_factory=dict)  # pending task -> when it came (per_job)
+    _last_came: float | None = None  # when the last task came
     _woken: float | None = None  # the Wake last decided, not yet passed
 
     # -- events ---------------------------------------------------------------------------------------
-    def add(self, tasks: list[str], expected: int) -> None:
+    def add(self, tasks: list[str], expected: int, now: float | None = None) -> None:
         """Tasks to run (entered by the batch queue); ``expected``: how many of the array's tasks are still to
-        run in all, these included (those a throttle or a dependency keeps back too)."""
+        run in all, these included (those a throttle or a dependency keeps back too); ``now``: when they came
+        (a farm of separate jobs: how long a job may take a freed slot counts from it)."""
         known = set(self.pending) | {s.task for s in self.slots.values()}
-        self.pending.extend(t for t in tasks if t not in known)
+        new = [t for t in tasks if t not in known]
+        self.pending.extend(new)
+        if now is not None:
+            self._added.update((t, now) for t in new)
+            self._last_came = now if self._last_came is None else max(self._last_came, now)
         self.expected = max(expected, len(self.pending))
 
     def withdraw(self, task: str) -> None:
         """The task was cancelled: it does not start, or its slot is released (its exit then ends nothing)."""
         if task in self.pending:
             self.pending.remove(task)
+            self._added.pop(task, None)
             return
         for rid, s in self.slots.items():
             if s.task == task and not s.releasing:
@@ -148,7 +162,7 @@ class FarmCore:
         """Taken up after a restart: ``task`` was started on slot ``request`` at ``since``. The slot takes no
         other task before its start is told again (its nodes and end are not known until then)."""
         s = self.slots.setdefault(request, Slot())
-        s.task, s.since = task, since
+        s.task, s.since, s.ran = task, since, True
         if task in self.pending:
             self.pending.remove(task)
 
@@ -189,14 +203,21 @@ class FarmCore:
             if not s.started or s.task is not None or s.releasing:
                 continue
             usable = s.end - now >= self.walltime and not self.drained.intersection(s.nodes)
-            if self.pending and usable:
-                s.task, s.since, s.idle_since = self.pending.popleft(), now, None
-                out.append(Run(s.task, rid, s.nodes))
+            task = self._next_for(s, now) if usable else None
+            if task is not None:
+                self.pending.remove(task)
+                self._added.pop(task, None)
+                s.task, s.since, s.idle_since, s.ran = task, now, None, True
+                out.append(Run(task, rid, s.nodes))
                 continue
             if not self.pending and self.linger > 0 and usable:
                 s.idle_since = now if s.idle_since is None else s.idle_since
                 until = self._linger_until(s)
-                if now < until:
+                # only in a stream of jobs (one came within the linger before the slot fell idle): the bet
+                # that the next comes as soon. A job that ran longer came alone, or in a batch released
+                # together: nothing more is coming, and idle nodes would only stretch others' schedule
+                streaming = self._last_came is not None and s.idle_since - self._last_came < self.linger
+                if streaming and now < until:
                     lingering.append(until)
                     continue
             s.releasing = True
@@ -215,6 +236,18 @@ class FarmCore:
             self._woken = wake
             out.append(Wake(wake))
         return out
+
+    def _next_for(self, s: Slot, now: float) -> str | None:
+        """The task an idle slot runs next. A farm of separate jobs' slot that has run a job (freed early: the
+        RMS planned those nodes back) takes only a job that came less than ``linger`` ago -- one that would
+        have found it lingering; a job that has waited longer has its own request in the RMS's queue, where
+        it keeps its place, and the slot goes back for the RMS to give by priority (other users' earlier jobs
+        may wait for those nodes)."""
+        if not self.pending:
+            return None
+        if not (self.per_job and s.ran):
+            return self.pending[0]
+        return next((t for t in self.pending if now - self._added.get(t, now) < self.linger), None)
 
     def _linger_until(self, s: Slot) -> float:
         """When an idle slot goes back: ``linger`` after it fell idle, or as soon as it can no longer hold a

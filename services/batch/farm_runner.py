@@ -78,6 +78,7 @@ class FarmRunner:
         self.opened = opened  # when its session opened (its priority in the RMS), as the service's clock says
         self.members: set[str] = set()  # a shape farm's jobs, entered or taken up (an array's: its tasks)
         self.adding = 0  # tasks handed to it whose "add" is not handled yet
+        self.last_entry = -1  # the service's count of entered jobs when it was handed its last one
         self.core = FarmCore(app="", walltime=sub.walltime, width=1, per_job=per_job,
                              linger=LINGER if per_job else 0.0, drained=set(svc.drained))
         self.session: Session | None = None
@@ -89,6 +90,7 @@ class FarmRunner:
         self._ended: list[tuple[str, JobState, int | None, str]] = []
         self._dirty: dict[str, Record] = {}
         self._background: set[asyncio.Task] = set()
+        self._unwritten = False  # tasks entered this turn, not yet written down
         self._wake: asyncio.TimerHandle | None = None
 
     # -- from the batch service -----------------------------------------------------------------------
@@ -129,8 +131,11 @@ class FarmRunner:
                     name, kind = f"{self.sub.nodes}x{self.sub.walltime:g}s", "batch-farm"
                 else:
                     name, kind = svc.core.jobs[svc.core.arrays[self.sid][0]].name, "batch-array"
-                self.session = await Session.open(svc.settings, user=self.user, name=name, kind=kind,
-                                                  preemptive_views=False, views=False, nc=svc.nc)
+                # one at a time, in the order the farms were made (the queue's): an application's priority is
+                # when its session opened, and farms made together must keep their jobs' order
+                async with svc.opening:
+                    self.session = await Session.open(svc.settings, user=self.user, name=name, kind=kind,
+                                                      preemptive_views=False, views=False, nc=svc.nc)
                 self.core.app = self.session.app
                 await self._write_down()
             else:
@@ -196,7 +201,7 @@ class FarmRunner:
                 relaunch.append(Run(j.id, request, tuple(r.node_ids)))
         for d in relaunch:
             self._spawn(self._launch(d, again=True))
-        self.core.add([j.id for j in mine if j.state is JobState.QUEUED], self._expected())
+        self.core.add([j.id for j in mine if j.state is JobState.QUEUED], self._expected(), now=svc.clock())
         log.info("farm taken up", farm=self.sid, app=reply.app, running=len(running))
         return True
 
@@ -258,7 +263,8 @@ class FarmRunner:
         each, whatever their number). True if tasks ended."""
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
-            await self.svc.save_many(list(dirty.values()))
+            ending = {e[0] for e in self._ended}  # (their records go to the history now: not written twice)
+            await self.svc.save_many([r for t, r in dirty.items() if t not in ending])
         if not self._ended:
             return False
         ended, self._ended = self._ended, []
@@ -266,7 +272,8 @@ class FarmRunner:
         return True
 
     async def _enter(self, tasks: list[str]) -> None:
-        """Tasks the queue entered: queued in the farm (their 'request' is the farm's)."""
+        """Tasks the queue entered: queued in the farm (their 'request' is the farm's). Written down with the
+        turn's starts, before any slot is asked for them (:meth:`_execute`)."""
         svc = self.svc
         async with svc._lock:
             took = [t for t in tasks if t in svc.core.jobs and svc.core.jobs[t].state is JobState.ELIGIBLE]
@@ -278,13 +285,13 @@ class FarmRunner:
                      and t not in took and svc.records[t].farm != self.sid]
             for r in moved:
                 r.farmed, r.farm = True, self.sid
-            await svc._flush()
+            self._unwritten = self._unwritten or bool(took)
             if moved:
                 await svc.save_many(moved)
         queued = [t for t in tasks if t in svc.core.jobs and svc.core.jobs[t].state is JobState.QUEUED]
         if self.per_job:
             self.members.update(queued)
-        self.core.add(queued, self._expected())
+        self.core.add(queued, self._expected(), now=svc.clock())
 
     def _expected(self) -> int:
         """The array's tasks still to run: a slot asks for its share of them (a shape farm's slots ask one job's
@@ -299,7 +306,11 @@ class FarmRunner:
         asks = [d for d in decisions if isinstance(d, Ask)]
         runs = [d for d in decisions if isinstance(d, Run)]
         if runs:
-            await self._run(runs)
+            await self._run(runs)  # (the entered tasks are written down with the starts)
+        elif self._unwritten:
+            async with self.svc._lock:
+                await self.svc._flush()
+        self._unwritten = False
         for d in decisions:
             if isinstance(d, Release):
                 self._spawn(self._release(d.request))

@@ -90,11 +90,14 @@ ATTACH_GRACE = 10.0
 # A separate job joins its shape's current farm while that farm's session opened less than this ago. The RMS
 # orders applications by when their session opened, so a job in a farm takes the farm's priority: at most
 # JOIN_YOUNG seconds earlier than a session of its own would have had. A user's job can thus pass another
-# user's job submitted at most JOIN_YOUNG seconds before it -- as two submissions that close can in any queue
-# that is not a strict FIFO of arrival (a second session's open is itself ~10-70 ms on a loaded system). One
-# second lets a burst of like jobs (a script's loop, parallel submitters) share a farm; past it a new farm,
-# with the priority of now, takes the shape's new jobs, and the old one runs what it has and closes.
-JOIN_YOUNG = 1.0
+# user's job submitted at most JOIN_YOUNG seconds before it (only where both wait: on a cluster with free nodes
+# neither does). Two seconds: a stream of like jobs (a script's loop, parallel submitters) mostly shares a farm
+# -- on this 2-core machine 200 `true` jobs from 4 submitters opened 12 farms with 1 s, 7 with 2 s (each farm
+# costs a session's open and close, its slots' requests, starts and ends: ~60 ms of CPU over the system) --
+# and the inversion stays small against any wait that matters (fair-start holds nodes 5 s by default).
+# Past it a new farm, with the priority of now, takes the shape's new jobs; the old one runs what it has,
+# lends its idle slots to like jobs (held already: no request of theirs would start sooner) and closes.
+JOIN_YOUNG = 2.0
 
 # a job script runs from a private copy (the agent runs argv; a script is text): written as the user, in the
 # user's TMPDIR, removed when it ends; its text comes in the environment (not visible in ps, unlike argv)
@@ -162,6 +165,8 @@ class BatchService:
         self.farms: dict[str, FarmRunner] = {}  # farm id -> its task farm (while it has tasks to run)
         self.shapes: dict[tuple, list[str]] = {}  # (user, cluster, nodes, walltime) -> its farms, the newest last
         self.drained: set[str] = set()  # nodes an operator drains: a farm's slot there starts no new job
+        self._entries = 0  # jobs handed to the RMS so far (their order: a farm takes only consecutive ones)
+        self.opening = asyncio.Lock()  # farms open their sessions one at a time, in the order they were made
         self._farm_runs: set[asyncio.Task] = set()
 
     # ============================================================================================
@@ -352,10 +357,10 @@ class BatchService:
                                             deps=[[d.kind, list(d.jobs)] for d in dep_terms],
                                             deps_any=j.deps_any, throttle=throttle)
             # written before it is answered: an accepted job is never lost (a job written but not answered --
-            # the service died in between -- runs all the same; the user sees it in the queue)
-            await self.redis.hset(keys.BATCH_SPECS, sid, json.dumps({
-                "submit": msg.model_dump(mode="json"), "user": user, "submitted": now}))
-            await self._flush()
+            # the service died in between -- runs all the same; the user sees it in the queue). Its submission
+            # and its records in one transaction: one round trip
+            await self._flush(spec=(sid, json.dumps({"submit": msg.model_dump(mode="json"), "user": user,
+                                                     "submitted": now})))
         log.info("submitted", job=sid, user=user, tasks=len(jobs), nodes=msg.nodes, cluster=cluster)
         if msg.attach is not None and self.core.jobs[sid].state not in ENDED:
             self._attach(sid, msg)  # watched from now: a command killed while its job waits cancels it
@@ -503,6 +508,7 @@ class BatchService:
     def _act(self, actions) -> None:
         for a in actions:
             if isinstance(a, Enter):
+                self._entries += 1
                 j = self.core.jobs[a.job]
                 if j.array_id is not None and self.settings.batch_farm:
                     self._farm(j.array_id).add(a.job)
@@ -541,22 +547,25 @@ class BatchService:
     def _shape_farm(self, job: str) -> FarmRunner:
         """The farm a separate job joins: one of its shape's farms with an idle slot that can run it at once
         (held already: no request of the job's own would start sooner), else the shape's current farm while
-        it is young (``JOIN_YOUNG``: the priority it lends is at most that much older), else a new farm, whose
-        session opens now and which becomes the shape's current one; the older ones run what they have and
-        close."""
+        it is young (``JOIN_YOUNG``: the priority it lends is at most that much older) and took the job
+        entered just before this one (none of another's in between, which the farm's priority would pass: 60
+        jobs of mixed shapes released at once kept their queue's order so, and the backfill its makespan),
+        else a new farm, whose session opens now and which becomes the shape's current one; the older ones
+        run what they have and close."""
         r = self.records[job]
         sub: BatchSubmit = self.specs[r.spec]["submit"]
         shape = (r.user, sub.cluster or "", sub.nodes, sub.walltime)
         now = self.clock()
         fids = self.shapes.get(shape, [])
-        for fid in fids:
-            farm = self.farms.get(fid)
-            if farm is not None and farm.free(now) > 0:
-                return farm
+        chosen = next((f for f in map(self.farms.get, fids) if f is not None and f.free(now) > 0), None)
         current = self.farms.get(fids[-1]) if fids else None
-        if current is not None and now - current.opened < JOIN_YOUNG:
-            return current
-        return self._start_farm(f"farm-{uuid.uuid4().hex[:12]}", job)
+        if chosen is None and current is not None and now - current.opened < JOIN_YOUNG \
+                and current.last_entry == self._entries - 1:
+            chosen = current
+        if chosen is None:
+            chosen = self._start_farm(f"farm-{uuid.uuid4().hex[:12]}", job)
+        chosen.last_entry = self._entries
+        return chosen
 
     def _start_farm(self, sid: str, first: str, resume: dict | None = None,
                     members: list[str] | None = None) -> FarmRunner:
@@ -576,7 +585,9 @@ class BatchService:
     async def _run_farm(self, farm: FarmRunner, resume: dict | None) -> None:
         sub = farm.sub
         try:
-            sizes = await self._cluster_sizes()
+            # (the sizes the submissions were checked with, however old: a wait here would let farms made
+            # together open their sessions out of order)
+            sizes = self._sizes[1] if self._sizes is not None else await self._cluster_sizes()
             farm.core.width = max(1, sizes.get(sub.cluster or "", 1) // max(1, sub.nodes))
             await farm.run(resume)
         except asyncio.CancelledError:
@@ -632,6 +643,7 @@ class BatchService:
         if sid in self.farms:
             self.farm_closing(sid, self.farms[sid])
         for t in tasks:
+            self._entries += 1
             self._shape_farm(t).add(t)
 
     async def _close_stale_farm(self, sid: str, rec: dict) -> None:
@@ -862,14 +874,16 @@ class BatchService:
         r.state, r.reason, r.started, r.ended, r.exit_code = j.state.value, j.reason, j.started, j.ended, j.exit_code
         return r
 
-    async def _flush(self) -> None:
-        await self._persist_jobs(self.core.take_changed())
+    async def _flush(self, spec: tuple[str, str] | None = None) -> None:
+        await self._persist_jobs(self.core.take_changed(), spec)
 
-    async def _persist_jobs(self, ids: list[str]) -> None:
+    async def _persist_jobs(self, ids: list[str], spec: tuple[str, str] | None = None) -> None:
         """Write the jobs' records; an ended one moves to the history (and its submission goes with its last
-        job)."""
+        job). ``spec``: a new submission (id, text), written with them."""
         assert self.redis is not None
         if not ids:
+            if spec is not None:
+                await self.redis.hset(keys.BATCH_SPECS, *spec)
             return
         live: dict[str, str] = {}
         ended: list[Record] = []
@@ -877,6 +891,8 @@ class BatchService:
             r = self._sync(i)
             (ended.append(r) if JobState(r.state) in ENDED else live.__setitem__(i, _dump(r)))
         async with self.redis.pipeline(transaction=True) as p:
+            if spec is not None:
+                p.hset(keys.BATCH_SPECS, *spec)
             if live:
                 p.hset(keys.BATCH_JOBS, mapping=live)
             for r in ended:

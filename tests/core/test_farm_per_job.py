@@ -22,6 +22,12 @@ class Watch(Driver):
         super().__init__(core, nodes)
         self.idle_from: dict[str, float] = {}  # held slot -> since when it has run nothing
         self.wake_at: float | None = None
+        self.came: dict[str, float] = {}  # job -> when it was added
+        self.ran_on: set[str] = set()  # slots that have run a job
+
+    def add(self, jobs: list[str]) -> None:
+        self.came.update((j, self.now) for j in jobs)
+        self.core.add(jobs, expected=len(self.core.pending) + len(jobs), now=self.now)
 
     def start_slots(self) -> None:
         before = set(self.held)
@@ -41,6 +47,9 @@ class Watch(Driver):
                 assert x.duration == W + slot_margin(W), "a separate job's slot asks one walltime and the margin"
             elif isinstance(x, Run):
                 self.idle_from.pop(x.request, None)
+                if x.request in self.ran_on:  # a freed slot: only for a job that would have found it lingering
+                    assert self.now - self.came[x.task] < self.core.linger, "a freed slot passed the RMS's queue"
+                self.ran_on.add(x.request)
             elif isinstance(x, Release):
                 self.idle_from.pop(x.request, None)
             elif isinstance(x, Wake):
@@ -82,7 +91,7 @@ def test_one_slot_per_pending_job_each_of_one_walltime():
 def test_an_idle_slot_lingers_then_goes_back_and_takes_a_job_that_comes_meanwhile():
     core = farm()
     d = Watch(core, nodes=2)
-    core.add(["j0"], expected=1)
+    d.add(["j0"])
     d.decide()
     d.start_slots()
     (run,) = [x for x in d.decide() if isinstance(x, Run)]
@@ -93,7 +102,7 @@ def test_an_idle_slot_lingers_then_goes_back_and_takes_a_job_that_comes_meanwhil
     assert Wake(d.now + LINGER) in out
     assert core.free(d.now) == 1
     d.now += LINGER / 2
-    core.add(["j1"], expected=1)  # the next like job: on the same slot, no request of its own
+    d.add(["j1"])  # the next like job: on the same slot, no request of its own
     out = d.decide()
     assert [x for x in out if isinstance(x, Run)] == [Run("j1", run.request, run.nodes)]
     assert not any(isinstance(x, Ask) for x in out)
@@ -107,9 +116,9 @@ def test_an_idle_slot_lingers_then_goes_back_and_takes_a_job_that_comes_meanwhil
 
 
 def test_a_slot_lingers_only_while_it_can_hold_a_whole_walltime():
-    core = farm()
+    core = FarmCore(app="a", walltime=W, width=8, per_job=True, linger=5.0)  # (longer than the margin)
     d = Watch(core, nodes=1)
-    core.add(["j0"], expected=1)
+    d.add(["j0"])
     d.decide()
     d.start_slots()
     d.decide()
@@ -119,9 +128,49 @@ def test_a_slot_lingers_only_while_it_can_hold_a_whole_walltime():
     (slot,) = core.slots
     assert Wake(core.slots[slot].end - W) in out  # not LINGER from now: the slot's own bound comes first
     d.now = core.slots[slot].end - W + 1e-6
-    core.add(["j1"], expected=1)  # too late for this slot: a new one is asked
+    d.add(["j1"])  # too late for this slot: a new one is asked
     out = d.decide()
     assert Release(slot) in out and any(isinstance(x, Ask) for x in out)
+
+
+def test_a_freed_slot_goes_back_to_the_rms_rather_than_to_a_job_that_has_waited_in_its_queue():
+    """Under contention a job's own slot waits in the RMS's queue at the farm's priority; a slot of the farm
+    freed early goes back, for the RMS to give by priority -- it is not kept for that job, which would pass
+    other users' earlier jobs waiting for those nodes. A job that came within the linger takes it (it would
+    have found the slot lingering)."""
+    core = farm()
+    d = Watch(core, nodes=1)  # one node: the second job's slot waits
+    d.add(["j0", "j1"])
+    d.decide()
+    d.start_slots()
+    (run,) = [x for x in d.decide() if isinstance(x, Run)]
+    assert run.task == "j0" and len(d.asked) == 1  # j1's own slot waits
+    d.now += 5.0
+    d.end_task("j0")
+    out = d.decide()
+    assert Release(run.request) in out and not any(isinstance(x, Run) for x in out)
+    d.start_slots()  # (the RMS gives the node to j1's own slot here: nobody else waits)
+    assert [x.task for x in d.decide() if isinstance(x, Run)] == ["j1"]
+    d.now += 0.5
+    d.add(["j2"])  # j1 runs; j2 asks a slot of its own ...
+    d.decide()
+    d.now += 0.1
+    d.end_task("j1")  # ... and j1's slot, freed within the linger of j2's coming, runs j2
+    out = d.decide()
+    assert [x.task for x in out if isinstance(x, Run)] == ["j2"]
+    assert any(isinstance(x, Release) for x in out)  # its own slot, not started: withdrawn
+
+
+def test_a_slot_lingers_only_in_a_stream_of_jobs():
+    core = farm()
+    d = Watch(core, nodes=2)
+    d.add(["j0"])
+    d.decide()
+    d.start_slots()
+    (run,) = [x for x in d.decide() if isinstance(x, Run)]
+    d.now += 1.0  # j0 ran a second, and nothing came meanwhile: no stream, nothing to wait for
+    d.end_task("j0")
+    assert Release(run.request) in d.decide()
 
 
 def test_an_array_farm_does_not_linger():
@@ -156,7 +205,7 @@ def test_separate_jobs_run_once_on_slots_that_hold_them_and_no_slot_lingers_past
     n = first
     added = [f"j{i}" for i in range(n)]
     withdrawn: set[str] = set()
-    core.add(added, expected=n)
+    d.add(added)
     d.decide()
     for kind, arg in steps:
         if kind in ("tick", "long"):
@@ -176,7 +225,7 @@ def test_separate_jobs_run_once_on_slots_that_hold_them_and_no_slot_lingers_past
             new = [f"j{i}" for i in range(n, n + arg)]
             n += arg
             added += new
-            core.add(new, expected=len(core.pending) + len(new))
+            d.add(new)
         d.decide()
     for _ in range(10 * (n + 1)):
         if core.idle:
