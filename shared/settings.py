@@ -95,8 +95,10 @@ class Settings(BaseSettings):
     batch_max_array: int = Field(default=100_000, ge=1, description="tasks an array may have at most")
     batch_history_days: float = Field(default=30.0, gt=0, description="days an ended batch job stays in the history")
     # an array's tasks run in a task farm: one session for the array, slots that run its tasks one after the
-    # other (services/batch/farm.py); off: each task is a batch job of its own, with its own session
-    batch_farm: bool = Field(default=True, description="run an array's tasks in a task farm")
+    # other (services/batch/farm.py); so do a user's separate jobs of one shape (cluster, nodes, walltime) that
+    # are not attached. Off: each job or task is a batch job of its own, with its own session
+    batch_farm: bool = Field(default=True,
+                             description="run an array's tasks, and a user's separate jobs of one shape, in task farms")
     # a request for more nodes than its cluster has (up or down) is refused: it could never start. CooRM's
     # paper lets such a request wait (nodes may be added): the operator may choose that
     oversize_waits: bool = Field(default=False, description="let a request larger than its cluster wait")
