@@ -89,15 +89,16 @@ ATTACH_PROBE_EVERY = 2.0
 ATTACH_GRACE = 10.0
 # A separate job joins its shape's current farm while that farm's session opened less than this ago. The RMS
 # orders applications by when their session opened, so a job in a farm takes the farm's priority: at most
-# JOIN_YOUNG seconds earlier than a session of its own would have had. A user's job can thus pass another
-# user's job submitted at most JOIN_YOUNG seconds before it (only where both wait: on a cluster with free nodes
-# neither does) -- and since a farm takes only consecutive entries (_shape_farm), that other job can only be an
-# application opened outside the batch queue (coorm launch, the SDK): batch jobs entered meanwhile end the run. Two seconds: a stream of like jobs (a script's loop, parallel submitters) mostly shares a farm
-# -- on this 2-core machine 200 `true` jobs from 4 submitters opened 12 farms with 1 s, 7 with 2 s (each farm
-# costs a session's open and close, its slots' requests, starts and ends: ~60 ms of CPU over the system) --
-# and the inversion stays small against any wait that matters (fair-start holds nodes 5 s by default).
-# Past it a new farm, with the priority of now, takes the shape's new jobs; the old one runs what it has,
-# lends its idle slots to like jobs (held already: no request of theirs would start sooner) and closes.
+# JOIN_YOUNG seconds earlier than a session of its own would have had. Since a farm takes only consecutive
+# entries (_shape_farm: a batch job entered meanwhile ends the run), what such a job can pass is only an
+# application opened outside the batch queue (coorm launch, the SDK) at most JOIN_YOUNG seconds before it,
+# and only where both wait (on a cluster with free nodes neither does). Two seconds: a stream of like jobs (a
+# script's loop, parallel submitters) mostly shares a farm -- on this 2-core machine 200 `true` jobs from 4
+# submitters opened 12 farms with 1 s, 7 with 2 s (each farm costs a session's open and close, its slots'
+# requests, starts and ends: ~60 ms of CPU over the system) -- and the inversion stays small against any
+# wait that matters (fair-start holds nodes 5 s by default). Past it a new farm, with the priority of now,
+# takes the shape's new jobs; the old one runs what it has, lends its idle slots to like jobs (held already:
+# no request of theirs would start sooner) and closes.
 JOIN_YOUNG = 2.0
 
 # a job script runs from a private copy (the agent runs argv; a script is text): written as the user, in the
