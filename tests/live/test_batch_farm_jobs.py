@@ -130,6 +130,32 @@ async def test_a_farm_past_its_joining_bound_takes_no_new_job_a_new_farm_does(st
     await _until_no_app(nc)  # the old farm closed once its job ended, the new one too
 
 
+async def test_jobs_released_together_keep_their_order_a_farm_takes_only_consecutive_like_jobs(stack, nc, tmp_path):
+    """Jobs of two shapes, interleaved, released at once: a farm's priority would let its later jobs pass the
+    other shape's jobs entered before them, so each run of consecutive like jobs is a farm of its own, and
+    the farms' sessions open in the jobs' order (an application's priority in the RMS)."""
+    gate = tmp_path / "gate"
+    argv = ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]
+    walltimes = [60.0, 60.0, 120.0, 60.0, 120.0, 120.0]  # runs: [0 1] [2] [3] [4 5]
+    jobs = [await submit(nc, tmp_path, argv=argv, cluster="c0", walltime=w, hold=True) for w in walltimes]
+    await control(nc, "release", jobs=jobs)
+    deadline = time.monotonic() + 30
+    while True:  # (polling the queue: each job is told its farm's application once the farm has opened)
+        recs = (await query(nc, jobs=jobs)).jobs
+        if all(r.app for r in recs):
+            break
+        assert time.monotonic() < deadline, "the farms never opened"
+        await asyncio.sleep(0.05)
+    app = {r.id: r.app for r in recs}
+    assert app[jobs[0]] == app[jobs[1]] and app[jobs[4]] == app[jobs[5]]
+    assert len({app[j] for j in jobs}) == 4
+    opened = {a.app: a.opened for a in await _apps(nc)}
+    order = [app[j] for j in (jobs[0], jobs[2], jobs[3], jobs[4])]
+    assert [opened[a] for a in order] == sorted(opened[a] for a in order)  # in the queue's order
+    gate.touch()
+    assert {(await ended(nc, j))[0].state for j in jobs} == {"completed"}
+
+
 async def test_a_batch_service_killed_in_the_middle_of_a_farm_of_jobs_loses_none_and_runs_none_twice(
         servers, redis_url, tmp_path):
     """The batch service as a real process, SIGKILLed while a farm of separate jobs runs its first two (held
