@@ -66,4 +66,4 @@ BATCH_SPECS = f"{BATCH}:specs"  # hash job or array id -> what was submitted (Ba
 BATCH_JOBS = f"{BATCH}:jobs"  # hash job id -> its state record (JSON): every job not ended yet, and recent ones
 BATCH_HISTORY = f"{BATCH}:history"  # hash job id -> the record of an ended job (BatchJob JSON)
 BATCH_ENDED = f"{BATCH}:ended"  # zset job id -> when it ended: the history, by end time
-BATCH_FARMS = f"{BATCH}:farms"  # hash array id -> its task farm's session and the requests it asked (JSON)
+BATCH_FARMS = f"{BATCH}:farms"  # hash farm id (an array's, or farm-<hex>) -> its session, asked requests, shape
