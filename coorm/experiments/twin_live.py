@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from coorm.experiments.twin_workload import TwinApp, launcher, props
 from coorm.launchers.kinds import BY_NAME
-from coorm.launchers.live import LiveRunner
+from coorm.launchers.live import START_LAG, LiveRunner
 from coorm.launchers.sdk import Exited, Session, Started, ViewsChanged
 from coorm.shared import bus, subjects
 from coorm.shared.endpoints import Role
@@ -67,14 +67,28 @@ class LiveRun:
 
 
 class _TimedRunner(LiveRunner):
-    """A LiveRunner that notes when it hears of each input and sends each command (for the delays)."""
+    """A LiveRunner that notes when it hears of each input and sends each command (for the delays).
+    ``hold``: every start, kill and exit reaches the launcher that much later, views not -- the node
+    allocator's path made slower than the view publisher's (:mod:`.twin_reselection`)."""
 
-    def __init__(self, *a, t0: float, spec: TwinApp, measure: dict[str, list[float]], **kw) -> None:
+    def __init__(self, *a, t0: float, spec: TwinApp, measure: dict[str, list[float]], hold: float = 0.0,
+                 **kw) -> None:
         super().__init__(*a, **kw)
         self.t0, self.spec, self.measure = t0, spec, measure
+        self.hold = hold
         self.sent: dict[str, float] = {}  # request -> when the launcher sent it
         self.heard: dict[str, float] = {}  # request -> when it heard of its start
         self.launched_at: float | None = None
+
+    async def _pump(self) -> None:
+        if self.hold <= 0:
+            return await super()._pump()
+        loop = asyncio.get_running_loop()
+        async for ev in self.s.events():
+            if isinstance(ev, ViewsChanged):
+                self._inbox.put_nowait(ev)
+            else:  # (the same delay for all keeps their order)
+                loop.call_later(self.hold, self._inbox.put_nowait, ev)
 
     async def _handle(self, item) -> None:
         heard = self.clock()
@@ -120,7 +134,7 @@ def _cpu_of(pids: dict[str, int]) -> dict[str, float]:
 
 
 async def _run_app(spec: TwinApp, settings: Settings, t0: float, rec: LiveApp, measure, runners: dict,
-                   clusters: dict[str, int]) -> None:
+                   clusters: dict[str, int], start_lag: float, hold: float) -> None:
     await asyncio.sleep(max(0.0, t0 + spec.at - time.time()))  # its arrival in the scenario
     kind = BY_NAME[spec.kind]
     session = await Session.open(settings, kind=spec.kind, name=spec.name, preemptive_views=kind.preemptive_views,
@@ -129,7 +143,7 @@ async def _run_app(spec: TwinApp, settings: Settings, t0: float, rec: LiveApp, m
     await session.cluster_props()  # what a launcher asks first (part of its opening delay)
     runner = _TimedRunner(session, launcher(spec, session.app, live=True), command=spec.command,
                           command_ends_work=spec.process_work, props=props(clusters), t0=t0, spec=spec,
-                          measure=measure)
+                          measure=measure, start_lag=start_lag, hold=hold)
     runners[spec.name] = runner
     rec.opened = time.time() - t0
     measure["open"].append(rec.opened - spec.at)
@@ -168,7 +182,7 @@ async def _lifecycle(nc, apps: set[str], patience: float = 20.0) -> list[Lifecyc
 
 
 async def run_workload(settings: Settings, specs: list[TwinApp], clusters: dict[str, int], pids: dict[str, int],
-                       limit: float) -> LiveRun:
+                       limit: float, start_lag: float = START_LAG, hold: float = 0.0) -> LiveRun:
     measure: dict[str, list[float]] = {k: [] for k in ("notify", "command", "launch", "launch_nodes",
                                                        "work_overhead", "open", "views")}
     nc = await bus.connect(settings.nats_url, "coorm-twin", settings.identity(Role.SERVICE))
@@ -176,7 +190,8 @@ async def run_workload(settings: Settings, specs: list[TwinApp], clusters: dict[
     runners: dict[str, _TimedRunner] = {}
     cpu0, own0 = _cpu_of(pids), time.process_time()
     t0 = time.time()
-    tasks = {s.name: asyncio.create_task(_run_app(s, settings, t0, apps[s.name], measure, runners, clusters))
+    tasks = {s.name: asyncio.create_task(_run_app(s, settings, t0, apps[s.name], measure, runners, clusters,
+                                                  start_lag, hold))
              for s in specs}
     foreground = [tasks[s.name] for s in specs if not launcher(s, "x", live=True).background]
     _, pending = await asyncio.wait(foreground, timeout=limit)
@@ -226,15 +241,18 @@ def _requests(life: list[Lifecycle], by_app: dict[str, str], t0: float) -> dict[
     return out
 
 
-def run(specs: list[TwinApp], clusters: dict[str, int], env: dict[str, str], limit: float = 600.0) -> LiveRun:
-    """Start the embedded system, run the scenario on it, stop it."""
+def run(specs: list[TwinApp], clusters: dict[str, int], env: dict[str, str], limit: float = 600.0, *,
+        start_lag: float = START_LAG, hold: float = 0.0) -> LiveRun:
+    """Start the embedded system, run the scenario on it, stop it. ``start_lag``: the selecting launchers'
+    (:class:`~coorm.launchers.base.SelectingLauncher`; 0 behaves as before issue 17's fix); ``hold``: see
+    :class:`_TimedRunner`."""
     from coorm.cli.up import Up
 
     up = Up(clusters, env=env, write_connection=False, accounting=False)
     try:
         settings = up.start(120)
         pids = {name: p.pid for name, p in up.procs.items()}
-        live = asyncio.run(run_workload(settings, specs, clusters, pids, limit))
+        live = asyncio.run(run_workload(settings, specs, clusters, pids, limit, start_lag, hold))
         live.settings = {k: getattr(settings, k) for k in ("reschedule_interval", "pass_burst", "fair_start",
                                                             "preempt_grace", "view_period", "view_rate",
                                                             "oversize_waits", "malleable_policy")}
