@@ -79,6 +79,7 @@ class FarmRunner:
         self.members: set[str] = set()  # a shape farm's jobs, entered or taken up (an array's: its tasks)
         self.adding = 0  # tasks handed to it whose "add" is not handled yet
         self.last_entry = -1  # the service's count of entered jobs when it was handed its last one
+        self.keep_until: float | None = None  # a shape farm may be handed jobs until then (its youth)
         self.core = FarmCore(app="", walltime=sub.walltime, width=1, per_job=per_job,
                              linger=LINGER if per_job else 0.0, drained=set(svc.drained))
         self.session: Session | None = None
@@ -224,8 +225,21 @@ class FarmRunner:
             if adds:
                 await self._enter(adds)
             await self._execute(self.core.decide(self.svc.clock()))
-            if self.core.idle and self.inbox.empty() and not self.tasks and await self._close():
+            if self.core.idle and self.inbox.empty() and not self.tasks and not self._may_take_more() \
+                    and await self._close():
                 return
+
+    def _may_take_more(self) -> bool:
+        """A shape farm with nothing left stays open (a session, no request: nothing in anyone's schedule)
+        while the service may still hand it a job -- it is young and took the last job entered -- so that a
+        pause in a stream of jobs costs a slot, not a session; woken to close at the end of its youth."""
+        if not self.per_job or self.keep_until is None:
+            return False
+        now = self.svc.clock()
+        if now >= self.keep_until or self.last_entry != self.svc.entries:
+            return False
+        self._arm(self.keep_until)
+        return True
 
     async def _handle(self, item, adds: list[str]) -> None:
         c = self.core

@@ -167,7 +167,7 @@ class BatchService:
         self.farms: dict[str, FarmRunner] = {}  # farm id -> its task farm (while it has tasks to run)
         self.shapes: dict[tuple, list[str]] = {}  # (user, cluster, nodes, walltime) -> its farms, the newest last
         self.drained: set[str] = set()  # nodes an operator drains: a farm's slot there starts no new job
-        self._entries = 0  # jobs handed to the RMS so far (their order: a farm takes only consecutive ones)
+        self.entries = 0  # jobs handed to the RMS so far (their order: a farm takes only consecutive ones)
         self.opening = asyncio.Lock()  # farms open their sessions one at a time, in the order they were made
         self._farm_runs: set[asyncio.Task] = set()
 
@@ -510,7 +510,7 @@ class BatchService:
     def _act(self, actions) -> None:
         for a in actions:
             if isinstance(a, Enter):
-                self._entries += 1
+                self.entries += 1
                 j = self.core.jobs[a.job]
                 if j.array_id is not None and self.settings.batch_farm:
                     self._farm(j.array_id).add(a.job)
@@ -562,11 +562,11 @@ class BatchService:
         chosen = next((f for f in map(self.farms.get, fids) if f is not None and f.free(now) > 0), None)
         current = self.farms.get(fids[-1]) if fids else None
         if chosen is None and current is not None and now - current.opened < JOIN_YOUNG \
-                and current.last_entry == self._entries - 1:
+                and current.last_entry == self.entries - 1:
             chosen = current
         if chosen is None:
             chosen = self._start_farm(f"farm-{uuid.uuid4().hex[:12]}", job)
-        chosen.last_entry = self._entries
+        chosen.last_entry = self.entries
         return chosen
 
     def _start_farm(self, sid: str, first: str, resume: dict | None = None,
@@ -577,6 +577,7 @@ class BatchService:
         farm = self.farms[sid] = FarmRunner(self, sid, self.specs[r.spec]["submit"], r.user, per_job=per_job,
                                             opened=self.clock() if resume is None else -math.inf)
         if per_job:
+            farm.keep_until = farm.opened + JOIN_YOUNG if resume is None else None
             farm.members.update(members or ())
             self.shapes.setdefault(farm.shape(), []).append(sid)
         task = asyncio.create_task(self._run_farm(farm, resume), name=f"farm-{sid}")
@@ -645,7 +646,7 @@ class BatchService:
         if sid in self.farms:
             self.farm_closing(sid, self.farms[sid])
         for t in tasks:
-            self._entries += 1
+            self.entries += 1
             self._shape_farm(t).add(t)
 
     async def _close_stale_farm(self, sid: str, rec: dict) -> None:
