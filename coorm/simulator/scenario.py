@@ -71,6 +71,8 @@ class MoldableApp(_App):
     configs: list[tuple[int, float]] = Field(min_length=1)
     adaptation_delay: float = Field(default=0.0, ge=0)
     runtime_fraction: float = Field(default=1.0, gt=0, le=1)
+    # seconds a choice waits for the start its view shows (None: the shell's -- 0 simulated, 2 s live)
+    start_lag: float | None = Field(default=None, ge=0)
 
 
 class CemApp(_App):
@@ -220,7 +222,7 @@ def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) 
         from coorm.launchers.moldable import MoldableLauncher
 
         return MoldableLauncher(app_id, cluster, list(spec.configs), adaptation_delay=spec.adaptation_delay,
-                                runtime_fraction=spec.runtime_fraction)
+                                runtime_fraction=spec.runtime_fraction, start_lag=spec.start_lag)
     if isinstance(spec, CemApp):
         from coorm.launchers.cem import CEMLauncher
 
