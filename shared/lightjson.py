@@ -77,6 +77,30 @@ def dumps(value: Any) -> str:
     return "".join(_C[1](value, 0))
 
 
+def dumps_indented(value: Any, indent: int = 2, _level: int = 0) -> str:
+    """``json.dumps(value, indent=indent)`` (what the full command line's ``--json`` prints): containers laid
+    out here, every other value by the compact encoder."""
+    if isinstance(value, dict) and value:
+        inner, outer = " " * (indent * (_level + 1)), " " * (indent * _level)
+        items = (f"{inner}{dumps(_key(k))}: {dumps_indented(v, indent, _level + 1)}" for k, v in value.items())
+        return "{\n" + ",\n".join(items) + "\n" + outer + "}"
+    if isinstance(value, (list, tuple)) and value:
+        inner, outer = " " * (indent * (_level + 1)), " " * (indent * _level)
+        return "[\n" + ",\n".join(f"{inner}{dumps_indented(v, indent, _level + 1)}" for v in value) + "\n" + outer + "]"
+    return dumps(value)
+
+
+def _key(k: Any) -> str:
+    """A key as ``json`` writes it: a string, or a number, boolean or null spelled as one."""
+    if isinstance(k, str):
+        return k
+    if k is True or k is False or k is None:
+        return dumps(k)
+    if isinstance(k, (int, float)):
+        return dumps(k)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
+
+
 def _error(message: str, text: str, position: int) -> ValueError:
     import json  # (only for a document that is not JSON: the error json itself raises)
 

@@ -13,13 +13,13 @@ def parse_since(text: str, now: float) -> float:
     ``15m``, ``2h``, ``1d``, ``1w``, or combined: ``1h30m``), an ISO date or date-time (``2024-05-01``,
     ``2024-05-01T12:00``, ``2024-05-01T12:00:00+02:00``, ``...Z``; without a zone: local time), or epoch
     seconds (a bare number). Raises ``ValueError`` with a readable message otherwise."""
+    s = text.strip()
+    if _decimal(s):  # (before the durations, which all have a unit: epoch seconds need no re)
+        return float(s)
     import re  # (not at the top: coorm batch reads walltimes through this module, and re costs it 10 ms)
 
-    s = text.strip()
     if re.fullmatch(_DURATION, s.lower()):
         return now - sum(float(n) * _UNITS[u] for n, u in re.findall(_PART, s.lower()))
-    if _decimal(s):
-        return float(s)
     from datetime import datetime
 
     try:

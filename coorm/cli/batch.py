@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from coorm.cli.live import _connect, _failure, _fmt_time, _human, _line, _settings, run
-from coorm.cli.table import SHORT_STATE, columns, print_queue
+from coorm.cli.table import SHORT_STATE, print_history, print_queue
 from coorm.shared.jobids import is_job_id
 
 # what squeue users read in the ST column
@@ -196,13 +196,7 @@ def show_history(user: str | None, since: str | None, states: list[str] | None, 
     if as_json:
         print(json.dumps([j.model_dump() for j in reply.jobs], indent=2))
         return
-    rows = []
-    for j in reply.jobs:
-        elapsed = (j.ended - j.started) if j.started and j.ended else 0.0
-        rows.append((j.id, j.name[:12], j.user[:10], j.state.upper(), "-" if j.exit_code is None else str(j.exit_code),
-                     _human(elapsed), f"{elapsed * j.nodes / 3600:.2f}"))
-    columns(("JobID", "JobName", "User", "State", "ExitCode", "Elapsed", "NodeHours"), rows,
-             {"JobID", "ExitCode", "Elapsed", "NodeHours"}, last_free=False)
+    print_history([j.model_dump() for j in reply.jobs])
 
 
 def show_job(job: str, as_json: bool) -> None:

@@ -73,6 +73,8 @@ def run(argv: list[str]) -> int | None:
         return batch(argv[1:])
     if argv[:1] == ["queue"]:
         return queue(argv[1:])
+    if argv[:1] == ["history"]:
+        return history(argv[1:])
     if argv[:1] in (["cancel"], ["hold"], ["release"]):
         return control(argv[0], argv[1:])
     if argv[:1] == ["submit"]:
@@ -231,22 +233,74 @@ def submission(opts, *, argv: list[str], script: str | None, default_name: str, 
     return {k: v for k, v in message.items() if v is not None}
 
 
+def _listing_options(argv: list[str], valued: tuple[str, ...]) -> dict[str, str]:
+    """``-u U``, ``--user U``, ``--user=U``, ``--json`` and the ``valued`` options (long and short forms):
+    {name: value}; :class:`Fallback` for anything else (``--state``, ``--help``: the full command line)."""
+    names = {"-u": "user", "--user": "user"}
+    for o in valued:
+        names[o] = valued[0].lstrip("-")  # (every form of an option under its long name)
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        key, eq, value = a.partition("=")
+        if a == "--json":
+            out["json"] = ""
+        elif eq and key.startswith("--") and key in names:
+            out[names[key]] = value
+        elif a in names and i + 1 < len(argv):
+            out[names[a]] = argv[i + 1]
+            i += 1
+        else:
+            raise Fallback
+        i += 1
+    return out
+
+
 def queue(argv: list[str]) -> int:
-    """``coorm queue [-u USER]`` (squeue): the jobs not ended, a page at a time over one connection, printed
-    from their JSON (no models: ten thousand jobs in well under a second)."""
-    body: dict = {}
-    if argv[:1] in (["-u"], ["--user"]) and len(argv) == 2:
-        body["user"] = argv[1]
-    elif len(argv) == 1 and argv[0].startswith("--user="):
-        body["user"] = argv[0].partition("=")[2]
-    elif argv:
-        raise Fallback  # --state, --json, --help: the full command line
-    from coorm.cli.table import print_queue
+    """``coorm queue [-u USER] [--json]`` (squeue): the jobs not ended, a page at a time over one connection,
+    printed from their JSON (no models: ten thousand jobs in well under a second)."""
+    opts = _listing_options(argv, ())
+    body: dict = {"user": opts["user"]} if "user" in opts else {}
     from coorm.shared import subjects
 
     now, jobs = pages(subjects.BATCH_QUERY, body, "the batch service")
+    if "json" in opts:
+        _print_json(jobs)
+        return 0
+    from coorm.cli.table import print_queue
+
     print_queue(jobs, now)
     return 0
+
+
+def history(argv: list[str]) -> int:
+    """``coorm history [-u USER] [--since WHEN] [--json]`` (sacct): the jobs ended since then (default: the
+    last day), as the full command line prints them -- scripts poll it."""
+    from coorm.shared import subjects
+    from coorm.shared.when import parse_since
+
+    opts = _listing_options(argv, ("--since", "-S"))
+    try:
+        since = parse_since(opts["since"], time.time()) if "since" in opts else time.time() - 86400
+    except ValueError:
+        raise Fallback from None  # (the full command line says what is wrong with it)
+    body: dict = {"ended": True, "since": since, **({"user": opts["user"]} if "user" in opts else {})}
+    _, jobs = pages(subjects.BATCH_QUERY, body, "the batch service")
+    if "json" in opts:
+        _print_json(jobs)
+        return 0
+    from coorm.cli.table import print_history
+
+    print_history(jobs)
+    return 0
+
+
+def _print_json(jobs: list[dict]) -> None:
+    from coorm.shared.lightjson import dumps_indented
+
+    sys.stdout.write(dumps_indented(jobs) + "\n")
+    sys.stdout.flush()
 
 
 def control(verb: str, argv: list[str]) -> int:

@@ -71,3 +71,17 @@ def columns(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: set
 
 def print_queue(jobs: Sequence[Mapping], now: float) -> None:
     columns(QUEUE_HEADER, queue_rows(jobs, now), {"JOBID", "TIME", "NODES"})
+
+
+HISTORY_HEADER = ("JobID", "JobName", "User", "State", "ExitCode", "Elapsed", "NodeHours")
+
+
+def print_history(jobs: Sequence[Mapping]) -> None:
+    """``coorm history``'s table (sacct): one row per ended job, from its record as the service sends it."""
+    rows = []
+    for j in jobs:
+        started, ended, code = j.get("started"), j.get("ended"), j.get("exit_code")
+        elapsed = (ended - started) if started and ended else 0.0
+        rows.append((str(j["id"]), j["name"][:12], j["user"][:10], str(j["state"]).upper(),
+                     "-" if code is None else str(code), human(elapsed), f"{elapsed * j['nodes'] / 3600:.2f}"))
+    columns(HISTORY_HEADER, rows, {"JobID", "ExitCode", "Elapsed", "NodeHours"}, last_free=False)

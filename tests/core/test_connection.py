@@ -96,11 +96,12 @@ def test_submit_no_wait_queues_its_command(sent):
 def test_what_the_fast_path_does_not_read_goes_to_the_full_command_line(sent):
     for argv in (["batch", "--help"], ["batch", "--mem", "4G", "job.sh"], ["submit", "--no-wait", "--bogus", "--",
                                                                           "true"], ["submit", "--help"],
-                 ["submit", "--bogus", "--", "true"], ["submit", "-N", "0", "--", "true"], ["queue", "--json"],
-                 ["queue", "-t", "R"]):
+                 ["submit", "--bogus", "--", "true"], ["submit", "-N", "0", "--", "true"], ["queue", "-t", "R"],
+                 ["queue", "--json", "--bogus"], ["history", "-s", "CD"], ["history", "--since", "soonish"],
+                 ["history", "--help"]):
         with pytest.raises(fast.Fallback):
             fast.run(argv)
-    assert fast.run(["status"]) is None and fast.run(["history"]) is None
+    assert fast.run(["status"]) is None and fast.run(["nodes"]) is None
     assert sent == []
 
 

@@ -30,6 +30,17 @@ def test_dumps_writes_what_json_writes(value):
     assert lightjson.dumps(value) == json.dumps(value, separators=(",", ":"))
 
 
+@given(documents)
+def test_dumps_indented_writes_what_json_writes_with_an_indent(value):
+    assert lightjson.dumps_indented(value) == json.dumps(value, indent=2)
+
+
+@given(st.dictionaries(st.one_of(st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False)),
+                       st.integers(), max_size=4))
+def test_dumps_indented_writes_keys_that_are_not_strings_as_json_does(value):
+    assert lightjson.dumps_indented(value) == json.dumps(value, indent=2)
+
+
 @given(documents, st.sampled_from(["", " ", "\n\t", "\r\n  "]))
 def test_loads_reads_what_json_reads(value, space):
     text = space + json.dumps(value, ensure_ascii=False, indent=1) + space

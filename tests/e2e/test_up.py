@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -178,6 +180,35 @@ def test_cancel_hold_and_release_on_the_light_path_say_what_the_full_one_says(up
         assert r.returncode == 2 and "12x" in r.stderr, r.stderr
     finally:
         _run(env, "cancel", first, then)
+
+
+def test_queue_and_history_on_the_light_path_print_what_the_full_one_prints(up):
+    """squeue and sacct are polled by scripts: ``coorm queue --json`` and ``coorm history`` (table or
+    ``--json``, ``--since``, ``--user``) go the light path, printing what the full command line prints."""
+    proc, env, tmp, conn = up
+    done = [_run(env, "batch", "-J", f"hist-{k}", "-o", "/dev/null", "--wrap", f"exit {k}",
+                 entry=FAST).stdout.split()[-1] for k in (0, 3)]
+    held = _run(env, "batch", "-H", "-J", "hist-held", "--wrap", "true", entry=FAST).stdout.split()[-1]
+    try:
+        wait_for(lambda: all(j in _run(env, "history", "--json", entry=FAST).stdout for j in done), 30,
+                 "the jobs to end")
+        since = str(int(time.time()) - 600)
+        user = getpass.getuser()
+        for args in (["queue", "--json"], ["queue", "-u", user, "--json"], ["history"], ["history", "--json"],
+                     ["history", "--since", since, "--json"], ["history", f"--user={user}", "-S", "1d"]):
+            light, full = _run(env, *args, entry=FAST), _run(env, *args)
+            assert (light.returncode, light.stdout, light.stderr) == (full.returncode, full.stdout, full.stderr), args
+        for args in (["queue", "--json"], ["history", "--since", since, "--json"], ["history"]):  # (the light path:
+            # neither pydantic nor typer is imported)
+            r = _run(env, *args, entry=[sys.executable, "-X", "importtime", "-m", "coorm.cli.fast"])
+            assert r.returncode == 0 and "pydantic" not in r.stderr and "typer" not in r.stderr, args
+        rows = json.loads(_run(env, "history", "--json", entry=FAST).stdout)
+        assert {(r["id"], r["exit_code"]) for r in rows if r["id"] in done} == {(done[0], 0), (done[1], 3)}
+        assert [r["id"] for r in json.loads(_run(env, "queue", "--json", entry=FAST).stdout)] == [held]
+        r = _run(env, "history", "--since", "yesterday-ish", entry=FAST)  # not a time: the full command line says so
+        assert r.returncode == 2 and "cannot read 'yesterday-ish' as a time" in r.stderr, r.stderr
+    finally:
+        _run(env, "cancel", held)
 
 
 def test_bad_submissions_are_refused_clearly(up, entry):
