@@ -74,6 +74,19 @@ class Driver:
         self.running.pop(task)
         return self.core.task_ended(task)
 
+    def run_to_the_end(self, rounds: int) -> None:
+        """Rounds of: start what was asked, let a second pass, end every running task; until the farm is
+        idle or ``rounds`` have passed."""
+        for _ in range(rounds):
+            if self.core.idle:
+                break
+            self.start_slots()
+            self.decide()
+            self.now += 1.0
+            for task in list(self.running):
+                self.end_task(task)
+            self.decide()
+
 
 def test_tasks_run_on_slots_one_after_the_other_and_the_slots_go_back_at_the_end():
     core = FarmCore(app="a", walltime=W, width=2)
@@ -195,15 +208,7 @@ def test_every_task_runs_once_unless_withdrawn_and_the_farm_ends_idle(nodes, wid
             core.add(new, expected=len(core.pending) + len(new))
         d.decide()
     # then let everything run to its end: every task not withdrawn runs, exactly once
-    for _ in range(10 * (n + 1)):
-        if core.idle:
-            break
-        d.start_slots()
-        d.decide()
-        d.now += 1.0
-        for task in list(d.running):
-            d.end_task(task)
-        d.decide()
+    d.run_to_the_end(10 * (n + 1))
     assert core.idle, "the farm never finished"
     ran = [r.task for r in d.runs]
     assert len(ran) == len(set(ran))

@@ -29,6 +29,14 @@ class Watch(Driver):
         self.came.update((j, self.now) for j in jobs)
         self.core.add(jobs, expected=len(self.core.pending) + len(jobs), now=self.now)
 
+    def first_run(self, job: str) -> Run:
+        """``job`` added to an idle farm, its slot asked and started: the decision that runs it."""
+        self.add([job])
+        self.decide()
+        self.start_slots()
+        (run,) = [x for x in self.decide() if isinstance(x, Run)]
+        return run
+
     def start_slots(self) -> None:
         before = set(self.held)
         super().start_slots()
@@ -91,10 +99,7 @@ def test_one_slot_per_pending_job_each_of_one_walltime():
 def test_an_idle_slot_lingers_then_goes_back_and_takes_a_job_that_comes_meanwhile():
     core = farm()
     d = Watch(core, nodes=2)
-    d.add(["j0"])
-    d.decide()
-    d.start_slots()
-    (run,) = [x for x in d.decide() if isinstance(x, Run)]
+    run = d.first_run("j0")
     d.now += 0.1
     d.end_task("j0")
     out = d.decide()
@@ -164,10 +169,7 @@ def test_a_freed_slot_goes_back_to_the_rms_rather_than_to_a_job_that_has_waited_
 def test_a_slot_lingers_only_in_a_stream_of_jobs():
     core = farm()
     d = Watch(core, nodes=2)
-    d.add(["j0"])
-    d.decide()
-    d.start_slots()
-    (run,) = [x for x in d.decide() if isinstance(x, Run)]
+    run = d.first_run("j0")
     d.now += 1.0  # j0 ran a second, and nothing came meanwhile: no stream, nothing to wait for
     d.end_task("j0")
     assert Release(run.request) in d.decide()
@@ -227,15 +229,7 @@ def test_separate_jobs_run_once_on_slots_that_hold_them_and_no_slot_lingers_past
             added += new
             d.add(new)
         d.decide()
-    for _ in range(10 * (n + 1)):
-        if core.idle:
-            break
-        d.start_slots()
-        d.decide()
-        d.now += 1.0
-        for job in list(d.running):
-            d.end_task(job)
-        d.decide()
+    d.run_to_the_end(10 * (n + 1))
     assert core.idle, "the farm never finished"
     ran = [r.task for r in d.runs]
     assert len(ran) == len(set(ran)), "a job ran twice"
