@@ -17,31 +17,15 @@ import re
 import signal
 from pathlib import Path
 
+from coorm.node_agent import spawner
+from coorm.node_agent.spawner import own_cgroup
+
 
 def cgroup2_mount(mounts: str = "/proc/self/mounts") -> Path | None:
     """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup``, or ``/sys/fs/cgroup/unified`` on a
     hybrid host), or None."""
-    try:
-        with open(mounts) as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) >= 3 and fields[2] == "cgroup2":
-                    return Path(fields[1])
-    except OSError:
-        pass
-    return None
-
-
-def own_cgroup(path: str = "/proc/self/cgroup") -> str | None:
-    """This process's cgroup v2 path (the ``0::`` line), or None."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        pass
-    return None
+    mount = spawner.cgroup2_mount(mounts)
+    return Path(mount) if mount is not None else None
 
 
 def _safe(name: str) -> str:

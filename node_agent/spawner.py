@@ -256,20 +256,36 @@ def _leave(cgroup: str | None) -> None:
         os._exit(70)
 
 
+def cgroup2_mount(mounts: str = "/proc/self/mounts") -> str | None:
+    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup``, or ``/sys/fs/cgroup/unified`` on a
+    hybrid host), or None. (Here, standard library only, for this process; the agent's
+    :mod:`~coorm.node_agent.containment` reads it through this one.)"""
+    try:
+        with open(mounts) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 3 and fields[2] == "cgroup2":
+                    return fields[1]
+    except OSError:
+        pass
+    return None
+
+
+def own_cgroup(path: str = "/proc/self/cgroup") -> str | None:
+    """This process's cgroup v2 path (the ``0::`` line), or None."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return None
+
+
 def _own_cgroup_procs() -> str:
-    """``cgroup.procs`` of this process's cgroup v2 (the mount from /proc/self/mounts, the path from
-    /proc/self/cgroup's ``0::`` line)."""
-    mount = rel = None
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) >= 3 and fields[2] == "cgroup2":
-                mount = fields[1]
-                break
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            if line.startswith("0::"):
-                rel = line[3:].strip()
+    """``cgroup.procs`` of this process's cgroup v2."""
+    mount, rel = cgroup2_mount(), own_cgroup()
     if mount is None or rel is None:
         raise OSError(errno.ENOENT, "no cgroup v2 hierarchy")
     return os.path.join(mount, rel.lstrip("/"), "cgroup.procs")
