@@ -94,9 +94,7 @@ def _key(k: Any) -> str:
     """A key as ``json`` writes it: a string, or a number, boolean or null spelled as one."""
     if isinstance(k, str):
         return k
-    if k is True or k is False or k is None:
-        return dumps(k)
-    if isinstance(k, (int, float)):
+    if k is None or isinstance(k, (int, float)):  # (bool is an int)
         return dumps(k)
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
 
