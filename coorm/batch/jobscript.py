@@ -24,12 +24,11 @@ Where it does not (on purpose):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 from coorm.shared.when import digits
 
-TYPE_CHECKING = False  # (not typing's: coorm batch imports this module on every call)
+TYPE_CHECKING = False  # (not typing's, nor collections': coorm batch imports this module on every call)
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from typing import Literal, NamedTuple
 
     Dialect = Literal["coorm", "sbatch"]

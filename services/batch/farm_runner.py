@@ -273,16 +273,17 @@ class FarmRunner:
                 raise item.error  # CooRM is gone: the next instance takes the farm up
 
     async def _commit(self) -> bool:
-        """Write down what this turn changed: the records of launches, the ends of tasks (one Redis round trip
-        each, whatever their number). True if tasks ended."""
-        if self._dirty:
-            dirty, self._dirty = self._dirty, {}
-            ending = {e[0] for e in self._ended}  # (their records go to the history now: not written twice)
-            await self.svc.save_many([r for t, r in dirty.items() if t not in ending])
+        """Write down what this turn changed: the records of launches and the ends of tasks, in one Redis round
+        trip whatever their number. True if tasks ended."""
+        dirty, self._dirty = self._dirty, {}
+        ending = {e[0] for e in self._ended}  # (their records go to the history now: not written twice)
+        launched = [r for t, r in dirty.items() if t not in ending]
         if not self._ended:
+            if launched:
+                await self.svc.save_many(launched)
             return False
         ended, self._ended = self._ended, []
-        await self.svc.end_many(ended)
+        await self.svc.end_many(ended, also=launched)
         return True
 
     async def _enter(self, tasks: list[str]) -> None:

@@ -34,6 +34,7 @@ import json
 import math
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -849,14 +850,16 @@ class BatchService:
         """``at``: when its work ended (its last process), which may be a little before its session closed."""
         await self.end_many([(job, state, code, reason)], at)
 
-    async def end_many(self, ends: list[tuple[str, JobState, int | None, str]], at: float | None = None) -> None:
-        """Jobs' runs ended (a farm's tasks, together: written down in one go)."""
+    async def end_many(self, ends: list[tuple[str, JobState, int | None, str]], at: float | None = None,
+                       also: Sequence[Record] = ()) -> None:
+        """Jobs' runs ended (a farm's tasks, together: written down in one go, with ``also``: other jobs' records
+        that changed without the queue's knowing -- their launches)."""
         actions = []
         async with self._lock:
             now = at or self.clock()
             for job, state, code, reason in ends:
                 actions += self.core.ended(job, state, now, code, reason)
-            await self._flush()
+            await self._persist_jobs(self.core.take_changed(), also=also)
         self._act(actions)
         for job, state, code, reason in ends:
             log.info("job ended", job=job, state=state.value, exit_code=code, reason=reason)
@@ -880,15 +883,18 @@ class BatchService:
     async def _flush(self, spec: tuple[str, str] | None = None) -> None:
         await self._persist_jobs(self.core.take_changed(), spec)
 
-    async def _persist_jobs(self, ids: list[str], spec: tuple[str, str] | None = None) -> None:
+    async def _persist_jobs(self, ids: list[str], spec: tuple[str, str] | None = None,
+                            also: Sequence[Record] = ()) -> None:
         """Write the jobs' records; an ended one moves to the history (and its submission goes with its last
-        job). ``spec``: a new submission (id, text), written with them."""
+        job). ``spec``: a new submission (id, text), written with them; ``also``: records of live jobs that
+        changed outside the queue (:meth:`save_many`'s), written with them."""
         assert self.redis is not None
         if not ids:
             if spec is not None:
                 await self.redis.hset(keys.BATCH_SPECS, *spec)
+            await self.save_many(list(also))
             return
-        live: dict[str, str] = {}
+        live: dict[str, str] = {r.id: _dump(r) for r in also if JobState(r.state) not in ENDED and r.id not in ids}
         ended: list[Record] = []
         for i in ids:
             r = self._sync(i)
