@@ -66,6 +66,12 @@ class CoupledCores:
                 return Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.TOO_LARGE,
                                 reason=f"request {spec.id}: {spec.nodes} nodes, cluster {spec.cluster} has "
                                        f"{sizes[spec.cluster]}; it could never start")
+            # left to the RMS: too large for every cluster it may go to
+            allowed = [sizes[c] for c in (spec.clusters or sizes) if c in sizes]
+            if spec.cluster is None and allowed and spec.nodes > max(allowed):
+                return Rejected(stimulus_id=event.stimulus_id, code=ErrorCode.TOO_LARGE,
+                                reason=f"request {spec.id}: {spec.nodes} nodes, the largest cluster it may go to "
+                                       f"has {max(allowed)}; it could never start")
         return None
 
     def register(self, at: float, cluster: str, nodes: list[str]) -> list[Decision]:

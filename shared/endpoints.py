@@ -281,7 +281,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "another request of the same application (``COALLOC``: start together; ``NEXT``: start at its end "
             "and take its nodes over). Request ids are the application's: prefixed with its id (as the SDK "
             "does), they are unique for the life of the system; the RMS refuses only an id a request of an "
-            "open session has (it forgets a session's ids when it closes). The ``Ack`` lists the ids accepted."),
+            "open session has (it forgets a session's ids when it closes). The ``Ack`` lists the ids accepted. "
+            "A request may instead leave its cluster to the RMS (an opt-in delegation of the application's "
+            "choice): no ``cluster``, a ``placement`` rule (``worst-fit``, KOALA's; ``first-fit``) and the "
+            "``clusters`` it allows; the RMS chooses when it first places the request and keeps the choice, "
+            "which the startNotify's ``cluster`` tells (a malleable application grows there)."),
         example={"token": _TOKEN, "requests": [
             {"id": "alice.a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16, "duration": 3600.0},
             {"id": "alice.a7.extra", "type": "preemptible", "cluster": "c0", "nodes": 8, "related_to": "alice.a7.run",

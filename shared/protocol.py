@@ -542,7 +542,7 @@ class RequestStatus(_Msg):
     app: Identifier
     request: Identifier
     type: str
-    cluster: Identifier
+    cluster: Identifier | None  # None: left to the RMS (``placement``), which has not chosen it yet
     nodes: int
     state: str  # waiting | started
     submitted: float
@@ -552,6 +552,7 @@ class RequestStatus(_Msg):
     related_how: str = "FREE"
     blocked: bool = False
     node_ids: list[str] = Field(default_factory=list)
+    placement: str | None = None  # the rule the RMS chose (or chooses) its cluster by
 
 
 class StatusReply(_Msg):

@@ -79,6 +79,14 @@ FIELD_NOTES: Mapping[str, str] = {
     "RequestSpec.duration": "seconds; null: unbounded (preemptible only)",
     "RequestSpec.related_to": "a request of the same application (required unless FREE)",
     "RequestSpec.related_how": "FREE: no constraint; COALLOC: start together; NEXT: start at its end, on its nodes",
+    "RequestSpec.cluster": "the cluster; null: the RMS chooses it, by ``placement``",
+    "RequestSpec.placement": "(with no cluster) the rule by which the RMS chooses the cluster, the first time it "
+                             "places the request -- ``worst-fit`` (KOALA's: the most idle nodes at the earliest "
+                             "start, less COORM_LOCAL_THRESHOLD) or ``first-fit`` (the first by name where it starts "
+                             "first) -- and keeps it; the start notification names it. Only a FREE "
+                             "non-preemptible request or pre-allocation",
+    "RequestSpec.clusters": "(with a placement) the clusters it may go to, at least one; null: those of its "
+                            "session's filter, or any",
     "DoneMsg.token": "the session token",
     "DoneMsg.request": "the request to end (or cancel)",
     "DoneMsg.released": "node IDs given back now (an update to fewer nodes)",
@@ -95,6 +103,7 @@ FIELD_NOTES: Mapping[str, str] = {
     "Change.type": "which view (``info``/``interinfo``: pull the information again)",
     "Change.cap": "the view: ``[[t, nodes], ...]``, absolute times; the last step lasts for ever",
     "StartNotify.nodes": "the node IDs it may use (empty for a pre-allocation)",
+    "StartNotify.cluster": "the cluster it started on (the RMS's choice for a request with a placement)",
     "StartNotify.kept": "those of them it kept from its NEXT predecessor",
     "StartNotify.end": "planned end, wall clock (null: none)",
     "KillNotify.reason": "why it ended",
@@ -156,6 +165,8 @@ FIELD_NOTES: Mapping[str, str] = {
     "StatusReply.requests": "every waiting and started request",
     "RequestStatus.blocked": "it waits on a relation",
     "RequestStatus.node_ids": "the node IDs it holds",
+    "RequestStatus.cluster": "its cluster; null: left to the RMS, which has not chosen it yet",
+    "RequestStatus.placement": "the rule the RMS chooses (or chose) its cluster by; null: the request named it",
     "AgentHeartbeat.nodes": "its node IDs",
     "AgentRegister.nodes": "its nodes",
     "NodeInfo.id": "the node id",

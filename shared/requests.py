@@ -6,6 +6,15 @@ completion; preemptible: may be taken back), and ``related_to`` / ``related_how`
 relative to another request of the same application: FREE (no constraint), COALLOC (same start),
 NEXT (start at the other's end, keeping its nodes).
 
+An application that does not want to pick the cluster may leave the choice to the RMS (an opt-in
+delegation: CooRM's RMS shows views and the application chooses; this one asks the RMS to apply a rule
+for it): no ``cluster``, a ``placement`` rule (KOALA's ``worst-fit``, or ``first-fit``:
+:mod:`coorm.shared.cluster_choice`) and optionally the ``clusters`` it may go to (none: any). The policy
+core picks the cluster the first time it places the request, and keeps it there; the start notification
+names it, so that the application's later requests (its growth) go to the same cluster. Only a FREE
+non-preemptible request or pre-allocation may be placed so: a relation ties a request to a cluster the
+application names, and a preemptible request starts within its preemptive view of one cluster.
+
 Validation here is what can be checked on the message alone; what needs the RMS's state (does the
 cluster exist, does ``related_to`` name a request of this application) is checked by the policy core.
 """
@@ -13,13 +22,17 @@ cluster exist, does ``related_to`` name a request of this application) is checke
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@-]+$")]
 
 MAX_BATCH = 1000
+MAX_CLUSTERS = 1000  # clusters a request may name as allowed
+
+# the rules of coorm.shared.cluster_choice (RULES there; a test checks they agree: this module stays light)
+Placement = Literal["worst-fit", "first-fit"]
 
 
 class RequestType(StrEnum):
@@ -41,14 +54,18 @@ class RequestSpec(BaseModel):
 
     id: Identifier
     type: RequestType = RequestType.NON_PREEMPTIBLE
-    cluster: Identifier
+    cluster: Identifier | None = None  # None: the RMS picks it, by ``placement``
     nodes: int = Field(ge=1, le=1_000_000)
     duration: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     related_to: Identifier | None = None
     related_how: Relation = Relation.FREE
+    # the RMS chooses the cluster, by this rule, among ``clusters`` (None: any cluster)
+    placement: Placement | None = None
+    clusters: list[Identifier] | None = Field(default=None, min_length=1, max_length=MAX_CLUSTERS)
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestSpec:
+        self._placement_coherent()
         if self.duration is None and self.type is not RequestType.PREEMPTIBLE:
             raise ValueError(f"request {self.id}: only preemptible requests may have an unbounded duration")
         if self.related_how is not Relation.FREE and self.related_to is None:
@@ -56,6 +73,23 @@ class RequestSpec(BaseModel):
         if self.related_to == self.id:
             raise ValueError(f"request {self.id}: a request cannot be related to itself")
         return self
+
+    def _placement_coherent(self) -> None:
+        if self.placement is None:
+            if self.cluster is None:
+                raise ValueError(f"request {self.id}: name a cluster, or a placement rule for the RMS to choose one")
+            if self.clusters is not None:
+                raise ValueError(f"request {self.id}: clusters (the allowed ones) go with a placement rule")
+            return
+        if self.cluster is not None:
+            raise ValueError(f"request {self.id}: a cluster or a placement rule, not both")
+        if self.type is RequestType.PREEMPTIBLE:
+            raise ValueError(f"request {self.id}: a preemptible request names its cluster (it starts within "
+                             "its preemptive view of one)")
+        if self.related_to is not None or self.related_how is not Relation.FREE:
+            raise ValueError(f"request {self.id}: a request placed by the RMS cannot be related to another")
+        if self.clusters is not None and len(set(self.clusters)) != len(self.clusters):
+            raise ValueError(f"request {self.id}: a cluster is named twice in clusters")
 
 
 def _relation_cycle(requests: list[RequestSpec]) -> list[str] | None:

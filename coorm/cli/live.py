@@ -366,7 +366,10 @@ def show_requests(as_json: bool, app: str | None) -> None:
     for r in sorted(rows, key=lambda r: (r.state != "started", r.start if r.start is not None else 1e30)):
         state = r.state + (" (blocked)" if r.blocked else "")
         rel = f"{r.related_how} {r.related_to}" if r.related_to else ""
-        t.add_row(r.app, r.request, r.type, r.cluster, str(r.nodes), state, _fmt_time(r.start, st.now),
+        cluster = r.cluster or f"({r.placement})"  # (the RMS has not chosen it yet)
+        if r.cluster and r.placement:
+            cluster += f" ({r.placement})"
+        t.add_row(r.app, r.request, r.type, cluster, str(r.nodes), state, _fmt_time(r.start, st.now),
                   "-" if r.end is None else _fmt_time(r.end, st.now), rel)
     Console().print(t)
 

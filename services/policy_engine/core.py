@@ -45,6 +45,7 @@ from coorm.services.policy_engine.placement import Container, Placer
 from coorm.services.policy_engine.schedule import Schedule, interval_hash
 from coorm.services.policy_engine.shares import FILLING, INCREMENTAL, POLICIES
 from coorm.services.policy_engine.state import App, Hold, Request, RequestState
+from coorm.shared.cluster_choice import WORST_FIT, choose
 from coorm.shared.events import (
     Accepted,
     CloseSession,
@@ -273,11 +274,7 @@ class PolicyCore:
         batch: dict[str, Request] = {}
         followed: set[str] = set()
         for spec in ev.requests:
-            if spec.cluster not in self.clusters:
-                known = ", ".join(sorted(self.clusters)) or "none"
-                raise CommandError(
-                    ErrorCode.UNKNOWN_CLUSTER, f"request {spec.id}: unknown cluster {spec.cluster} (known: {known})"
-                )
+            self._check_clusters(spec)
             if spec.id in self.requests or spec.id in self.ended:
                 raise CommandError(ErrorCode.DUPLICATE, f"request id {spec.id} is already used")
             if spec.related_how is not Relation.FREE:
@@ -294,13 +291,15 @@ class PolicyCore:
                 id=spec.id,
                 app=app.id,
                 type=spec.type,
-                cluster=spec.cluster,
+                cluster=spec.cluster or "",
                 nodes=spec.nodes,
                 duration=INF if spec.duration is None else spec.duration,
                 related_to=spec.related_to if spec.related_how is not Relation.FREE else None,
                 related_how=spec.related_how,
                 submitted_at=self.now,
                 seq=self._seq,
+                placement=spec.placement,
+                allowed=tuple(spec.clusters or ()),
             )
         for r in batch.values():
             self.requests[r.id] = r
@@ -309,9 +308,25 @@ class PolicyCore:
                 app.preemptible[r.id] = r
             if r.related_how is Relation.NEXT and r.related_to is not None:
                 self._get(r.related_to).successor = r.id
-            self._tell(r.id, "submitted", f"{r.type.value} {r.nodes} nodes on {r.cluster}")
+            where = r.cluster or f"the cluster {r.placement} chooses" + (
+                f" of {', '.join(r.allowed)}" if r.allowed else "")
+            self._tell(r.id, "submitted", f"{r.type.value} {r.nodes} nodes on {where}")
         self.dirty = True
         return Accepted(stimulus_id=ev.stimulus_id, app=app.id, requests=tuple(batch))
+
+    def _check_clusters(self, spec: RequestSpec) -> None:
+        """The cluster it names, or the clusters it allows the RMS to choose from, exist."""
+        known = ", ".join(sorted(self.clusters)) or "none"
+        if spec.cluster is not None:
+            if spec.cluster not in self.clusters:
+                raise CommandError(
+                    ErrorCode.UNKNOWN_CLUSTER, f"request {spec.id}: unknown cluster {spec.cluster} (known: {known})"
+                )
+            return
+        unknown = [c for c in spec.clusters or () if c not in self.clusters]
+        if unknown or not self.clusters:
+            what = f"unknown cluster {', '.join(unknown)}" if unknown else "no cluster to choose from"
+            raise CommandError(ErrorCode.UNKNOWN_CLUSTER, f"request {spec.id}: {what} (known: {known})")
 
     def _get(self, rid: str) -> Request:
         return self.requests[rid]
@@ -332,6 +347,9 @@ class PolicyCore:
             raise CommandError(ErrorCode.UNKNOWN_REQUEST, f"request {spec.id}: no request {rid}")
         if target.app != app.id:
             raise CommandError(ErrorCode.NOT_YOURS, f"request {spec.id}: {rid} belongs to another application")
+        if target.unplaced:
+            raise CommandError(ErrorCode.BAD_RELATION, f"request {spec.id}: the RMS has not chosen {rid}'s cluster "
+                               "yet (its start notification names it)")
         if spec.related_how is Relation.NEXT:
             if target.type is not spec.type or target.cluster != spec.cluster:
                 raise CommandError(
@@ -822,6 +840,8 @@ class PolicyCore:
             for r in app.requests.values():
                 if r.state is WAITING:
                     if not r.preemptible and r.id not in promised:
+                        if r.unplaced and not self._choose_cluster(r, placer):
+                            continue
                         waiting.append(r)
                 elif r.is_preallocation:
                     inner = [i for i in app.requests.values() if i.container == r.id]
@@ -833,6 +853,26 @@ class PolicyCore:
                 due.extend(r for r in waiting if r.start <= now)
         ctx.np_signatures["\x00final"] = placer.signature
         return ctx
+
+    def _choose_cluster(self, r: Request, placer: Placer) -> bool:
+        """The cluster of a request left to the RMS, chosen when it is first placed and kept: its rule
+        (:mod:`coorm.shared.cluster_choice`, KOALA's worst-fit) applied to the profiles as they stand at its
+        application's turn -- its non-preemptive views -- less ``local_threshold``. A request that fits
+        nowhere with the threshold goes where it fits without it (the threshold keeps nodes from malleable
+        growth, never from a non-preemptible request); one that fits nowhere, ever, waits unplaced (chosen
+        again at the next pass), as KOALA keeps a job it cannot place in its queue."""
+        allowed = [c for c in (r.allowed or sorted(self.clusters)) if c in placer.profiles]
+        views = {c: placer.profiles[c].to_stepfunction() for c in allowed}
+        rule, threshold = r.placement or WORST_FIT, self.settings.local_threshold
+        chosen = choose(rule, views, r.nodes, r.duration, self.now, threshold)
+        if chosen is None and threshold:
+            chosen = choose(rule, views, r.nodes, r.duration, self.now)
+        if chosen is None:
+            r.start = INF
+            return False
+        r.cluster = chosen
+        self._tell(r.id, "placed", f"on {chosen} by {rule}")
+        return True
 
     def _schedule(self, ctx: PassContext) -> Schedule:
         placer = ctx.placer

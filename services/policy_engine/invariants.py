@@ -23,6 +23,10 @@ def check(core: PolicyCore) -> None:
     for rid, r in core.requests.items():
         if rid != r.id or core.apps.get(r.app) is None or core.apps[r.app].requests.get(rid) is not r:
             raise InvariantError(f"request {rid} is not filed under its application {r.app}")
+        if r.unplaced and r.state is not WAITING:
+            raise InvariantError(f"request {rid} started with no cluster chosen")
+        if r.allowed and not r.unplaced and r.cluster not in r.allowed:
+            raise InvariantError(f"request {rid} was placed on {r.cluster}, not one of {', '.join(r.allowed)}")
         if r.state is STARTED:
             if not r.is_preallocation:
                 used[r.cluster] += r.nodes

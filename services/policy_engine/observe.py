@@ -70,9 +70,10 @@ def status(st: StatusReply) -> None:
             m.requests_running.labels(r.cluster, r.type).inc()
             m.app_nodes.labels(kind.get(r.app, "unknown"), r.type).inc(len(r.node_ids))
         elif r.state == "waiting":
-            m.requests_waiting.labels(r.cluster, r.type).inc()
+            cluster = r.cluster or "unplaced"  # (left to the RMS, which has not chosen its cluster yet)
+            m.requests_waiting.labels(cluster, r.type).inc()
             if r.start is not None:
-                waits.setdefault(r.cluster, []).append(max(0.0, r.start - st.now))
+                waits.setdefault(cluster, []).append(max(0.0, r.start - st.now))
     for cluster, ws in waits.items():
         m.waiting_estimated_start.labels(cluster, "soonest").set(min(ws))
         m.waiting_estimated_start.labels(cluster, "median").set(statistics.median(ws))

@@ -96,6 +96,7 @@ from coorm.shared.protocol import (
     ViewsEpoch,
     ViewsQuery,
 )
+from coorm.shared.requests import RequestSpec
 from coorm.shared.settings import Settings
 
 log = structlog.get_logger("coorm.policy_engine")
@@ -155,6 +156,16 @@ def _changing_leader() -> bus.WireError:
     return bus.WireError(ErrorCode.UNAVAILABLE, "the policy engine is changing leader: retry")
 
 
+def _within_filter(requests: list[RequestSpec], clusters: list[str] | None) -> list[RequestSpec]:
+    """A request that leaves its cluster to the RMS and names none it allows may go to the clusters of its
+    session's filter (those it can use), when the filter names some."""
+    if not clusters:
+        return requests
+    allowed = list(dict.fromkeys(clusters))
+    return [r.model_copy(update={"clusters": allowed}) if r.placement and r.clusters is None else r
+            for r in requests]
+
+
 def policy_settings(s: Settings) -> PolicySettings:
     """The core's settings; a policy name it does not know is a :class:`SettingError` naming the variable
     and the names it knows."""
@@ -165,6 +176,7 @@ def policy_settings(s: Settings) -> PolicySettings:
                               pass_burst=s.pass_burst, oversize_waits=s.oversize_waits)
     except ValidationError as e:
         raise SettingError(_explain_settings(s, e)) from None
+
 
 
 class SettingError(ValueError):
@@ -671,8 +683,9 @@ class PolicyEngine:
 
     async def _on_request(self, msg: RequestMsg, raw: Msg) -> Ack:
         app = self._check(raw.subject, msg.token)
+        requests = _within_filter(msg.requests, self.sessions.get(app, {}).get("filter", {}).get("clusters"))
         return self._answer(await self.apply(
-            lambda at, sid: Submit(at=at, stimulus_id=sid, app=app, requests=msg.requests)))
+            lambda at, sid: Submit(at=at, stimulus_id=sid, app=app, requests=requests)))
 
     async def _on_done(self, msg: DoneMsg, raw: Msg) -> Ack:
         app = self._check(raw.subject, msg.token)

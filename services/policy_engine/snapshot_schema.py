@@ -57,7 +57,7 @@ from coorm.shared.negotiation import NegotiationTerms
 from coorm.shared.requests import Relation, RequestType
 from coorm.shared.stepfn import INF
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 Doc = dict[str, Any]
 
@@ -94,9 +94,19 @@ def _v3_negotiation(doc: Doc) -> Doc:
     return doc
 
 
+def _v4_placement(doc: Doc) -> Doc:
+    """Version 4 (the RMS chooses a request's cluster, KOALA's worst-fit): a request's ``placement`` and
+    ``allowed`` clusters. Version 3 had none: every request named its cluster."""
+    policy = doc["policy"]
+    for table in (policy["requests"], policy["pending_ends"]):
+        table["fields"] = [*table["fields"], "placement", "allowed"]
+        table["rows"] = [[*row, None, []] for row in table["rows"]]
+    return doc
+
+
 # version N -> the function that turns a document of version N - 1 into one of version N. Each takes and
 # returns plain JSON (dicts, lists, str, numbers); it may assume its input is a valid document of N - 1.
-UPGRADES: dict[int, Callable[[Doc], Doc]] = {2: _v2_koala, 3: _v3_negotiation}
+UPGRADES: dict[int, Callable[[Doc], Doc]] = {2: _v2_koala, 3: _v3_negotiation, 4: _v4_placement}
 
 
 def upgrade(doc: Doc, version: int, upgrades: dict[int, Callable[[Doc], Doc]] | None = None,
@@ -183,6 +193,8 @@ class RequestRow(NamedTuple):
     released: tuple[str, ...]
     done_at: Num | None
     end_reason: EndReason | None
+    placement: str | None  # the rule that chose (or, while its cluster is "", chooses) its cluster; null: it named it
+    allowed: tuple[str, ...]
 
 
 REQUEST_FIELDS = list(RequestRow._fields)
@@ -397,7 +409,7 @@ CARRIED: dict[type, dict[str, str]] = {
         "_seq": "seq", "_timer": "timer", "_signatures": "signatures", "_ended_stories": "ended_stories",
     },
     Request: _same("id app type cluster nodes duration related_to related_how submitted_at seq phase start end "
-                   "container placed_in successor released done_at end_reason"),
+                   "container placed_in successor released done_at end_reason placement allowed"),
     App: _same("id opened_at seq user name kind adapts started_at requests preemptible deadlines ended"),
     Hold: _same("cluster begin until nodes physical request awaiting"),
     Schedule: _same("epoch now policy up base log log_ids marks np_signature np_usage demands p_signature "
@@ -450,7 +462,8 @@ def _dump_requests(requests: Iterable[Request]) -> Doc:
     return {"fields": REQUEST_FIELDS, "rows": [
         [r.id, r.app, r.type.value, r.cluster, r.nodes, _n(r.duration), r.related_to, r.related_how.value,
          _n(r.submitted_at), r.seq, r.phase.value, _n(r.start), _n(r.end), r.container, r.placed_in, r.successor,
-         r.released, _nn(r.done_at), None if r.end_reason is None else r.end_reason.value]
+         r.released, _nn(r.done_at), None if r.end_reason is None else r.end_reason.value, r.placement,
+         list(r.allowed)]
         for r in requests]}
 
 

@@ -48,6 +48,10 @@ class Request:
     released: tuple[str, ...] = ()  # node IDs named in done
     done_at: float | None = None  # done, but kept running until its NEXT successor takes its nodes over
     end_reason: EndReason | None = None
+    # left to the RMS (the request named no cluster): the rule that chooses its cluster and the clusters
+    # allowed (empty: any); ``cluster`` is "" until the first pass that places it chooses one
+    placement: str | None = None
+    allowed: tuple[str, ...] = ()
 
     @property
     def state(self) -> RequestState:
@@ -66,6 +70,11 @@ class Request:
     @property
     def is_preallocation(self) -> bool:
         return self.type is RequestType.PRE_ALLOCATION
+
+    @property
+    def unplaced(self) -> bool:
+        """Its cluster is the RMS's to choose and not chosen yet."""
+        return not self.cluster
 
     @property
     def constrained(self) -> bool:

@@ -47,9 +47,10 @@ def status_of(cores: CoupledCores, sessions: dict[str, dict], leader: str, offse
         if only is not None and r.app not in only:
             continue
         requests.append(RequestStatus(
-            app=r.app, request=r.id, type=r.type.value, cluster=r.cluster, nodes=r.nodes, state=r.state.value,
-            submitted=r.submitted_at, start=_t(r.start), end=_t(r.end) if started else None,
-            related_to=r.related_to, related_how=r.related_how.value, blocked=r.blocked, node_ids=ids))
+            app=r.app, request=r.id, type=r.type.value, cluster=r.cluster or None, nodes=r.nodes,
+            state=r.state.value, submitted=r.submitted_at, start=_t(r.start), end=_t(r.end) if started else None,
+            related_to=r.related_to, related_how=r.related_how.value, blocked=r.blocked, node_ids=ids,
+            placement=r.placement))
     clusters = []
     for c, up in sorted(policy.clusters.items()):
         # a partition of the up nodes: what runs (non-preemptibly, preemptibly), what fair-start holds, and

@@ -24,6 +24,7 @@ from coorm.services.policy_engine.core import PolicySettings
 from coorm.services.policy_engine.snapshot import SCHEMA_VERSION, Snapshot, SnapshotError, after, state_shape
 from coorm.shared.events import CloseSession, Done, Negotiate, NodeDrain, OpenSession, Respond, Tick
 from coorm.shared.negotiation import NegotiationTerms
+from coorm.shared.requests import RequestSpec
 from coorm.shared.stepfn import INF
 from tests.core.driver import Driver as Scenario
 from tests.core.driver import rq
@@ -80,6 +81,9 @@ def _rich_state() -> Scenario:
     d.node_down(6.0, "c1n7")
     d.submit(6.5, "late", rq("l1", "c0", 30, 2.5e3), rq("l2", "c1", 1, 0.1 + 0.2 + 1e3), rq("l3", "c1", 1, 900),
              rq("l4", "c1", 1, 900))
+    # left to the RMS: one placed by worst-fit, one that fits nowhere (it waits, its cluster not chosen)
+    d.submit(6.5, "rig", RequestSpec(id="w1", placement="worst-fit", nodes=2, duration=100.0),
+             RequestSpec(id="w2", placement="first-fit", clusters=["c1", "c0"], nodes=64, duration=100.0))
     d.run_until(7.0)
     d.cores.handle(NodeDrain(at=7.0, node="c1n6", reason="disk"))
     d.done(7.1, "late", "l3")  # early, while "late" waits: its node is held for "late"
@@ -212,6 +216,9 @@ def test_the_rich_state_survives_a_snapshot_exactly():
     assert any(a["deadlines"] for a in policy["apps"]) and any(a["ended"] for a in policy["apps"])
     phase = policy["requests"]["fields"].index("phase")
     assert {r[phase] for r in policy["requests"]["rows"]} >= {"waiting", "running", "blocked"}
+    cluster, placement = (policy["requests"]["fields"].index(f) for f in ("cluster", "placement"))
+    assert {(r[cluster] != "", r[placement]) for r in policy["requests"]["rows"]} >= {
+        (True, "worst-fit"), (False, "first-fit"), (True, None)}
     assert {n["state"] for n in doc["allocator"]["nodes"]} >= {"free", "allocated", "held", "down", "drained"}
     assert '"inf"' in snap.state and '"-inf"' not in json.dumps(policy["requests"])
     cores = snap.cores(d.policy.settings, validate=True)
