@@ -122,6 +122,9 @@ class Launcher:
         self.finished = False
         self.closed = False
         self.running: dict[str, tuple[str, ...]] = {}  # request -> node IDs
+        # request -> the cluster it started on, as its start notification says (whoever delivers the start
+        # fills it in first): the RMS's choice for a request that left the cluster to it (``placement``)
+        self.placed: dict[str, str] = {}
         self.waiting: set[str] = set()
         self.computed_configurations = 0  # distinct views the selection ran on (CooRM §II)
         self._seen_views: set[tuple] = set()

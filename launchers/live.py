@@ -198,6 +198,7 @@ class LiveRunner:
         elif isinstance(item, Started):
             if self.result.started is None and item.nodes:
                 self.result.started = now
+            lz.placed[item.request] = item.cluster
             await self._execute(lz.on_start(now, item.request, item.nodes))
             if self.command and not lz.finished and item.request in lz.running:
                 # (a request the launcher no longer wants -- cancelled, but started meanwhile -- runs nothing)

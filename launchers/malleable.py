@@ -4,6 +4,10 @@ as long as the total number of processors is a power of 2").
 It runs on a non-preemptible request of ``min_nodes`` (its minimum: never taken back, KOALA's rule) and
 grows by negotiation:
 
+* its minimum goes to ``cluster``, or, with a ``placement`` rule (KOALA's ``worst-fit``, ``first-fit``), to
+  the cluster the RMS chooses by that rule among ``clusters`` (None: any); its start notification names the
+  cluster, where it grows from then on;
+
 * once its minimum started, it opens a *standing* negotiation for a preemptible growth whose allowed sizes
   keep its total within its size rule (``sizes``: ``pow2`` -- totals that are powers of two --, ``any``, or
   a list of totals) and at most ``max_nodes``; the RMS offers when nodes free up;
@@ -38,7 +42,7 @@ from coorm.launchers.base import (
     Views,
 )
 from coorm.shared.negotiation import Answer, NegotiationTerms
-from coorm.shared.requests import RequestSpec, RequestType
+from coorm.shared.requests import Placement, RequestSpec, RequestType
 
 _EPS = 1e-6
 REFRESH = 30.0  # seconds a standing negotiation waits with nothing offered before it is asked again
@@ -66,11 +70,14 @@ class MalleableLauncher(Launcher):
     views_after_start = True
 
     def __init__(self, app: str, cluster: str, min_nodes: int, max_nodes: int, *, sizes: str | Sequence[int] = "pow2",
-                 duration: float = 3600.0, work: float | None = None, respond_within: float = 5.0) -> None:
+                 duration: float = 3600.0, work: float | None = None, respond_within: float = 5.0,
+                 placement: Placement | None = None, clusters: Sequence[str] | None = None) -> None:
         super().__init__(app)
         if not 1 <= min_nodes <= max_nodes:
             raise ValueError("need 1 <= min_nodes <= max_nodes")
-        self.cluster = cluster
+        self.placement = placement
+        self.clusters = list(clusters) if clusters else None
+        self.cluster = "" if placement else cluster  # (left to the RMS: known once its minimum starts)
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
         self.totals = totals(sizes, max_nodes)
         if min_nodes not in self.totals:
@@ -150,12 +157,17 @@ class MalleableLauncher(Launcher):
     def on_open(self, now: float, props: ClusterProps) -> list[Command]:
         self.base = self.new_id()
         self._since = now
+        if self.placement:
+            return [self.submit(RequestSpec(id=self.base, nodes=self.min_nodes, duration=self.duration,
+                                            placement=self.placement, clusters=self.clusters))]
         return [self.submit(RequestSpec(id=self.base, cluster=self.cluster, nodes=self.min_nodes,
                                         duration=self.duration))]
 
     def on_start(self, now: float, request: str, nodes: tuple[str, ...]) -> list[Command]:
         self._progress(now)
         super().on_start(now, request, nodes)
+        if request == self.base and self.placement:
+            self.cluster = self.placed[request]  # the RMS's choice: it grows there
         if request != self.base:
             self.pending.pop(request, None)
             self.growth[request] = len(nodes)

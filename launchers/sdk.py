@@ -15,6 +15,12 @@ Example (a rigid job of two nodes)::
             await s.launch(rid, node, ["hostname"])
         codes = await s.wait_exits(rid, len(start.nodes))
         await s.done(rid)
+
+A request may leave its cluster to the RMS (KOALA's worst-fit: the cluster with the most idle nodes), and the
+start names the cluster it got -- where the application's later requests (its growth) go::
+
+        (rid,) = await s.request(RequestSpec(id=s.rid("min"), placement="worst-fit", nodes=2, duration=600))
+        cluster = (await s.wait_start(rid)).cluster
 """
 
 from __future__ import annotations

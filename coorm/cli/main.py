@@ -490,16 +490,30 @@ def celery_worker(ctx: typer.Context) -> None:
 def launch(
     kind: str = typer.Argument(..., help="rigid | moldable | cem | psa | amr | next | malleable"),
     command: list[str] = typer.Argument(None, help="after --: a command to run on every node the application gets"),
-    cluster: str | None = typer.Option(None, "-c", "--cluster"),
+    cluster: str | None = typer.Option(None, "-c", "--cluster", help="malleable: 'any' leaves it to the RMS "
+                                       "(--placement worst-fit)"),
     params: list[str] = typer.Option([], "--set", help="KEY=VALUE, as in a scenario file (e.g. task_duration=60)"),
     name: str = typer.Option("", "-J", "--name"),
     sizes: str | None = typer.Option(None, "--sizes", help="malleable: the sizes it can run on, which it "
                                      "negotiates: pow2, any, or a list (4,8,12); --set min_nodes=, max_nodes="),
+    placement: str | None = typer.Option(None, "--placement", help="malleable: the RMS chooses the cluster by "
+                                         "this rule: worst-fit (KOALA's: the most idle nodes) or first-fit; "
+                                         "-c A,B: among these clusters only"),
 ) -> None:
     """Run one of the shipped launchers live (the same decision logic as in the simulator)."""
     import json
 
     from coorm.cli.live import launch as run
+
+    if cluster == "any":
+        cluster, placement = None, placement or "worst-fit"
+    if placement is not None:
+        # -c with a placement names the clusters the RMS may choose from
+        allowed = cluster.split(",") if cluster else None
+        cluster = None
+        params = [*params, f"placement={json.dumps(placement)}"]
+        if allowed:
+            params = [*params, f"clusters={json.dumps(allowed)}"]
 
     if sizes is not None:
         try:

@@ -3,6 +3,8 @@ lengths, strings with their NUL, doubles aligned on 8). Only sizes are computed:
 
 from __future__ import annotations
 
+from coorm.shared.requests import RequestSpec
+
 HEADER = 12 + 24  # GIOP header + a request header with an object key and operation name
 
 
@@ -22,6 +24,12 @@ def cap(steps: int) -> int:
 def change_notify(changes: list[tuple[str, int]]) -> int:
     """``changes``: (cluster id, number of steps) per CHANGE."""
     return HEADER + 4 + sum(string(c) + 4 + cap(n) for c, n in changes)
+
+
+def where(spec: RequestSpec) -> str:
+    """What stands for a request's cluster id: the id, or the placement rule and the clusters it allows (the
+    RMS chooses among them)."""
+    return spec.cluster or ",".join([spec.placement or "", *(spec.clusters or ())])
 
 
 def request(app: str, requests: list[tuple[str, str, str | None]]) -> int:

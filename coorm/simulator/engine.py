@@ -219,7 +219,7 @@ class Simulation:
                 self._send_later(app, c)
                 continue
             if isinstance(c, Submit):
-                self._count(cdr.request(app, [(r.id, r.cluster, r.related_to) for r in c.requests]))
+                self._count(cdr.request(app, [(r.id, cdr.where(r), r.related_to) for r in c.requests]))
                 event = ev.Submit(at=self.now, app=app, requests=list(c.requests))
             elif isinstance(c, Done):
                 self._count(cdr.done(app, c.request, len(c.released)))
@@ -346,6 +346,8 @@ class Simulation:
             return []
         if method == "on_start" and record.heard_started is None and args[1]:
             record.heard_started = self.now
+        if method == "on_start" and (rec := self.requests.get(args[0])) is not None:
+            launcher.placed[args[0]] = rec.cluster  # (the start notification names it)
         commands = getattr(launcher, method)(self.now, *args)
         fresh = len(args[1]) - self._kept.pop(args[0], 0) if method == "on_start" else 0
         if fresh > 0 and self.delays is not None:
@@ -444,7 +446,7 @@ class Simulation:
                 self._hear_later(app, ("ignored", (), cdr.change_notify(steps)))
             return
         if isinstance(c, Submit):
-            self._count(cdr.request(app, [(r.id, r.cluster, r.related_to) for r in c.requests]))
+            self._count(cdr.request(app, [(r.id, cdr.where(r), r.related_to) for r in c.requests]))
             event: object = ev.Submit(at=self.now, app=app, requests=list(c.requests))
         elif isinstance(c, Done):
             self._count(cdr.done(app, c.request, len(c.released)))

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from coorm.launchers import amr_model
 from coorm.launchers.base import ClusterProps, Launcher
 from coorm.services.policy_engine.core import PolicySettings
+from coorm.shared.requests import Placement
 from coorm.simulator.delays import Delays
 from coorm.simulator.trace import TraceJob, read_swf
 
@@ -117,6 +118,9 @@ class MalleableApp(_App):
 
     kind: Literal["malleable"]
     cluster: str | None = None
+    # or the RMS chooses its cluster by this rule (KOALA's worst-fit), among ``clusters`` (None: any)
+    placement: Placement | None = None
+    clusters: list[str] | None = Field(default=None, min_length=1)
     min_nodes: int = Field(default=1, ge=1)
     max_nodes: int = Field(default=64, ge=1)
     sizes: Literal["pow2", "any"] | list[int] = "pow2"  # the totals it can run on
@@ -132,6 +136,10 @@ class MalleableApp(_App):
             raise ValueError(f"min_nodes {self.min_nodes} > max_nodes {self.max_nodes}")
         if self.min_nodes not in totals(self.sizes, self.max_nodes):
             raise ValueError(f"min_nodes {self.min_nodes} is not one of its sizes ({self.sizes})")
+        if self.placement and self.cluster:
+            raise ValueError("a cluster or a placement rule (the RMS chooses the cluster), not both")
+        if self.clusters and not self.placement:
+            raise ValueError("clusters (those the RMS may choose from) go with a placement rule")
         return self
 
 
@@ -248,7 +256,8 @@ def make_launcher(app_id: str, spec, default_cluster: str, props: ClusterProps) 
         from coorm.launchers.malleable import MalleableLauncher
 
         return MalleableLauncher(app_id, cluster, spec.min_nodes, spec.max_nodes, sizes=spec.sizes,
-                                 duration=spec.duration, work=spec.work, respond_within=spec.respond_within)
+                                 duration=spec.duration, work=spec.work, respond_within=spec.respond_within,
+                                 placement=spec.placement, clusters=spec.clusters)
     raise ValueError(f"unknown application kind {spec!r}")
 
 

@@ -101,6 +101,8 @@ class Harness:
                 self.rejected.append(d)
             elif (n := notice(d)) is not None:
                 if n.app in self.launchers:
+                    if n.method == "on_start" and hasattr(d, "cluster"):  # (the start notification names it)
+                        self.launchers[n.app].placed[n.args[0]] = d.cluster
                     self._apply(n.app, getattr(self.launchers[n.app], n.method)(self.now, *n.args), self.now)
             elif isinstance(d, ViewsChanged):
                 for app in d.apps:

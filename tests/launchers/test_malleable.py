@@ -108,3 +108,14 @@ def test_a_drop_its_view_announces_for_later_is_followed_when_it_comes():
     assert t.at == 50.0 and not [c for c in out if isinstance(c, Done)]
     out = m.on_timer(50.0, t.key)
     assert Done(neg.terms.negotiation) in out and m.held() == 4
+
+
+def test_with_a_placement_it_leaves_its_cluster_to_the_rms_and_grows_on_the_one_its_start_names():
+    m = MalleableLauncher("a", "", 4, 16, placement="worst-fit", clusters=["c1", "c0"])
+    (sub,) = m.on_open(0.0, PROPS)
+    spec = sub.requests[0]
+    assert (spec.cluster, spec.placement, spec.clusters, spec.nodes) == (None, "worst-fit", ["c1", "c0"], 4)
+    m.placed[spec.id] = "c1"  # (the start notification's cluster, as the runner tells it)
+    out = m.on_start(1.0, spec.id, tuple(f"n{i}" for i in range(4)))
+    (neg,) = [c for c in out if isinstance(c, Negotiate)]
+    assert m.cluster == "c1" and neg.terms.cluster == "c1"
