@@ -127,3 +127,73 @@ async def test_the_cluster_chosen_survives_a_change_of_leader_and_is_kept_when_a
         await busy.done(jobs["c1"])
         st = await app.wait_start(rid, 15)
         assert st.cluster == "c1" and len(st.nodes) == 4
+
+
+async def test_the_cluster_chosen_survives_the_leaders_sigkill(servers, redis_url, tmp_path):
+    """The leader is a real process, SIGKILLed once it placed the request (every cluster full: on c1, whose
+    job ends first): the standby, rebuilt from the event log, has it on c1, and it starts there -- not on c0,
+    freed first."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import redis
+
+    from coorm.services.policy_engine.service import PolicyEngine
+    from coorm.shared import bus, keys
+    from coorm.shared.protocol import StatusQuery, StatusReply
+
+    settings = _settings(servers, leader_lease=1.0, fair_start=0.0)
+    env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
+               COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0",
+               COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
+    leader = subprocess.Popen([sys.executable, "-m", "coorm.cli.main", "service", "policy-engine"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    r = redis.Redis.from_url(servers.redis_url, decode_responses=True)
+    standby = PolicyEngine(settings, instance="standby")
+    stop_standby = asyncio.Event()
+    standby_task = None
+    try:
+        await wait_until(lambda: r.get(keys.POLICY_LEASE) is not None, timeout=20, what="the leader's lease")
+        standby_task = asyncio.create_task(standby.run(stop_standby))
+        async with LocalStack(settings, CLUSTERS, with_engine=False):
+            busy = await Session.open(settings, kind="rigid", views=False)
+            app = await Session.open(settings, kind="malleable")
+            jobs = {}
+            for c, n in CLUSTERS.items():
+                (jobs[c],) = await busy.request(rq(busy.rid(c), c, n, 30 if c == "c1" else 600))
+                await busy.wait_start(jobs[c], 10)
+            (rid,) = await app.request(RequestSpec(id=app.rid("min"), placement="worst-fit", nodes=4, duration=60))
+
+            async def cluster_of_rid() -> str | None:
+                st = await bus.call(busy.nc, subjects.QUERY_STATUS, StatusQuery(), StatusReply, timeout=5)
+                return next((q.cluster for q in st.requests if q.request == rid), None)
+
+            deadline = time.monotonic() + 10  # (polled, as wait_until does: the leader is another process)
+            while await cluster_of_rid() != "c1":
+                assert time.monotonic() < deadline, "the leader did not place the request on c1"
+                await asyncio.sleep(0.01)
+            os.killpg(leader.pid, signal.SIGKILL)
+            leader.wait()
+            await asyncio.wait_for(standby.leader.wait(), 15)
+            policy = standby.cores.policy
+            assert policy.requests[rid].cluster == "c1" and policy.requests[rid].state.value == "waiting"
+            epoch = policy.epoch
+            await busy.done(jobs["c0"])
+            await wait_until(lambda: policy.epoch > epoch and jobs["c0"] not in policy.requests, 10, "c0 free")
+            assert policy.requests[rid].state.value == "waiting"
+            await busy.done(jobs["c1"])
+            st = await app.wait_start(rid, 15)
+            assert st.cluster == "c1" and len(st.nodes) == 4
+            await app.close()
+            await busy.close()
+    finally:
+        if leader.poll() is None:
+            os.killpg(leader.pid, signal.SIGKILL)
+            leader.wait()
+        stop_standby.set()
+        if standby_task is not None:
+            await asyncio.wait_for(standby_task, 10)
+        r.close()
