@@ -282,20 +282,42 @@ def time_queue_cmd(fn, reps: int = 5) -> dict:
 REPO = Path(__file__).resolve().parents[1]
 
 
-def client_install(venv: Path) -> str:
+def system_python() -> str:
+    """The interpreter a login node's user has: the distribution's ``python3`` when it is recent enough for
+    CooRM (3.11), else this one. Which one matters: a command's CPU is mostly the interpreter's start, and a
+    shared-library build (pyenv's, this project's development venv) starts with ~40 % more instructions than
+    Debian's static one (callgrind, ``python -c pass`` in a venv: 38.2M against 27.4M)."""
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(cand, os.X_OK):
+            r = subprocess.run([cand, "-c", "import sys, venv; print(sys.version_info >= (3, 11))"],
+                               capture_output=True, text=True)
+            if r.stdout.strip() == "True":
+                return cand
+    return sys.executable
+
+
+def client_install(venv: Path, python: str) -> str:
     """The ``coorm`` a user runs on a login node: this checkout installed as README says for them
-    (``pip install <checkout>``: the client only, compiled, not editable), in its own venv. The
-    development venv is not what users run: its editable finder and the server extras' ``.pth`` files cost
-    every command ~30 ms before its first line, and with ``PYTHONDONTWRITEBYTECODE`` set it compiles the
-    package on every call. The venv is kept between runs; the checkout is installed again each run."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        log(f"creating the client venv {venv} (pip install {REPO}: the first time takes a minute)")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", str(REPO)], check=True)
+    (``pip install <checkout>``: the client only, compiled, not editable), in its own venv made with
+    ``python``. The development venv is not what users run: its editable finder and the server extras'
+    ``.pth`` files cost every command ~30 ms before its first line, and with ``PYTHONDONTWRITEBYTECODE`` set it
+    compiles the package on every call. The venv is kept between runs (made again if ``python`` is another
+    interpreter); the checkout is installed again each run."""
+    venv_python = venv / "bin" / "python"
+    cfg = venv / "pyvenv.cfg"
+    made_by = next((line.split("=", 1)[1].strip() for line in cfg.read_text().splitlines()
+                    if line.startswith("home")), None) if cfg.exists() else None
+    if venv_python.exists() and made_by != str(Path(python).resolve().parent):
+        log(f"the client venv {venv} was made with another interpreter ({made_by}): made again")
+        shutil.rmtree(venv)
+    if not venv_python.exists():
+        log(f"creating the client venv {venv} with {python} (pip install {REPO}: the first time takes a minute)")
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv_python), "-m", "pip", "install", "-q", str(REPO)], check=True)
     else:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(REPO)],
-                       check=True, env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+        subprocess.run([str(venv_python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                        str(REPO)], check=True,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
     return str(venv / "bin" / "coorm")
 
 
@@ -837,6 +859,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="per-test completion deadline (s)")
     ap.add_argument("--client-venv", default=str(Path.home() / ".cache" / "coorm-bench" / "client"),
                     help="where the users' coorm is installed (pip install <checkout>), kept between runs")
+    ap.add_argument("--client-python", help="the interpreter of the users' venv (default: the distribution's "
+                    "python3 if it is 3.11 or later, else this one)")
     ap.add_argument("--dev-client", action="store_true",
                     help="users' commands with the development venv's coorm (editable, server extras) instead")
     a = ap.parse_args()
@@ -858,8 +882,13 @@ def main() -> int:
             Path(a.out).write_text(json.dumps(res, indent=1, default=str))
 
     slurm = None if a.no_slurm else Slurm(Path(a.slurm_dir))
-    client = None if a.dev_client else client_install(Path(a.client_venv))
+    client_python = a.client_python or system_python()
+    client = None if a.dev_client else client_install(Path(a.client_venv), client_python)
     res["client"] = client or "the development venv's coorm"
+    if client:
+        res["client_python"] = subprocess.run([client_python, "-c", "import sys; print(sys.version.split()[0])"],
+                                              capture_output=True, text=True).stdout.strip() + f" ({client_python})"
+        log(f"users' commands: {client}, Python {res['client_python']}")
     coorm = Coorm(base, client)
     interrupted = False
     try:
@@ -936,6 +965,8 @@ def main() -> int:
     save()
     print(f"\nCooRM batch queue vs Slurm 22.05 ({'quick' if a.quick else 'full'} run, {NODES} emulated nodes, "
           f"{os.cpu_count()} host CPUs, {res['started']}){' -- INTERRUPTED' if interrupted else ''}\n")
+    print(f"users' coorm: {res['client']}" + (f", Python {res['client_python']}" if "client_python" in res else "")
+          + "\n")
     print(table(rs))
     if a.out:
         print(f"\nraw samples: {a.out}")
