@@ -199,7 +199,7 @@ def experiment(
                                            "(experiments/NAME.json) and rewrite its generated tables"),
     stored: bool = typer.Option(False, "--stored", help="do not run: render the rows stored next to --update-doc"),
     live: bool = typer.Option(False, "--live", help="run it live over coorm up, at a reduced size (koala-pra, "
-                              "koala-pwa; negotiation is live already)"),
+                              "koala-pwa, malleable-fraction; negotiation is live already)"),
 ) -> None:
     """Reproduce a paper's experiment: writes NAME.csv and NAME.png (medians and quartiles over seeds)."""
     import inspect
@@ -226,7 +226,8 @@ def experiment(
             typer.echo(known[n].live_markdown(rows))
             continue
         if live and n != "negotiation":
-            typer.echo(f"{n} has no live form (--live: koala-pra, koala-pwa, negotiation)", err=True)
+            typer.echo(f"{n} has no live form (--live: koala-pra, koala-pwa, malleable-fraction, negotiation)",
+                       err=True)
             raise typer.Exit(2)
         documented = hasattr(known[n], "markdown")  # renders its tables for EXPERIMENTS.md
         if (markdown or update_doc is not None) and not documented:

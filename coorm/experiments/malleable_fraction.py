@@ -164,6 +164,19 @@ def markdown(rows: list[dict]) -> dict[str, str]:
                   "Best turnaround, " + "; ".join(bests) + f".\n\n{bound(rows)}"}
 
 
+def run_live(out: Path, quick: bool = False) -> list[dict]:
+    """The same launchers over ``coorm up``, at a reduced size (:mod:`coorm.experiments.malleable_fraction_live`)."""
+    from coorm.experiments import malleable_fraction_live
+
+    return malleable_fraction_live.run_live(out, quick)
+
+
+def live_markdown(rows: list[dict]) -> str:
+    from coorm.experiments import malleable_fraction_live
+
+    return malleable_fraction_live.table(rows)
+
+
 def bound(rows: list[dict]) -> str:
     """The most a malleable job that never runs faster than the rigid one can take off the mean turnaround:
     all of the rigid replay's wait (turnaround = wait + run)."""
