@@ -86,6 +86,10 @@ class RunResult:
     notification_bytes: int = 0
     refused: list[str] = field(default_factory=list)
     launched: list[tuple[str, int]] = field(default_factory=list)  # (node, pid) of every process started
+    # an adaptive launcher's shrink races, not failures (LiveRunner.adapts): launches on a node its request no
+    # longer held, and processes the agent killed because their node went to another request
+    overtaken: int = 0
+    reassigned: int = 0
 
 
 @dataclass(frozen=True)
@@ -190,9 +194,23 @@ class LiveRunner:
         while True:
             self.on_output(await q.get())
 
+    @property
+    def adapts(self) -> bool:
+        """The launcher follows its preemptive view or runs for as long as there is room (malleable work: a
+        PSA...): the RMS takes its nodes back by design, and it keeps account of its own work (a PSA runs a
+        killed task again). So what a shrink races with is not a failure of its job: a launch on a node that
+        went back before the launch reached it (``not_owner``), a process killed because its node went to
+        another request before the release's own kill came (``reassigned``), a request related to one that
+        ended meanwhile (``ended``). Work whose command is the job fails on each."""
+        return self.launcher.wants_preemptive or self.launcher.background
+
     async def _handle(self, item) -> None:
         now = self.clock()
         lz = self.launcher
+        if isinstance(item, Exited) and item.killed and item.reason == "reassigned" and self.adapts:
+            self._running_procs -= 1
+            self.result.reassigned += 1
+            return
         if isinstance(item, ViewsChanged):
             await self._execute(lz.on_views(item.views))
         elif isinstance(item, Started):
@@ -250,6 +268,9 @@ class LiveRunner:
 
         # every node at once: one after the other, a 64-node job waited for 64 round trips and process starts
         for node, got in zip(nodes, await asyncio.gather(*(on(node) for node in nodes)), strict=True):
+            if isinstance(got, bus.WireError) and got.code is ErrorCode.NOT_OWNER and self.adapts:
+                self.result.overtaken += 1  # (the launcher learns from its views what it holds)
+                continue
             if isinstance(got, Exception):
                 e = got
                 log.warning("launch refused", node=node, request=st.request, error=str(e))
@@ -275,7 +296,7 @@ class LiveRunner:
                 try:
                     await self.s.request(*c.requests)
                 except bus.WireError as e:
-                    if e.code is ErrorCode.ENDED and self.launcher.background:
+                    if e.code is ErrorCode.ENDED and self.adapts:
                         # an adaptive application's request related to one the RMS ended meanwhile (a
                         # race, not a refusal of its plan): it learns those requests ended, and adapts
                         log.warning("request refused: its relation ended", error=str(e))
