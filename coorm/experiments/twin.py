@@ -6,9 +6,12 @@ one agent per cluster starting and killing real processes (:mod:`.twin_live`) --
 simulator with the same cores (:mod:`.twin_sim`): as the papers simulate (an instant RMS), and with the
 live system's delays (:class:`~coorm.simulator.delays.Delays`: notification and command latencies, view
 pacing, process launch and exit, session opening) calibrated from the live run's own measurements, which
-are stored with the results (``experiments/twin.json``). Per application: when it heard of its start, when
-it ended, the node-seconds it held, its notifications and their bytes, side by side; the distribution of
-the differences (median, p95, max); the paper's Fig. 8 (traffic and CPU, live over simulated).
+are stored with the results (``experiments/twin.json``); the simulators calibrated from the run give the
+moldable and CEM launchers the live run's ``start_lag`` (stored with its settings), and the calibrated one
+with start_lag 0, as the papers' simulator has it, is shown beside them (:data:`NO_LAG`). Per application:
+when it heard of its start, when it ended, the node-seconds it held, its notifications and their bytes,
+side by side; the distribution of the differences (median, p95, max); the paper's Fig. 8 (traffic and CPU,
+live over simulated).
 
 The stated tolerance: the calibrated simulator's starts agree with the live ones within
 :data:`TOLERANCE_P95_START` seconds at the 95th percentile of the applications the live system reproduces --
@@ -43,6 +46,9 @@ AGREE_S = 0.5
 NOISE_MARGIN = 1.0
 # the papers' simulator; with the live run's delays (their means); with each delay drawn from its samples
 MODELS = ("instant", "calibrated", "sampled")
+# the calibrated simulator with the moldable and CEM launchers' start_lag at 0, as it ran before it modelled the
+# live run's (shown only when the live run had one): whether modelling it brings the starts closer
+NO_LAG = "calibrated_no_lag"
 SEEDS = 8  # the sampled simulator's seeds: how far it is from itself, against how far the live system is
 SELF = "start (s), against itself with another seed"
 
@@ -91,7 +97,8 @@ def _live_half(live, spec) -> dict:
     return {"start": _r(la.heard_started), "end": _r(la.ended) if spec.kind != "psa" else None,
             "node_s": _r(tsim.node_seconds(live.requests, spec.name, live.wall), 1),
             "notes": la.notifications, "bytes": la.notification_bytes,
-            "choice": tsim.first_choice(live.requests, spec.name), "resubmissions": la.resubmissions}
+            "choice": tsim.first_choice(live.requests, spec.name), "resubmissions": la.resubmissions,
+            "held_back": la.held_back}
 
 
 def _sim_half(sim: tsim.SimRun, spec) -> dict:
@@ -100,7 +107,8 @@ def _sim_half(sim: tsim.SimRun, spec) -> dict:
             "node_s": _r(tsim.node_seconds(sim.requests, spec.name, sim.result.now), 1),
             "notes": rec.notifications, "bytes": rec.notification_bytes,
             "choice": tsim.first_choice(sim.requests, spec.name),
-            "resubmissions": getattr(sim.result.launchers[spec.name], "resubmissions", None)}
+            "resubmissions": getattr(sim.result.launchers[spec.name], "resubmissions", None),
+            "held_back": getattr(sim.result.launchers[spec.name], "held_back", None)}
 
 
 FORK = "start (s), before the schedules fork"
@@ -146,16 +154,21 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
     simulated (and live ``again``), the distributions of the differences from ``live``, Fig. 8."""
     settings = tsim.policy(live.settings)
     delays = tsim.calibrate(live.delays, live.settings)
+    lag = live.settings["start_lag"]  # the launchers' live: the simulators calibrated from the run use it too
     sims = {"instant": tsim.simulate(specs, clusters, settings),
-            "calibrated": tsim.simulate(specs, clusters, settings, delays),
-            "sampled": tsim.simulate(specs, clusters, settings, tsim.sampled(delays, live.delays, 0))}
-    others = [*MODELS, *(["again"] if again is not None else [])]
+            "calibrated": tsim.simulate(specs, clusters, settings, delays, lag),
+            "sampled": tsim.simulate(specs, clusters, settings, tsim.sampled(delays, live.delays, 0), lag)}
+    simulated = [*MODELS]
+    if lag > 0:
+        sims[NO_LAG] = tsim.simulate(specs, clusters, settings, delays)
+        simulated.append(NO_LAG)
+    others = [*simulated, *(["again"] if again is not None else [])]
     apps: list[dict] = []
     for s in specs:
         la = live.apps[s.name]
         row: dict = {"row": "app", "name": s.name, "kind": s.kind, "arrived": s.at, "live_ok": completed(la, s),
                      "live_exit": la.exit_code, "live_refused": la.refused[:1], "live_error": la.error}
-        halves = {"live": _live_half(live, s), **{m: _sim_half(sims[m], s) for m in MODELS}}
+        halves = {"live": _live_half(live, s), **{m: _sim_half(sims[m], s) for m in simulated}}
         if again is not None:
             halves["again"] = _live_half(again, s)
             row["live_ok"] = row["live_ok"] and completed(again.apps[s.name], s)
@@ -165,7 +178,7 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
     # (up to the end of the last application each run waited for: the PSAs' share after it is the run's end)
     horizon = min([max((a[f"{h}_end"] or 0.0) for a in apps) for h in ["live", *others]])
     curves = {"live": tsim.held_curve(live.requests, horizon),
-              **{m: tsim.held_curve(sims[m].requests, horizon) for m in MODELS}}
+              **{m: tsim.held_curve(sims[m].requests, horizon) for m in simulated}}
     if again is not None:
         curves["again"] = tsim.held_curve(again.requests, horizon)
     diffs: list[dict] = []
@@ -188,13 +201,14 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
             d = [abs(a["live_start"] - a[f"{m}_start"]) for a in reproduced(apps) if a[f"{m}_start"] is not None]
             diffs.append({"row": "diff", "what": REPRODUCED, "model": m, **{k: _r(v) for k, v in spread(d).items()}})
     # how sensitive the schedule itself is: the calibrated simulator against itself with every delay 10 % longer
-    perturbed = tsim.simulate(specs, clusters, settings, tsim.scaled(delays, 1.1))
+    perturbed = tsim.simulate(specs, clusters, settings, tsim.scaled(delays, 1.1), lag)
     d = [abs(perturbed.result.apps[a["name"]].heard_started - a["calibrated_start"]) for a in apps
          if a["calibrated_start"] is not None and perturbed.result.apps[a["name"]].heard_started is not None]
     diffs.append({"row": "diff", "what": "start (s), against itself with every delay +10 %", "model": "calibrated",
                   **{k: _r(v) for k, v in spread(d).items()}})
     # the sampled simulator forks on its draws as the live system forks on its jitter: how far it is from itself
-    seeds = [tsim.simulate(specs, clusters, settings, tsim.sampled(delays, live.delays, k)) for k in range(1, SEEDS)]
+    seeds = [tsim.simulate(specs, clusters, settings, tsim.sampled(delays, live.delays, k), lag)
+             for k in range(1, SEEDS)]
     d = [abs(other.result.apps[a["name"]].heard_started - a["sampled_start"]) for other in seeds for a in apps
          if a["sampled_start"] is not None and other.result.apps[a["name"]].heard_started is not None]
     diffs.append({"row": "diff", "what": SELF, "model": "sampled", **{k: _r(v) for k, v in spread(d).items()}})
@@ -267,7 +281,7 @@ def _f(x, digits: int = 2) -> str:
 
 
 MODEL_NAMES = {"instant": "instant (the papers')", "calibrated": "calibrated", "again": "live, run again",
-               "sampled": "sampled"}
+               "sampled": "sampled", NO_LAG: "calibrated, start_lag 0 (as before)"}
 
 
 def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
@@ -279,8 +293,9 @@ def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
             + (f", arriving at least {MIN_GAP:g} s apart" if run_.get("spaced") else "")
             + f"; {run_['live_runs']} live run(s), the "
             f"first {run_['live_wall_s']} s (re-scheduling interval {s['reschedule_interval']:g} s, fair start "
-            f"{s['fair_start']:g} s, preemption grace {s['preempt_grace']:g} s, view period {s['view_period']:g} s); "
-            f"applications that did not complete live: {run_['live_failed']}.")
+            f"{s['fair_start']:g} s, preemption grace {s['preempt_grace']:g} s, view period {s['view_period']:g} s"
+            + (f", the moldable and CEM launchers' start_lag {s['start_lag']:g} s" if "start_lag" in s else "")
+            + f"); applications that did not complete live: {run_['live_failed']}.")
     if judged:
         head += (f" **Tolerance**, over the {judged['calibrated']['n']} applications the live system reproduces "
                  f"(its two runs start each within {AGREE_S:g} s of the other, in the same configuration): p95 "
@@ -313,6 +328,7 @@ def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
              "applications start in the other order): p95 |Δstart| "
              + ", ".join(f"{_f(early[m]['p95'])} s {MODEL_NAMES[m]} ({_before(early[m])})"
                          for m in ("calibrated", "instant", "again") if m in early) + ".")
+    head += _start_lag(rows)
     delays = md_delays([r for r in rows if r["row"] == "delay"])
     diffs = common.md_table(
         ["live (first run) against", "difference (absolute)", "n", "median", "p95", "max"],
@@ -347,6 +363,31 @@ def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
     return {f"{prefix}-summary": head + "\n\n" + delays, f"{prefix}-diffs": diffs, f"{prefix}-fig8": fig8,
             f"{prefix}-apps": "<details><summary>every application, side by side</summary>\n\n" + apps
             + "\n\n</details>"}
+
+
+def _start_lag(rows: list[dict]) -> str:
+    """Whether the calibrated simulator's starts agree better with the live ones now that its launchers hold a
+    new choice back for the live run's start_lag (against the same simulator with start_lag 0, as before)."""
+    diff = {(d["what"], d["model"]): d for d in rows if d["row"] == "diff"}
+    if ("start (s)", NO_LAG) not in diff:
+        return ""
+    lag = next(r for r in rows if r["row"] == "run")["settings"]["start_lag"]
+    parts = []
+    for what, over in (("start (s)", "all applications"), (REPRODUCED, "the applications the live system reproduces"),
+                       (FORK, "before the schedules fork")):
+        if (what, NO_LAG) in diff:
+            a, b = diff[(what, "calibrated")], diff[(what, NO_LAG)]
+            parts.append(f"{over}, p95 {_f(a['p95'])} s against {_f(b['p95'])} s (median {_f(a['median'])} s "
+                         f"against {_f(b['median'])} s, n {a['n']} and {b['n']})")
+    choices = "moldable and CEM choices that differ"
+    a, b = diff[(choices, "calibrated")], diff[(choices, NO_LAG)]
+    apps = [r for r in rows if r["row"] == "app"]
+    held = {h: sum(x[f"{h}_held_back"] or 0 for x in apps) for h in ("live", "calibrated", "sampled")}
+    return (f" **The launchers' start_lag** ({lag:g} s live) is modelled: the calibrated and sampled simulators run "
+            f"the moldable and CEM launchers with it. |Δstart| with it against with start_lag 0 (as before): "
+            + "; ".join(parts) + f"; adaptive choices that differ from live: {a['count']} of {a['n']} against "
+            f"{b['count']}. Views on which a new choice was held back for a start not heard yet: {held['live']} live, "
+            f"{held['calibrated']} calibrated, {held['sampled']} sampled.")
 
 
 def _before(d: dict) -> str:

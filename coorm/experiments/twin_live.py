@@ -50,6 +50,7 @@ class LiveApp:
     notifications: int = 0
     notification_bytes: int = 0
     resubmissions: int | None = None  # a moldable or CEM launcher's: how often it chose again before its start
+    held_back: int | None = None  # a moldable or CEM launcher's: views a new choice waited on (its start_lag)
     refused: list[str] = field(default_factory=list)  # what the RMS or an agent refused it (LiveRunner's)
     error: str | None = None
 
@@ -153,6 +154,7 @@ async def _run_app(spec: TwinApp, settings: Settings, t0: float, rec: LiveApp, m
     rec.heard_started = None if result.started is None else result.started - t0
     rec.notifications, rec.notification_bytes = result.notifications, result.notification_bytes
     rec.resubmissions = getattr(runner.launcher, "resubmissions", None)
+    rec.held_back = getattr(runner.launcher, "held_back", None)
     rec.refused = list(result.refused)
 
 
@@ -256,6 +258,7 @@ def run(specs: list[TwinApp], clusters: dict[str, int], env: dict[str, str], lim
         live.settings = {k: getattr(settings, k) for k in ("reschedule_interval", "pass_burst", "fair_start",
                                                             "preempt_grace", "view_period", "view_rate",
                                                             "oversize_waits", "malleable_policy")}
+        live.settings["start_lag"] = start_lag  # the launchers' (a calibrated simulator runs them with it)
         return live
     finally:
         up.stop()

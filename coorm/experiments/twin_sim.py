@@ -85,10 +85,13 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 
 def simulate(specs: list[TwinApp], clusters: dict[str, int], settings: PolicySettings,
-             delays: Delays | None = None) -> SimRun:
+             delays: Delays | None = None, start_lag: float = 0.0) -> SimRun:
+    """``specs`` in the simulator; ``start_lag``: the moldable and CEM launchers' (the live run's, for a
+    simulator calibrated from it: live, a new choice made on a view that no longer shows the waited
+    configuration where it was expected waits that long for a start not heard yet; 0, the papers')."""
     sim = Simulation(clusters, settings, props(clusters), strict=False, delays=delays)
     for s in specs:
-        sim.add(s.at, launcher(s, s.name, live=False), s.name, process_work=s.process_work)
+        sim.add(s.at, launcher(s, s.name, live=False, start_lag=start_lag), s.name, process_work=s.process_work)
     t0 = time.process_time()
     result = sim.run()
     cpu = time.process_time() - t0

@@ -41,8 +41,10 @@ class TwinApp:
         return ["sleep", f"{self.params['work']:g}" if self.process_work else LONG]
 
 
-def launcher(spec: TwinApp, app: str, *, live: bool) -> Launcher:
-    """``spec``'s launcher, with id ``app``; ``live``: its work is its process (rigid), not a timer."""
+def launcher(spec: TwinApp, app: str, *, live: bool, start_lag: float | None = None) -> Launcher:
+    """``spec``'s launcher, with id ``app``; ``live``: its work is its process (rigid), not a timer.
+    ``start_lag``: a moldable or CEM launcher's (:class:`~coorm.launchers.base.SelectingLauncher`; None: what
+    its shell says -- live, :class:`~coorm.launchers.live.LiveRunner`'s; the simulator, 0)."""
     p = spec.params
     lz: Launcher
     if spec.kind == "rigid":
@@ -54,11 +56,12 @@ def launcher(spec: TwinApp, app: str, *, live: bool) -> Launcher:
         from coorm.launchers.moldable import MoldableLauncher
 
         # (it ends a little before its walltime: at the walltime itself, the RMS's end and its own done race)
-        lz = MoldableLauncher(app, spec.cluster, [tuple(c) for c in p["configs"]], runtime_fraction=0.9)
+        lz = MoldableLauncher(app, spec.cluster, [tuple(c) for c in p["configs"]], runtime_fraction=0.9,
+                              start_lag=start_lag)
     elif spec.kind == "cem":
         from coorm.launchers.cem import CEMLauncher, CEMModel
 
-        lz = CEMLauncher(app, model=CEMModel(iterations=p["iterations"], work=p["work"]))
+        lz = CEMLauncher(app, model=CEMModel(iterations=p["iterations"], work=p["work"]), start_lag=start_lag)
     elif spec.kind == "psa":
         from coorm.launchers.psa import PSALauncher
 

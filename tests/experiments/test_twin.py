@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from coorm.experiments import twin
-from coorm.experiments.twin_workload import MIN_GAP, workload
+from coorm.experiments import twin, twin_resim
+from coorm.experiments import twin_sim as tsim
+from coorm.experiments.twin_workload import MIN_GAP, QUICK_CLUSTERS, workload
+from coorm.launchers.live import START_LAG
+from tests.experiments.stored import stored_rows
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,40 @@ def test_the_sampled_simulator_is_measured_against_itself(rows):
     assert noise["n"] == (twin.SEEDS - 1) * len([r for r in rows if r["row"] == "app"])
     assert noise["max"] >= noise["p95"] >= noise["median"] >= 0
     assert "another seed" in twin.markdown(rows)["twin-summary"]
+
+
+def test_the_calibrated_simulators_run_the_launchers_with_the_live_start_lag(rows):
+    """The live launchers hold a new choice back for START_LAG; the simulators calibrated from the run use the
+    same, and the calibrated one with start_lag 0 (as before) is shown beside it."""
+    run = next(r for r in rows if r["row"] == "run")
+    assert run["settings"]["start_lag"] == START_LAG > 0
+    for what in ("start (s)", twin.FORK, "moldable and CEM choices that differ"):
+        assert _diff(rows, what, twin.NO_LAG)["n"] == _diff(rows, what, "calibrated")["n"] > 0
+    adaptive = [a for a in rows if a["row"] == "app" and a["kind"] in ("moldable", "cem")]
+    assert adaptive and all(a["live_held_back"] is not None and a["calibrated_held_back"] is not None
+                            for a in adaptive)
+    assert "start_lag" in twin.markdown(rows)["twin-summary"]
+
+
+def test_a_simulation_gives_its_launchers_the_start_lag_it_is_told():
+    specs = workload(quick=True)
+    settings = tsim.policy({"fair_start": 1.0, "reschedule_interval": 0.2, "preempt_grace": 3.0, "pass_burst": 16,
+                            "oversize_waits": False, "malleable_policy": "filling"})
+    for lag in (0.0, 2.0):
+        sim = tsim.simulate(specs, QUICK_CLUSTERS, settings, start_lag=lag)
+        lags = {sim.result.launchers[s.name].start_lag for s in specs if s.kind in ("moldable", "cem")}
+        assert lags == {lag}
+
+
+def test_re_simulating_a_stored_run_gives_its_stored_calibrated_starts():
+    """twin_resim rebuilds the calibrated simulator from a stored run's samples and settings: with the start_lag
+    that run's simulator had (0), it starts every application where the stored run's did."""
+    rows = stored_rows("twin-spaced")
+    (again,) = twin_resim.resimulate(rows, (0.0,))
+    stored = [abs(a["live_start"] - a["calibrated_start"]) for a in rows if a["row"] == "app"]
+    assert again["all"]["n"] == len(stored)
+    assert again["all"]["p95"] == pytest.approx(twin.spread(stored)["p95"], abs=0.01)
+    assert again["all"]["median"] == pytest.approx(twin.spread(stored)["median"], abs=0.01)
 
 
 def test_fig8_compares_traffic_and_cpu(rows):

@@ -1,0 +1,84 @@
+"""The twin's calibrated simulator run again on a stored live run, with the moldable and CEM launchers'
+``start_lag`` and without it: whether modelling it brings the simulated starts closer to the live ones.
+
+``python -m coorm.experiments.twin_resim twin-spaced --start-lag 2`` reads ``experiments/twin-spaced.json``
+(the live runs' starts, their delay samples and policy settings, stored by ``coorm experiment twin-spaced``),
+calibrates the simulator from them as :func:`coorm.experiments.twin.compare` does, runs the same applications
+with start_lag 0 (the papers' simulator, and the twin's before it modelled the live run's) and with the
+given one, and prints |Δstart| against the first live run: over all applications, over those the live system
+reproduces, before the schedules fork, and the adaptive choices that differ. A few seconds; no live run.
+``--start-lag`` defaults to the one stored with the run (runs stored before it was recorded need it given:
+the live launchers' ``START_LAG`` when the run was made).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from coorm.experiments import common, twin
+from coorm.experiments import twin_sim as tsim
+from coorm.experiments.twin_workload import CLUSTERS, QUICK_CLUSTERS, workload
+
+DOC = Path(__file__).resolve().parents[2] / "EXPERIMENTS.md"
+
+
+def resimulate(rows: list[dict], start_lags: tuple[float, ...]) -> list[dict]:
+    """One summary per start_lag: the calibrated simulator (from ``rows``' stored samples and settings)
+    against the stored first live run."""
+    run = next(r for r in rows if r["row"] == "run")
+    apps = [dict(a) for a in rows if a["row"] == "app"]
+    quick = run["apps"] < 100
+    specs = workload(quick, spaced=bool(run.get("spaced")))
+    if [s.name for s in specs] != [a["name"] for a in apps]:
+        raise ValueError("the stored applications are not the twin workload's")
+    samples = {r["delay"]: r["values"] for r in rows if r["row"] == "samples"}
+    settings = tsim.policy(run["settings"])
+    delays = tsim.calibrate(samples, run["settings"])
+    clusters = QUICK_CLUSTERS if quick else CLUSTERS
+    out = []
+    for lag in start_lags:
+        sim = tsim.simulate(specs, clusters, settings, delays, lag)
+        m = f"lag{lag:g}"
+        for a in apps:
+            rec = sim.result.apps[a["name"]]
+            a[f"{m}_start"] = rec.heard_started
+            a[f"{m}_choice"] = tsim.first_choice(sim.requests, a["name"])
+        started = [a for a in apps if a["live_start"] is not None and a[f"{m}_start"] is not None]
+        adaptive = [a for a in apps if a["kind"] in ("moldable", "cem")]
+        reproduced = [a for a in twin.reproduced(apps) if a[f"{m}_start"] is not None]
+        early = twin.before_fork(apps, m)
+        out.append({
+            "start_lag": lag,
+            "all": twin.spread([abs(a["live_start"] - a[f"{m}_start"]) for a in started]),
+            "reproduced": twin.spread([abs(a["live_start"] - a[f"{m}_start"]) for a in reproduced]),
+            "before_fork": early, "choices_differ": sum(a["live_choice"] != a[f"{m}_choice"] for a in adaptive),
+            "adaptive": len(adaptive),
+            "held_back": sum(getattr(sim.result.launchers[a["name"]], "held_back", 0) for a in adaptive),
+        })
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("name", help="a stored twin run: twin, twin-spaced")
+    ap.add_argument("--start-lag", type=float, default=None, help="the live launchers' (default: stored)")
+    ap.add_argument("--doc", type=Path, default=DOC, help="the doc the run is stored next to")
+    args = ap.parse_args(argv)
+    rows = common.load(args.doc, args.name)["rows"]
+    stored = next(r for r in rows if r["row"] == "run")["settings"].get("start_lag")
+    lag = args.start_lag if args.start_lag is not None else stored
+    if lag is None:
+        ap.error(f"{args.name} was stored without its start_lag: give --start-lag")
+    f = twin._f
+    print(f"{args.name}: the calibrated simulator against the stored first live run (live start_lag {lag:g} s)")
+    print(common.md_table(
+        ["simulated start_lag (s)", "all: n, median, p95 |Δstart| (s)", "reproduced: n, median, p95",
+         "before the fork: n, median, p95", "adaptive choices that differ", "views held back"],
+        [[f"{r['start_lag']:g}", *(f"{d['n']}, {f(d['median'])}, {f(d['p95'])}"
+                                   for d in (r["all"], r["reproduced"], r["before_fork"])),
+          f"{r['choices_differ']} of {r['adaptive']}", r["held_back"]] for r in resimulate(rows, (0.0, lag))]))
+
+
+if __name__ == "__main__":
+    main()
