@@ -75,6 +75,8 @@ class Outcome:
         if self.code is None or self.via == "cli" and self.code == 3:
             return False  # counted as hung / untold, not as a wrong code
         if self.via == "cli":  # only its exit code is seen: it is its command's, or it says it was cut short
+            if self.ended_by_rms:
+                return self.code == 0
             return self.code != self.expected and self.code < 124
         if self.via == "psa":  # it runs no command: 0 once its tasks are done, 2 if it gave up on a refusal
             return self.code != (2 if self.refused else 0)
@@ -168,9 +170,20 @@ async def cli_app(env: dict[str, str], i: int, rng: random.Random, deadline: flo
         return out
     out.code = proc.returncode
     out.accepted = out.started = True
-    if out.code not in (code, 0) and out.code >= 124:
-        out.ended_by_rms = err.decode(errors="replace").strip()[-200:]
+    said = err.decode(errors="replace").strip()
+    if out.code != code:  # (what the command said, for the report)
+        out.detail = said[-300:]
+    if out.code not in (code, 0) and (out.code >= 124 or _cut_short(said)):
+        out.ended_by_rms = said[-200:]
     return out
+
+
+def _cut_short(said: str) -> bool:
+    """The command says the RMS ended its job or refused its launch (its node failed, went to another
+    request...): it did not complete, and its exit code must only not be 0."""
+    from coorm.shared.protocol import AGENT_KILL_REASONS
+
+    return "refused:" in said or "ended by the RMS" in said or any(m in said for m in AGENT_KILL_REASONS.values())
 
 
 async def _submitted(env: dict[str, str], cwd: Path, out: Outcome, argv: list[str]) -> str | None:
@@ -394,6 +407,7 @@ async def chaos(clusters: dict[str, int], apps: int, cli_share: float, victims: 
             "lost": [o.name for o in lost], "hung": [f"{o.name} {o.detail}" for o in hung],
             "untold": [f"{o.name}: {o.error}" for o in untold], "wrong": [
                 f"{o.name}: expected {o.expected}, got {o.code} ({[(e.code, e.reason) for e in o.exits]}) {o.detail}"
+                f" started={o.started} ended_by_rms={o.ended_by_rms} refused={o.refused}"
                 for o in wrong],
             "double_bookings": doubles, "samples": samples, "recovery": recovery,
             "gave_up": [f"{o.name}: {o.refused[0]}" for o in outcomes if o.refused and o.via == "psa"],

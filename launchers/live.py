@@ -179,6 +179,10 @@ class LiveRunner:
             else:
                 await self.s.close()
         self.result.ended = self.result.ended or self.clock()
+        if self.command_ends_work and self.result.end_reason and self.result.exit_code == 0:
+            # the RMS ended the work (its node failed...) before its processes said how they ended -- or before
+            # any ran: the job did not complete, whatever was heard of its processes (as coorm submit says)
+            self.result.exit_code = 124 if self.result.end_reason == "walltime" else 1
         self.result.notifications = self.s.stats.notifications
         self.result.notification_bytes = self.s.stats.notification_bytes
         return self.result

@@ -58,3 +58,25 @@ async def test_a_process_killed_as_reassigned_fails_a_rigid_job_not_a_malleable_
         r = runner.result
         assert runner._running_procs == 0
         assert (r.exit_code != 0, r.reassigned) == ((True, 0) if fails else (False, 1))
+
+
+@pytest.mark.parametrize(("reason", "code"), [("node_failure", 1), ("walltime", 124)])
+async def test_a_job_the_rms_ends_before_its_processes_report_does_not_exit_0(stack, reason, code):
+    """The RMS ends a rigid job's request (its node failed; the agent that would report its processes is gone)
+    while its command runs: the job did not complete, so its code is not 0 -- as coorm submit says, 1 (124 at
+    the walltime). The chaos test met it: an SDK job exited 0 after a node failure."""
+    import asyncio
+
+    from coorm.launchers.sdk import Killed
+
+    async with await Session.open(stack.settings, kind="rigid") as app:
+        launcher = RigidLauncher(app.app, "c0", 1, 60.0)
+        runner = LiveRunner(app, launcher, command=["sleep", "30"], command_ends_work=True)
+        run = asyncio.create_task(runner.run())
+        while not runner.result.launched:  # (its process runs)
+            assert not run.done(), run.result()
+            await asyncio.sleep(0.05)
+        (request,) = launcher.running
+        runner._inbox.put_nowait(Killed(request=request, reason=reason, nodes=()))
+        result = await asyncio.wait_for(run, 10)
+        assert (result.end_reason, result.exit_code) == (reason, code)
