@@ -15,7 +15,9 @@ in for it:
 * DAS3's five clusters (Table I: 85, 41, 68, 46 and 32 nodes), each job placed by KOALA's worst-fit
   (``placement``, :mod:`coorm.shared.cluster_choice`: the cluster with the most idle nodes where its
   minimum starts first, read off its views when it opens; a malleable job grows on that cluster only),
-  ``threshold`` nodes of each cluster kept for local users; no background load. ``--placement single``
+  ``threshold`` nodes of each cluster kept for local users; no background load in koala-pra and koala-pwa
+  (the paper's concurrent users: ``background``, :func:`background_jobs`, which koala-pwa-load runs).
+  ``--placement single``
   keeps the first runs' set-up: Delft's 68 nodes alone (where Fig. 6 was measured);
 * a malleable job is CooRMv2's: a non-preemptible request of its minimum (never shrunk) and preemptible
   requests for what it grows into, each asked as its preemptive view allows (FT only to a power of two,
@@ -29,6 +31,7 @@ utilisation, and the malleability manager's activity (grow and shrink operations
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections import Counter
@@ -117,8 +120,10 @@ class KoalaMalleable(Launcher):
         return self.curve.time(self.min_nodes) * 1.1  # it only ever runs faster than on its minimum
 
     def on_open(self, now: float, props: ClusterProps) -> list[Command]:
-        if self.cluster in RULES:
-            return []  # placed on its first views
+        if self.cluster in RULES or self.base is not None:
+            # placed on its first views -- which may come before this (the simulator delivers them first
+            # when a pass runs at the instant it opens): asking for its minimum again here gave it two
+            return []
         self.base = self.new_id()
         return [self.submit(RequestSpec(id=self.base, cluster=self.cluster, nodes=self.min_nodes,
                                         duration=self.walltime()))]
@@ -227,7 +232,8 @@ class PlacedRigid(RigidLauncher):
     """A rigid job whose cluster is chosen by a placement rule on its first views."""
 
     def on_open(self, now: float, props: ClusterProps) -> list[Command]:
-        return [] if self.cluster in RULES else super().on_open(now, props)
+        # (placed on its first views, which may have come first: see KoalaMalleable.on_open)
+        return [] if self.cluster in RULES or self.request is not None else super().on_open(now, props)
 
     def on_views(self, views: Views) -> list[Command]:
         if self.cluster not in RULES:
@@ -242,10 +248,37 @@ class PlacedRigid(RigidLauncher):
 # ==================================================================================================
 # one run
 # ==================================================================================================
+# other users' rigid jobs (``background``): sizes drawn uniformly in 1..8 nodes, run times exponential with a
+# mean of 10 min (within 30 s and 1 h), a walltime a quarter above the run time
+BACKGROUND_SIZES = (1, 8)
+BACKGROUND_RUN = (600.0, 30.0, 3600.0)  # mean, least, most
+
+
+def background_jobs(clusters: dict[str, int], load: float, span: float, seed: int) -> list[tuple[float, RigidLauncher]]:
+    """Other users' rigid jobs, submitted to each cluster directly (they bypass KOALA: no placement rule, no
+    threshold), arriving as a Poisson process over ``span`` seconds at the rate that offers ``load`` of the
+    cluster's nodes (nominal: the drawn jobs' offered load is in each row). A stream of its own, seeded
+    apart, so that KOALA's jobs are drawn the same with and without it."""
+    rng = random.Random(f"background-{seed}")
+    lo, hi = BACKGROUND_SIZES
+    mean_run, least, most = BACKGROUND_RUN
+    out: list[tuple[float, RigidLauncher]] = []
+    for cluster, nodes in clusters.items():
+        rate = load * nodes / ((lo + hi) / 2 * mean_run)
+        t = rng.expovariate(rate) if rate > 0 else span
+        while t < span:
+            size = rng.randint(lo, min(hi, nodes))
+            run = min(max(rng.expovariate(1.0 / mean_run), least), most)
+            out.append((t, RigidLauncher(f"b-{cluster}-{len(out)}", cluster, size, math.ceil(run * 1.25), run)))
+            t += rng.expovariate(rate)
+    return sorted(out, key=lambda x: x[0])
+
+
 def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarrival: float, seed: int,
-             threshold: int = THRESHOLD, placement: str = PLACEMENT) -> dict:
+             threshold: int = THRESHOLD, placement: str = PLACEMENT, background: float = 0.0) -> dict:
     """One run; ``placement``: a rule of :mod:`coorm.shared.cluster_choice` over DAS3's clusters, or
-    ``single`` (Delft's cluster alone)."""
+    ``single`` (Delft's cluster alone); ``background``: the load other users' rigid jobs offer each cluster
+    (:func:`background_jobs`) while KOALA's jobs arrive, 0 for none."""
     rng = random.Random(seed)
     settings = PolicySettings(preemptible=policy, precedence=precedence, local_threshold=threshold,
                               fair_start=0.0, reschedule_interval=1.0, preempt_grace=10.0)
@@ -265,6 +298,9 @@ def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarr
             job = KoalaMalleable(f"m{i}", where, curve)
             sim.add(at, job)
             malleable.append((job, at))
+    others = background_jobs(clusters, background, jobs * interarrival, seed) if background else []
+    for at, launcher in others:
+        sim.add(at, launcher)
     result = sim.run()
     done = [(j, at) for j, at in malleable if j.started is not None and j.ended is not None]
     execution = [j.ended - j.started for j, _ in done]  # type: ignore[operator]
@@ -286,6 +322,8 @@ def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarr
         "utilisation_pct": 100.0 * used / (nodes * end) if end else 0.0,
         "grows": sum(j.grows for j, _ in malleable), "shrinks": sum(j.shrinks for j, _ in malleable),
         "makespan_s": end,
+        **({"background_offered_pct": 100.0 * sum(b.nodes * b.runtime for _, b in others)
+            / (nodes * jobs * interarrival)} if background else {}),
     }
 
 
