@@ -171,6 +171,7 @@ EXPERIMENTS += ("coormv2_fig3_low",)  # issue 17's: why Fig. 3 exceeds the paper
 EXPERIMENTS += ("twin_spaced",)  # issue 17's: the twin with arrivals spaced beyond the decision latency
 EXPERIMENTS += ("twin_cem_share",)  # issue 17's: CooRM Fig. 8 across the share of CEM applications
 EXPERIMENTS += ("coormv2_fig9_plateau",)  # issue 17's: where Fig. 9's plateau starts, per profile
+EXPERIMENTS += ("koala_pwa_load",)  # issue 15's: KOALA's Fig. 8 under other users' rigid jobs
 
 
 def _experiments() -> dict:
