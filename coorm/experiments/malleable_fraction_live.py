@@ -3,9 +3,9 @@
 The same launcher objects as the simulated replay (:func:`coorm.simulator.replay.plan`: the trace's rigid
 jobs as :class:`~coorm.launchers.rigid.RigidLauncher`, the seeded draw of the malleable ones as the PSA
 model's :class:`~coorm.launchers.psa.PSALauncher`; the negotiating model is not run live here, :data:`MODEL`),
-each through :class:`~coorm.launchers.live.LiveRunner` (:func:`runner_class`: with the races a live shrink
-meets forgiven to malleable jobs) over ``coorm up`` (nats-server, valkey, every service, one node agent
-starting a real ``sleep`` on every node a job holds, killed when the node goes back), under
+each through :class:`~coorm.launchers.live.LiveRunner` (which forgives a malleable job the races a live
+shrink meets, counting them: ``overtaken``, ``reassigned``) over ``coorm up`` (nats-server, valkey, every
+service, one node agent starting a real ``sleep`` on every node a job holds, killed when the node goes back), under
 ``COORM_MALLEABLE_POLICY`` and ``COORM_PRECEDENCE=waiting`` as the simulated replay sets them.
 
 At a reduced size (:func:`reduced`): ``JOBS`` consecutive jobs of the same SDSC SP2 slice (from job
@@ -136,76 +136,17 @@ class Seen:
                 self.sizes.add(self.held)
 
 
-def runner_class():
-    """:class:`LiveRunner`, but for a malleable job (one that follows its preemptive view) two things a
-    shrink does to its processes are not failures of the job, whose work its launcher keeps account of (a
-    PSA's tasks; a killed one runs again):
-
-    * a launch on a node its request no longer holds (``not_owner``): the node went back -- released by
-      the launcher on a view that came before the start, or the request cancelled and started meanwhile --
-      before the runner launched on it; nothing runs there, the launcher adapts to what it holds;
-    * a process the node agent killed as ``reassigned``: the node was given to another request before the
-      release's own kill reached the agent (the kill that would say ``done``).
-
-    LiveRunner fails the job in both cases: its rules are those of work whose command is the job. Counted
-    in each row (``overtaken``, ``reassigned``); to be moved into LiveRunner by its owner."""
-    from coorm.launchers.live import LiveRunner
-    from coorm.launchers.sdk import Exited
-    from coorm.shared import bus
-    from coorm.shared.events import ErrorCode
-
-    class MalleableRunner(LiveRunner):
-        overtaken = 0
-        reassigned = 0
-
-        async def _handle(self, item) -> None:
-            if (isinstance(item, Exited) and item.killed and item.reason == "reassigned"
-                    and self.launcher.wants_preemptive):
-                self._running_procs -= 1
-                self.reassigned += 1
-                return
-            await super()._handle(item)
-
-        async def _launch(self, st) -> None:
-            if not self.launcher.wants_preemptive or self.command is None:
-                await super()._launch(st)
-                return
-            mine = [n for n in st.nodes if n not in st.kept]
-            command = self.command
-
-            async def on(node: str) -> list[int] | bus.WireError:
-                try:
-                    return await self.s.launch(st.request, node, command, launch_id=f"{st.request}@{node}")
-                except bus.WireError as e:
-                    return e
-
-            for node, got in zip(mine, await asyncio.gather(*(on(n) for n in mine)), strict=True):
-                if isinstance(got, bus.WireError):
-                    if got.code is ErrorCode.NOT_OWNER:
-                        self.overtaken += 1
-                        continue
-                    self.result.refused.append(f"launch on {node}: {got.message}")
-                    self.result.exit_code = self.result.exit_code or 1
-                    continue
-                self._running_procs += len(got)
-                self._launched_any = True
-                self.result.processes += len(got)
-                self.result.launched += [(node, pid) for pid in got]
-
-    return MalleableRunner
-
-
 async def run_once(settings, policy: str, fraction: float, jobs_n: int) -> dict:
     """One live replay of the reduced workload: every job opened at its arrival time, run by its launcher
     through a :class:`LiveRunner`; its row (metrics from the records of what the runners saw)."""
     from coorm.launchers.kinds import BY_NAME
+    from coorm.launchers.live import LiveRunner
     from coorm.launchers.sdk import Killed, Session, Started
     from coorm.simulator.metrics import JobRecord, compute
 
     _, planned = workload(policy, fraction, jobs_n)
     t0 = time.time()
     seen: dict[str, Seen] = {}
-    runner = runner_class()
 
     def clock() -> float:
         return time.time() - t0  # the workload's time: its first arrival at 0
@@ -221,22 +162,15 @@ async def run_once(settings, policy: str, fraction: float, jobs_n: int) -> dict:
             elif isinstance(item, Killed):
                 s_.ended(clock(), item.request)
 
-        if kind.preemptive_views:
-            # LiveRunner lets an adaptive application's request that names one the RMS has ended meanwhile (a
-            # shrink's successor racing the shrink's own end, live only) be refused as a race, not a failure,
-            # if the launcher says it is background work: a finite malleable job is just as adaptive. The flag
-            # changes none of its decisions (no launcher reads it); this run waits for every job anyway
-            p.launcher.background = True
         session = await Session.open(settings, kind=kind.name, name=p.name,
                                      preemptive_views=kind.preemptive_views, views=kind.live_views)
-        r = runner(session, p.launcher, command=LONG, clock=clock, observe=observe)
-        return p, await r.run(), (r.overtaken, r.reassigned)
+        return p, await LiveRunner(session, p.launcher, command=LONG, clock=clock, observe=observe).run()
 
     done = await asyncio.wait_for(asyncio.gather(*(one(p) for p in planned if p.launcher is not None)),
                                   timeout=30 * 60)
     records = []
-    malleable = [p for p, _, _ in done if p.launcher.kind != "rigid"]
-    for p, r, _ in done:
+    malleable = [p for p, _ in done if p.launcher.kind != "rigid"]
+    for p, r in done:
         s_ = seen[p.app]
         for start, nodes in s_.open_.values():  # (none should be: a request's end is always told)
             s_.segments.append((start, r.ended, nodes))
@@ -246,15 +180,15 @@ async def run_once(settings, policy: str, fraction: float, jobs_n: int) -> dict:
                                  kind=p.launcher.kind, nodes_requested=p.nodes))
     m = compute(records, NODES)
     failures = [f"{p.name}: exit {r.exit_code} ({r.end_reason or '; '.join(r.refused) or 'its processes'})"
-                for p, r, _ in done if r.exit_code != 0]
+                for p, r in done if r.exit_code != 0]
     tasks = [(p.launcher.completed, p.launcher.total_tasks) for p in malleable if p.launcher.kind == "psa"]
     return {
         "policy": policy if fraction else "rigid", "model": MODEL if fraction else "-", "fraction": fraction,
         "jobs": len(done), "malleable": len(malleable),
         "finished": sum(1 for r in records if r.state == "completed"),
         "failed": len(failures), "failures": " | ".join(failures),
-        "processes": sum(r.processes for _, r, _ in done), "overtaken": sum(o for _, _, (o, _) in done),
-        "reassigned": sum(k for _, _, (_, k) in done),
+        "processes": sum(r.processes for _, r in done), "overtaken": sum(r.overtaken for _, r in done),
+        "reassigned": sum(r.reassigned for _, r in done),
         "tasks_done": sum(c for c, _ in tasks), "tasks": sum(t or 0 for _, t in tasks),
         "resized": sum(1 for p in malleable if len(seen[p.app].sizes) > 1),
         "wider_than_1": sum(1 for p in malleable if max(seen[p.app].sizes, default=0) > 1),
