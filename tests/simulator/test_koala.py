@@ -73,9 +73,15 @@ def test_the_quick_experiment_runs_every_combination_to_its_end(module, tmp_path
         assert all(r["shrinks"] == 0 for r in rows)  # PRA never shrinks
     else:
         assert all(r["shrinks"] > 0 for r in rows)
-    # worst-fit spreads the malleable jobs over DAS3's clusters; alone, Delft's takes them all
+    # alone, Delft's cluster takes them all. Under PRA worst-fit spreads the malleable jobs over DAS3's clusters
+    # (a grown job's nodes are not idle). Under PWA it counts the nodes jobs hold beyond their minimum as free
+    # -- KOALA places "taking into account the minimum sizes of the running jobs" -- so the largest cluster
+    # takes nearly all (94-99 % in the stored runs, 100 % in some quick ones): no spread is asserted there
     for r in rows:
-        assert (r["busiest_cluster_pct"] == 100) == (r["placement"] == "single"), r
+        if r["placement"] == "single":
+            assert r["busiest_cluster_pct"] == 100, r
+        elif module is koala_pra:
+            assert r["busiest_cluster_pct"] < 100, r
 
 
 def test_worst_fit_places_each_job_on_the_cluster_with_the_most_idle_nodes():
