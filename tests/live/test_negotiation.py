@@ -18,6 +18,7 @@ from coorm.shared.events import ErrorCode
 from coorm.shared.negotiation import NegotiationTerms, pow2_sizes
 from coorm.shared.protocol import ErrorReply, RespondMsg
 from coorm.shared.requests import RequestSpec
+from tests.live.leaders import leader_and_standby
 from tests.live.test_system import _settings
 
 
@@ -167,37 +168,18 @@ async def test_an_offer_survives_the_leaders_sigkill(servers, redis_url, tmp_pat
     offer and what it sets aside from the event log (and the snapshot: ``snapshot_every`` 2), a rigid job
     sent meanwhile does not get the offered nodes, and the offer's acceptance, sent to the new leader, starts
     the request on them."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    import redis
-
-    from coorm.services.policy_engine.service import PolicyEngine
-    from coorm.shared import keys
-
     settings = _settings(servers, leader_lease=1.0, snapshot_every=snapshot_every, fair_start=0.0)
-    env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
-               COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0",
+    env = dict(COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0",
                COORM_SNAPSHOT_EVERY=str(snapshot_every), COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
-    leader = subprocess.Popen([sys.executable, "-m", "coorm.cli.main", "service", "policy-engine"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    r = redis.Redis.from_url(servers.redis_url, decode_responses=True)
-    standby = PolicyEngine(settings, instance="standby")
-    stop_standby = asyncio.Event()
-    standby_task = None
-    try:
-        await wait_until(lambda: r.get(keys.POLICY_LEASE) is not None, timeout=20, what="the leader's lease")
-        standby_task = asyncio.create_task(standby.run(stop_standby))
+    async with leader_and_standby(servers, settings, env) as pair:
+        standby = pair.standby
         async with LocalStack(settings, {"c0": 8}, with_engine=False):
             app = await Session.open(settings, kind="evolving")
             other = await Session.open(settings, kind="rigid")
             o = await app.negotiate(NegotiationTerms(negotiation=app.rid("g"), cluster="c0", max_nodes=6,
                                                      duration=60.0, respond_within=60.0))
             assert o.nodes == 6
-            os.killpg(leader.pid, signal.SIGKILL)
-            leader.wait()
+            pair.kill_leader()
             await asyncio.wait_for(standby.leader.wait(), 15)
             assert standby.cores.policy.negotiations.reserved_now("c0", standby.cores.now) == 6
             (rigid,) = await other.request(rq(other.rid("r"), "c0", 4, 60))  # only 2 are not set aside
@@ -207,11 +189,3 @@ async def test_an_offer_survives_the_leaders_sigkill(servers, redis_url, tmp_pat
                 "waiting"
             await app.close()
             await other.close()
-    finally:
-        if leader.poll() is None:
-            os.killpg(leader.pid, signal.SIGKILL)
-            leader.wait()
-        stop_standby.set()
-        if standby_task is not None:
-            await asyncio.wait_for(standby_task, 10)
-        r.close()

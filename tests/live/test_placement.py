@@ -20,6 +20,7 @@ from coorm.shared import subjects
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import ErrorReply
 from coorm.shared.requests import RequestSpec, RequestType
+from tests.live.leaders import leader_and_standby
 from tests.live.test_system import _settings
 
 CLUSTERS = {"c0": 8, "c1": 16, "c2": 12}
@@ -133,31 +134,16 @@ async def test_the_cluster_chosen_survives_the_leaders_sigkill(servers, redis_ur
     """The leader is a real process, SIGKILLed once it placed the request (every cluster full: on c1, whose
     job ends first): the standby, rebuilt from the event log, has it on c1, and it starts there -- not on c0,
     freed first."""
-    import os
-    import signal
-    import subprocess
-    import sys
     import time
 
-    import redis
-
-    from coorm.services.policy_engine.service import PolicyEngine
-    from coorm.shared import bus, keys
+    from coorm.shared import bus
     from coorm.shared.protocol import StatusQuery, StatusReply
 
     settings = _settings(servers, leader_lease=1.0, fair_start=0.0)
-    env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
-               COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0",
+    env = dict(COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0",
                COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
-    leader = subprocess.Popen([sys.executable, "-m", "coorm.cli.main", "service", "policy-engine"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    r = redis.Redis.from_url(servers.redis_url, decode_responses=True)
-    standby = PolicyEngine(settings, instance="standby")
-    stop_standby = asyncio.Event()
-    standby_task = None
-    try:
-        await wait_until(lambda: r.get(keys.POLICY_LEASE) is not None, timeout=20, what="the leader's lease")
-        standby_task = asyncio.create_task(standby.run(stop_standby))
+    async with leader_and_standby(servers, settings, env) as pair:
+        standby = pair.standby
         async with LocalStack(settings, CLUSTERS, with_engine=False):
             busy = await Session.open(settings, kind="rigid", views=False)
             app = await Session.open(settings, kind="malleable")
@@ -175,8 +161,7 @@ async def test_the_cluster_chosen_survives_the_leaders_sigkill(servers, redis_ur
             while await cluster_of_rid() != "c1":
                 assert time.monotonic() < deadline, "the leader did not place the request on c1"
                 await asyncio.sleep(0.01)
-            os.killpg(leader.pid, signal.SIGKILL)
-            leader.wait()
+            pair.kill_leader()
             await asyncio.wait_for(standby.leader.wait(), 15)
             policy = standby.cores.policy
             assert policy.requests[rid].cluster == "c1" and policy.requests[rid].state.value == "waiting"
@@ -189,11 +174,3 @@ async def test_the_cluster_chosen_survives_the_leaders_sigkill(servers, redis_ur
             assert st.cluster == "c1" and len(st.nodes) == 4
             await app.close()
             await busy.close()
-    finally:
-        if leader.poll() is None:
-            os.killpg(leader.pid, signal.SIGKILL)
-            leader.wait()
-        stop_standby.set()
-        if standby_task is not None:
-            await asyncio.wait_for(standby_task, 10)
-        r.close()

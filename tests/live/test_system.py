@@ -17,6 +17,7 @@ from coorm.shared import bus, subjects
 from coorm.shared.protocol import StatusQuery, StatusReply
 from coorm.shared.requests import RequestSpec
 from coorm.shared.settings import Settings
+from tests.live.leaders import leader_and_standby
 from tests.live.test_agent import group_gone
 
 
@@ -270,28 +271,13 @@ async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, 
     """The leader is a real process, killed with SIGKILL: no goodbye, its lease in Redis lapses. Without
     snapshots the standby replays the whole event log; with a snapshot every 2 events it loads the last
     snapshot and replays the (trimmed) log after it."""
-    import signal
-    import subprocess
-    import sys
-
-    import redis
-
-    from coorm.services.policy_engine.service import PolicyEngine
     from coorm.shared import keys
 
     settings = _settings(servers, leader_lease=1.0, snapshot_every=snapshot_every)
-    env = dict(os.environ, COORM_NATS_URL=servers.nats_url, COORM_REDIS_URL=servers.redis_url,
-               COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0.5",
+    env = dict(COORM_LEADER_LEASE="1.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0.5",
                COORM_SNAPSHOT_EVERY=str(snapshot_every), COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
-    leader = subprocess.Popen([sys.executable, "-m", "coorm.cli.main", "service", "policy-engine"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    r = redis.Redis.from_url(servers.redis_url, decode_responses=True)
-    standby = PolicyEngine(settings, instance="standby")
-    stop_standby = asyncio.Event()
-    standby_task = None
-    try:
-        await wait_until(lambda: r.get(keys.POLICY_LEASE) is not None, timeout=20, what="the leader's lease")
-        standby_task = asyncio.create_task(standby.run(stop_standby))
+    async with leader_and_standby(servers, settings, env) as pair:
+        standby, r = pair.standby, pair.redis
         async with LocalStack(settings, {"c1": 8}, with_engine=False) as stack:
             assert stack.parts.keys() == {"node-allocator", "view-publisher"}
             app = await Session.open(settings, kind="rigid")
@@ -314,8 +300,7 @@ async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, 
             else:
                 logged = int(r.get(keys.EVENT_SEQ))
                 assert not r.exists(keys.SNAPSHOT) and r.xlen(keys.EVENT_LOG) == logged
-            os.killpg(leader.pid, signal.SIGKILL)
-            leader.wait()
+            pair.kill_leader()
             await asyncio.wait_for(standby.leader.wait(), 10)
             assert "queued" in standby.cores.policy.requests  # replayed from the event log
             assert standby.cores.policy.requests["busy"].state.value == "started"
@@ -323,14 +308,6 @@ async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, 
             start = await app.wait_start(queued, 10)
             assert len(start.nodes) == 8
             await app.close()
-    finally:
-        if leader.poll() is None:
-            os.killpg(leader.pid, signal.SIGKILL)
-            leader.wait()
-        stop_standby.set()
-        if standby_task is not None:
-            await asyncio.wait_for(standby_task, 10)
-        r.close()
 
 
 # ==================================================================================================
