@@ -16,6 +16,10 @@ and the delays (each a list of samples):
   the launch and exit delays together (the exit delay is what is left after the launch's);
 * ``open``: arrival -> the launcher runs;
 * ``views``: a round of views published (``ChangeNotify.now``) -> the launcher hears of it;
+* ``start_after_view``: a moldable or CEM launcher's start heard, less when it heard the first round of
+  views published at or after that start was decided (the round that shows it running, at the latest):
+  > 0, the views of its pass came first (the start's path, through the node allocator, is the slower);
+  < 0, the start came first (the simulator's order without ``Delays.view_notify``);
 and the CPU seconds of every process of the system (services, agents, servers) and of this one (the
 launchers), for CooRM's Fig. 8(b).
 """
@@ -79,6 +83,7 @@ class _TimedRunner(LiveRunner):
         self.hold = hold
         self.sent: dict[str, float] = {}  # request -> when the launcher sent it
         self.heard: dict[str, float] = {}  # request -> when it heard of its start
+        self.views_heard: list[tuple[float, float]] = []  # (the round's time, when it heard it), in order
         self.launched_at: float | None = None
 
     async def _pump(self) -> None:
@@ -95,6 +100,7 @@ class _TimedRunner(LiveRunner):
         heard = self.clock()
         if isinstance(item, ViewsChanged):
             self.measure["views"].append(heard - item.views.now)
+            self.views_heard.append((item.views.now, heard))
         elif isinstance(item, Started):
             self.heard.setdefault(item.request, heard)
         await super()._handle(item)
@@ -186,7 +192,7 @@ async def _lifecycle(nc, apps: set[str], patience: float = 20.0) -> list[Lifecyc
 async def run_workload(settings: Settings, specs: list[TwinApp], clusters: dict[str, int], pids: dict[str, int],
                        limit: float, start_lag: float = START_LAG, hold: float = 0.0) -> LiveRun:
     measure: dict[str, list[float]] = {k: [] for k in ("notify", "command", "launch", "launch_nodes",
-                                                       "work_overhead", "open", "views")}
+                                                       "work_overhead", "open", "views", "start_after_view")}
     nc = await bus.connect(settings.nats_url, "coorm-twin", settings.identity(Role.SERVICE))
     apps = {s.name: LiveApp(s.name, s.kind, s.at) for s in specs}
     runners: dict[str, _TimedRunner] = {}
@@ -219,6 +225,12 @@ async def run_workload(settings: Settings, specs: list[TwinApp], clusters: dict[
             decided = requests.get(req, {}).get("start")
             if decided is not None:
                 measure["notify"].append(heard - t0 - decided)
+        if r.spec.kind in ("moldable", "cem") and r.heard:  # (the launchers a view can make choose again)
+            req, heard = min(r.heard.items(), key=lambda kv: kv[1])
+            decided = requests.get(req, {}).get("start")
+            after = [v for at, v in r.views_heard if decided is not None and at - t0 >= decided]
+            if after:
+                measure["start_after_view"].append(heard - after[0])
         for req, sent in r.sent.items():
             submitted = requests.get(req, {}).get("submitted")
             if submitted is not None:

@@ -6,7 +6,9 @@
 calibrates the simulator from them as :func:`coorm.experiments.twin.compare` does, runs the same applications
 with start_lag 0 (the papers' simulator, and the twin's before it modelled the live run's) and with the
 given one, and prints |Δstart| against the first live run: over all applications, over those the live system
-reproduces, before the schedules fork, and the adaptive choices that differ. A few seconds; no live run.
+reproduces, over those whose start is determined (the live runs and the sampled simulator's seeds agree),
+before the schedules fork, and the adaptive choices that differ. Some seconds; no live run. ``--views apart``:
+the simulated views heard with their own measured latency, apart from the starts (``in-order``: behind them).
 ``--start-lag`` defaults to the one stored with the run (runs stored before it was recorded need it given:
 the live launchers' ``START_LAG`` when the run was made).
 """
@@ -23,9 +25,12 @@ from coorm.experiments.twin_workload import CLUSTERS, QUICK_CLUSTERS, workload
 DOC = Path(__file__).resolve().parents[2] / "EXPERIMENTS.md"
 
 
-def resimulate(rows: list[dict], start_lags: tuple[float, ...]) -> list[dict]:
+def resimulate(rows: list[dict], start_lags: tuple[float, ...], views_apart: bool | None = None) -> list[dict]:
     """One summary per start_lag: the calibrated simulator (from ``rows``' stored samples and settings)
-    against the stored first live run."""
+    against the stored first live run; ``views_apart``: its views heard apart from the starts
+    (``Delays.view_notify``; None: as the stored run's simulator had them). The applications whose start is
+    determined (:func:`~coorm.experiments.twin.determined`) are those the stored live runs reproduce and the
+    sampled simulator's seeds, run again here, start alike."""
     run = next(r for r in rows if r["row"] == "run")
     apps = [dict(a) for a in rows if a["row"] == "app"]
     quick = run["apps"] < 100
@@ -34,24 +39,31 @@ def resimulate(rows: list[dict], start_lags: tuple[float, ...]) -> list[dict]:
         raise ValueError("the stored applications are not the twin workload's")
     samples = {r["delay"]: r["values"] for r in rows if r["row"] == "samples"}
     settings = tsim.policy(run["settings"])
-    delays = tsim.calibrate(samples, run["settings"])
+    apart = bool(run.get("views_apart")) if views_apart is None else views_apart
+    delays = tsim.calibrate(samples, run["settings"], views_apart=apart)
     clusters = QUICK_CLUSTERS if quick else CLUSTERS
     out = []
     for lag in start_lags:
         sim = tsim.simulate(specs, clusters, settings, delays, lag)
         m = f"lag{lag:g}"
+        # the sampled simulator's seeds, for the applications whose start is a race in the model itself
+        seeds = [tsim.simulate(specs, clusters, settings, tsim.sampled(delays, samples, k), lag)
+                 for k in range(twin.SEEDS)]
         for a in apps:
             rec = sim.result.apps[a["name"]]
             a[f"{m}_start"] = rec.heard_started
             a[f"{m}_choice"] = tsim.first_choice(sim.requests, a["name"])
+            a.update(twin.seeds_spread(seeds, a["name"]))
         started = [a for a in apps if a["live_start"] is not None and a[f"{m}_start"] is not None]
         adaptive = [a for a in apps if a["kind"] in ("moldable", "cem")]
         reproduced = [a for a in twin.reproduced(apps) if a[f"{m}_start"] is not None]
+        determined = [a for a in twin.determined(apps) if a[f"{m}_start"] is not None]
         early = twin.before_fork(apps, m)
         out.append({
-            "start_lag": lag,
+            "start_lag": lag, "views_apart": apart,
             "all": twin.spread([abs(a["live_start"] - a[f"{m}_start"]) for a in started]),
             "reproduced": twin.spread([abs(a["live_start"] - a[f"{m}_start"]) for a in reproduced]),
+            "determined": twin.spread([abs(a["live_start"] - a[f"{m}_start"]) for a in determined]),
             "before_fork": early, "choices_differ": sum(a["live_choice"] != a[f"{m}_choice"] for a in adaptive),
             "adaptive": len(adaptive),
             "held_back": sum(getattr(sim.result.launchers[a["name"]], "held_back", 0) for a in adaptive),
@@ -64,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("name", help="a stored twin run: twin, twin-spaced")
     ap.add_argument("--start-lag", type=float, default=None, help="the live launchers' (default: stored)")
     ap.add_argument("--doc", type=Path, default=DOC, help="the doc the run is stored next to")
+    ap.add_argument("--views", choices=("stored", "apart", "in-order"), default="stored",
+                    help="the simulated views heard apart from the starts (view_notify) or behind them")
     args = ap.parse_args(argv)
     rows = common.load(args.doc, args.name)["rows"]
     stored = next(r for r in rows if r["row"] == "run")["settings"].get("start_lag")
@@ -72,12 +86,16 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"{args.name} was stored without its start_lag: give --start-lag")
     f = twin._f
     print(f"{args.name}: the calibrated simulator against the stored first live run (live start_lag {lag:g} s)")
+    views = {"stored": None, "apart": True, "in-order": False}[args.views]
     print(common.md_table(
-        ["simulated start_lag (s)", "all: n, median, p95 |Δstart| (s)", "reproduced: n, median, p95",
-         "before the fork: n, median, p95", "adaptive choices that differ", "views held back"],
-        [[f"{r['start_lag']:g}", *(f"{d['n']}, {f(d['median'])}, {f(d['p95'])}"
-                                   for d in (r["all"], r["reproduced"], r["before_fork"])),
-          f"{r['choices_differ']} of {r['adaptive']}", r["held_back"]] for r in resimulate(rows, (0.0, lag))]))
+        ["simulated start_lag (s)", "views apart", "all: n, median, p95 |Δstart| (s)", "reproduced: n, median, p95",
+         "determined: n, median, p95", "before the fork: n, median, p95", "adaptive choices that differ",
+         "views held back"],
+        [[f"{r['start_lag']:g}", "yes" if r["views_apart"] else "no",
+          *(f"{d['n']}, {f(d['median'])}, {f(d['p95'])}"
+            for d in (r["all"], r["reproduced"], r["determined"], r["before_fork"])),
+          f"{r['choices_differ']} of {r['adaptive']}", r["held_back"]]
+         for r in resimulate(rows, (0.0, lag), views)]))
 
 
 if __name__ == "__main__":

@@ -31,12 +31,13 @@ def policy(live_settings: dict) -> PolicySettings:
                           preemptible=live_settings["malleable_policy"])
 
 
-def calibrate(samples: dict[str, list[float]], live_settings: dict) -> Delays:
-    """The delays the live run measured, and its view pacing (its own settings). Each delay is the mean of
-    its samples: the delays add up over a run (a start waits for the end before it, which waited...), so
-    the tails count -- the median, the typical event, made the simulated run early on average (on an earlier
-    stored run: a mean wait 0.4 s shorter than live's, p95 |start| before the fork 0.21 s against 0.14 s
-    with the means). A launch's time is a line in its nodes (Theil-Sen: the tails would tilt a
+def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart: bool = False) -> Delays:
+    """The delays the live run measured, and its view pacing (its own settings); ``views_apart``: the views
+    heard with their own measured latency (the mean of ``views``), not behind a start (``Delays.view_notify``).
+    Each delay is the mean of its samples: the delays add up over a run (a start waits for the end before
+    it, which waited...), so the tails count -- the median, the typical event, made the simulated run early
+    on average (on an earlier stored run: a mean wait 0.4 s shorter than live's, p95 |start| before the fork
+    0.21 s against 0.14 s with the means). A launch's time is a line in its nodes (Theil-Sen: the tails would tilt a
     least-squares one), scaled to the samples' mean."""
     mean = {k: statistics.fmean(samples[k]) if samples.get(k) else 0.0
             for k in ("notify", "command", "work_overhead", "open")}
@@ -48,7 +49,9 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict) -> Delays:
             a, b = a * statistics.fmean(launch) / line_mean, b * statistics.fmean(launch) / line_mean
     return Delays(notify=max(0.0, mean["notify"]), command=max(0.0, mean["command"]), open=max(0.0, mean["open"]),
                   exit=max(0.0, mean["work_overhead"]), launch=max(0.0, a), launch_per_node=max(0.0, b),
-                  view_period=live_settings["view_period"], view_rate=live_settings["view_rate"], live_views=True)
+                  view_period=live_settings["view_period"], view_rate=live_settings["view_rate"], live_views=True,
+                  view_notify=max(0.0, statistics.fmean(samples["views"])) if views_apart and samples.get("views")
+                  else None)
 
 
 def sampled(delays: Delays, samples: dict[str, list[float]], seed: int) -> Delays:
@@ -57,7 +60,8 @@ def sampled(delays: Delays, samples: dict[str, list[float]], seed: int) -> Delay
     constant is their mean; a launch's time is the fitted line times a drawn factor (a launch's measured time
     over the line's value at its nodes)."""
     pools = {k: tuple(max(0.0, v) for v in samples.get(src, ())) for k, src in
-             (("notify", "notify"), ("command", "command"), ("open", "open"), ("exit", "work_overhead"))}
+             (("notify", "notify"), ("command", "command"), ("open", "open"), ("exit", "work_overhead"),
+              *((("view_notify", "views"),) if delays.view_notify is not None else ()))}
     line = [delays.launch + delays.launch_per_node * n for n in samples.get("launch_nodes", [])]
     pools["launch_factor"] = tuple(max(0.0, t) / x for t, x in zip(samples.get("launch", []), line, strict=False)
                                    if x > 0)
@@ -66,7 +70,8 @@ def sampled(delays: Delays, samples: dict[str, list[float]], seed: int) -> Delay
 
 def scaled(delays: Delays, factor: float) -> Delays:
     """``delays`` with every delay (not the view pacing) ``factor`` times as long."""
-    return replace(delays, notify=delays.notify * factor, command=delays.command * factor,
+    views = None if delays.view_notify is None else delays.view_notify * factor
+    return replace(delays, view_notify=views, notify=delays.notify * factor, command=delays.command * factor,
                    launch=delays.launch * factor, launch_per_node=delays.launch_per_node * factor,
                    exit=delays.exit * factor, open=delays.open * factor)
 

@@ -22,11 +22,18 @@ Rules the engine keeps when it models delays:
 * ``live_views``: what a live session is sent, counted as live (the launcher acts on the same views): the
   views as they stand when it opens (the SDK asks for them), and its views after it started too (a launcher
   that no longer follows them ignores them);
+* ``view_notify``: the views' own latency, a round -> its launcher hears of it. Live, a start and the views
+  of the pass that decided it travel apart -- the start through the node allocator, the views through the
+  view publisher -- so a launcher may be shown its own request running before it hears that it started
+  (the case :class:`~coorm.launchers.base.SelectingLauncher`'s ``start_lag`` is for). With it, views are
+  heard in their own order (each ``view_notify`` after its round), not behind a start not heard yet, and
+  still not while the launcher opens or launches. None (the default, the papers'): views are decisions like
+  the others, heard ``notify`` later in the order taken, so never before the start they show;
 * ``samples``: instead of the constants, each delay is drawn (seeded by ``seed``) from the live system's own
-  samples of it -- ``notify``, ``command``, ``open``, ``exit``, and ``launch_factor``, a launch's time over
-  the line ``launch + launch_per_node x nodes``: its jitter and tails, which decide which way a race goes
-  (two arrivals a few milliseconds apart, an adaptive launcher's last view before its start). A delay
-  without samples stays its constant.
+  samples of it -- ``notify``, ``command``, ``open``, ``exit``, ``view_notify`` (when set), and
+  ``launch_factor``, a launch's time over the line ``launch + launch_per_node x nodes``: its jitter and
+  tails, which decide which way a race goes (two arrivals a few milliseconds apart, an adaptive launcher's
+  last view before its start). A delay without samples stays its constant.
 """
 
 from __future__ import annotations
@@ -45,11 +52,12 @@ class Delays:
     view_period: float | None = None  # None: views after every pass; else at most a round per period
     view_rate: float = 2000.0  # ... and at most this many view notifications a second (the live defaults)
     live_views: bool = False  # count the views a live session is sent beyond what its launcher follows
+    view_notify: float | None = None  # None: views heard notify later, in order with starts; else their own
     # (name, samples) pairs to draw from instead of the constants; ``seed`` seeds the draws
     samples: tuple[tuple[str, tuple[float, ...]], ...] = field(default=(), repr=False)
     seed: int = 0
 
-    SAMPLED = ("notify", "command", "open", "exit", "launch_factor")
+    SAMPLED = ("notify", "command", "open", "exit", "launch_factor", "view_notify")
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

@@ -114,6 +114,10 @@ class Simulation:
         self.delays = None if delays is None or delays.instant else delays
         self._process_work: set[str] = set()
         self._heard_by: dict[str, float] = {}  # app -> when its latest notification reaches it
+        # with Delays.view_notify, views travel apart from the other notifications: app -> when its latest
+        # view reaches it, and until when it opens or launches (it hears no view meanwhile either)
+        self._views_by: dict[str, float] = {}
+        self._busy_by: dict[str, float] = {}
         self._applied_by: dict[str, float] = {}  # app -> when its latest command reaches the RMS
         self._pacer: ViewPacer | None = None
         if self.delays is not None and self.delays.view_period is not None:
@@ -354,6 +358,7 @@ class Simulation:
             # it launches its processes on the new nodes, hearing of nothing else meanwhile
             busy = (self.delays.launch + self.delays.launch_per_node * fresh) * self._delay("launch_factor", 1.0)
             self._heard_by[app] = max(self._heard_by.get(app, -math.inf), self.now + busy)
+            self._busy_by[app] = max(self._busy_by.get(app, -math.inf), self.now + busy)
         if method == "on_start" and self.delays is not None and args[1] and app in self._process_work:
             # its work's end is heard ``exit`` after start + work
             exit_ = self._delay("exit")
@@ -371,6 +376,13 @@ class Simulation:
 
     def _hear_later(self, app: str, notice_: tuple) -> None:
         assert self.delays is not None
+        if self.delays.view_notify is not None and notice_[0] in ("on_views", "ignored"):
+            # the view publisher's path: its own latency and order, not behind a start not heard yet
+            at = max(self.now + self._delay("view_notify"), self._views_by.get(app, -math.inf),
+                     self._busy_by.get(app, -math.inf))
+            self._views_by[app] = at
+            self._push(at, "hear", app, notice_)
+            return
         at = max(self.now + self._delay("notify"), self._heard_by.get(app, -math.inf))  # in the order taken
         self._heard_by[app] = at
         self._push(at, "hear", app, notice_)
@@ -408,7 +420,7 @@ class Simulation:
             self._push(command, "command", app, "open")
             self._in_flight += 1
             self._push(opened, "opened", app, None)
-            self._heard_by[app] = opened  # its launcher runs first, then hears
+            self._heard_by[app] = self._busy_by[app] = opened  # its launcher runs first, then hears
         elif kind == "opened":
             self._run_commands(app, self.launchers[app].on_open(self.now, self.props))
         elif kind == "command":
@@ -473,7 +485,10 @@ class Simulation:
         if launcher is None or launcher.finished or record is None:
             return []
         live_views = self.delays is not None and self.delays.live_views
-        follows = record.started is None or launcher.views_after_start
+        # with the views apart from the starts, a launcher follows its views until it hears its start (as
+        # live: it may be shown its own request running first); else until the RMS starts it
+        apart = self.delays is not None and self.delays.view_notify is not None
+        follows = (record.heard_started if apart else record.started) is None or launcher.views_after_start
         if not follows and not live_views:
             return []
         schedule = self.cores.policy.schedule

@@ -11,6 +11,11 @@ from coorm.experiments import twin, twin_resim
 from coorm.experiments import twin_sim as tsim
 from coorm.experiments.twin_workload import MIN_GAP, QUICK_CLUSTERS, workload
 from coorm.launchers.live import START_LAG
+from coorm.launchers.moldable import MoldableLauncher
+from coorm.launchers.rigid import RigidLauncher
+from coorm.services.policy_engine.core import PolicySettings
+from coorm.simulator.delays import Delays
+from coorm.simulator.engine import Simulation
 from tests.experiments.stored import stored_rows
 
 
@@ -139,3 +144,77 @@ def test_a_cem_share_replaces_that_share_of_the_applications_at_the_same_times()
         assert sum(a.kind == "cem" for a in others) == round(share * len(others))
         assert [(a.at, a.cluster) for a in mixed] == [(a.at, a.cluster) for a in plain]
         assert all(a.kind == b.kind for a, b in zip(plain, mixed, strict=True) if "cem" not in (a.kind, b.kind))
+
+
+def test_the_judged_applications_are_those_the_live_runs_and_the_models_seeds_start_alike():
+    """A start the sampled simulator's seeds spread over more than RACE_S, or start in different configurations,
+    is a race in the model: left out of the tolerance's population even when both live runs agree."""
+    def app(name, live, again, spread, choices=1):
+        return {"name": name, "live_start": live, "again_start": again, "live_choice": 4, "again_choice": 4,
+                "seeds_range": spread, "seeds_choices": choices}
+
+    apps = [app("a", 1.0, 1.1, twin.RACE_S), app("b", 1.0, 1.1, twin.RACE_S + 0.01), app("c", 1.0, 1.1, 0.0, 2),
+            app("d", 1.0, 1.1, None), app("e", 1.0, 2.0, 0.0), app("f", 3.0, 3.0, 0.2)]
+    assert [a["name"] for a in twin.reproduced(apps)] == ["a", "b", "c", "d", "f"]
+    assert [a["name"] for a in twin.determined(apps)] == ["a", "f"]
+
+
+def test_the_seeds_spread_is_their_starts_range_and_their_configurations():
+    specs = workload(quick=True)
+    settings = tsim.policy({"fair_start": 1.0, "reschedule_interval": 0.2, "preempt_grace": 3.0, "pass_burst": 16,
+                            "oversize_waits": False, "malleable_policy": "filling"})
+    samples = {"notify": [0.01, 0.3], "command": [0.005, 0.05], "open": [0.1, 0.4], "work_overhead": [0.1, 0.5],
+               "views": [0.02, 0.2]}
+    delays = tsim.calibrate(samples, {"view_period": 0.1, "view_rate": 2000.0}, views_apart=True)
+    seeds = [tsim.simulate(specs, QUICK_CLUSTERS, settings, tsim.sampled(delays, samples, k)) for k in range(3)]
+    for s in specs:
+        starts = [sim.result.apps[s.name].heard_started for sim in seeds]
+        got = twin.seeds_spread(seeds, s.name)
+        assert got["seeds_range"] == pytest.approx(max(starts) - min(starts), abs=1e-3)
+        assert got["seeds_choices"] == len({tsim.first_choice(sim.requests, s.name) for sim in seeds}) >= 1
+    assert len({tuple(sim.result.apps[s.name].heard_started for s in specs) for sim in seeds}) > 1  # (they draw)
+
+
+def test_calibrated_views_apart_have_the_views_own_latency():
+    samples = {"notify": [0.1, 0.3], "views": [0.01, 0.05]}
+    settings = {"view_period": 0.1, "view_rate": 2000.0}
+    assert tsim.calibrate(samples, settings).view_notify is None  # (as before, the default)
+    apart = tsim.calibrate(samples, settings, views_apart=True)
+    assert apart.view_notify == pytest.approx(0.03) and apart.notify == pytest.approx(0.2)
+    assert dict(tsim.sampled(apart, samples, 0).samples)["view_notify"] == (0.01, 0.05)
+    assert "view_notify" not in dict(tsim.sampled(tsim.calibrate(samples, settings), samples, 0).samples)
+    assert tsim.scaled(apart, 2.0).view_notify == pytest.approx(0.06)
+
+
+class _Logged(MoldableLauncher):
+    """A moldable launcher noting, for each view it is shown, the round's time and when it heard it."""
+
+    def __init__(self, sim: Simulation, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.sim, self.shown = sim, []
+
+    def on_views(self, views):
+        self.shown.append((views.now, self.sim.now))
+        return super().on_views(views)
+
+
+@pytest.mark.parametrize("view_notify", [None, 0.02])
+def test_with_the_views_apart_a_launcher_is_shown_its_start_before_it_hears_it(view_notify):
+    """Live, the views of a pass (the view publisher) may reach a launcher before its start (the node
+    allocator). With Delays.view_notify the simulator does so too: a view of a round after the start was
+    decided is shown before the start is heard (notify 0.3 s, views 0.02 s); without it, never."""
+    sim = Simulation({"c0": 8}, PolicySettings(fair_start=1.0, reschedule_interval=0.2, pass_burst=16),
+                     delays=Delays(notify=0.3, command=0.01, view_period=0.1, live_views=True,
+                                   view_notify=view_notify))
+    sim.add(0.0, RigidLauncher("r1", "c0", 4, 30.0, runtime=2.0))
+    m = _Logged(sim, "m", "c0", [(2, 8.0), (4, 4.0), (8, 2.0)], start_lag=2.0)
+    sim.add(0.5, m)
+    sim.add(0.6, RigidLauncher("r2", "c0", 2, 30.0, runtime=2.0))  # (its start changes m's views)
+    rec = sim.run().apps["m"]
+    assert rec.started is not None and rec.heard_started is not None
+    early = [(round_, heard) for round_, heard in m.shown if round_ >= rec.started and heard < rec.heard_started]
+    assert bool(early) == (view_notify is not None)
+    if view_notify is not None:
+        assert all(heard == pytest.approx(round_ + view_notify) for round_, heard in m.shown)
+    else:
+        assert all(heard == pytest.approx(round_ + 0.3) for round_, heard in m.shown)
