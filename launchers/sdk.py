@@ -30,11 +30,14 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
+import nats
 from nats.errors import ConnectionClosedError
 
 from coorm.launchers.base import ClusterProps, Views
 from coorm.shared import bus, subjects
+from coorm.shared.connection import nats_servers, redact
 from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
 from coorm.shared.negotiation import Answer, NegotiationTerms
@@ -146,6 +149,7 @@ class _Stats:
     notification_bytes: int = 0
     messages_sent: int = 0
     recoveries: int = 0  # reconnections after which what was missed was asked for
+    moves: int = 0  # moves off a NATS server that answered nothing to one through which the RMS answered
 
 
 @dataclass
@@ -710,13 +714,72 @@ class Session:
     async def _beat(self) -> None:
         # ``closed`` ends the loop even if ``close``'s cancellation is lost: Python 3.11's ``wait_for`` drops
         # a cancellation that comes as the reply lands, and the loop went on beating while ``close`` waited
+        look_every, unanswered = 1, 0
         while not self.closed:
             await asyncio.sleep(self.reply.heartbeat_interval)  # the heartbeat's period
             if self.closed:
                 return
-            with contextlib.suppress(Exception):
+            try:
                 await _call_retrying(self.nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
                                      attempts=1, timeout=heartbeat_timeout(self.reply))
+                look_every, unanswered = 1, 0
+                continue
+            except Exception:  # noqa: BLE001, S112 - the next beat tries again; a cut server is looked for below
+                unanswered += 1
+            # not answered: the RMS is between two leaders, or this connection's server is cut from the
+            # cluster (alive, so the client stays with it, but nothing beyond it hears). Asked elsewhere
+            # after 1, 2, 4, 8 unanswered beats: a long take-over costs every session a few looks, no more
+            if unanswered >= look_every:
+                unanswered = 0
+                look_every = 1 if await self._leave_if_cut_off() else min(2 * look_every, MAX_LOOK_EVERY)
+
+    async def _leave_if_cut_off(self) -> bool:
+        """Whether the RMS answered this session's heartbeat through another server of its URL list (then the
+        connection moves there, and the session asks what it missed, as after any reconnection). Only a
+        connection the session made: a shared one (``nc`` given) is its owner's to move."""
+        if not self.own_connection or not self.nc.is_connected or self.nc.connected_url is None:
+            return False
+        here = (self.nc.connected_url.hostname, self.nc.connected_url.port)
+        for url in nats_servers(self.settings.nats_url):
+            there = urlsplit(url)
+            if (there.hostname, there.port) == here or not await self._answered_through(url):
+                continue
+            _log().warning("the RMS answers through another NATS server, not through this one: moving there",
+                           app=self.app, cut=f"{here[0]}:{here[1]}", to=redact(url))
+            self.stats.moves += 1
+            await _move_to(self.nc, there.hostname, there.port)
+            return True
+        return False
+
+    async def _answered_through(self, url: str) -> bool:
+        """A heartbeat sent over a connection of its own to ``url``: answered, the session is kept alive too."""
+        async def quiet(e: Exception) -> None:
+            """(nats-py would log a traceback for a server this look does not reach)"""
+
+        try:
+            nc = await asyncio.wait_for(nats.connect([url], name=f"launcher-look-{self.app}", connect_timeout=1,
+                                                     allow_reconnect=False, error_cb=quiet,
+                                                     **bus._auth(self.settings.identity(Role.LAUNCHER))),
+                                        LOOK_TIMEOUT)
+        except Exception:  # noqa: BLE001 - not reached either: nothing to move to there
+            return False
+        try:
+            await bus.call(nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
+                           timeout=heartbeat_timeout(self.reply))
+            return True
+        except Exception:  # noqa: BLE001 - no answer there either: the RMS itself is not answering
+            return False
+        finally:
+            await _quietly(nc.close())
+
+
+async def _move_to(nc: NATS, host: str | None, port: int | None) -> None:
+    """Reconnect ``nc`` to the server at ``host:port`` of its pool. nats-py's ``force_reconnect`` takes the
+    next server of its pool, shuffled first: the pool is put in order, that server first, and kept in order
+    (round robin, from then on)."""
+    nc.options["dont_randomize"] = True
+    nc._server_pool.sort(key=lambda srv: (srv.uri.hostname, srv.uri.port) != (host, port))  # (a stable sort)
+    await nc.force_reconnect()
 
 
 def _cancelling() -> bool:
@@ -750,6 +813,8 @@ def heartbeat_timeout(reply: SessionOpenReply) -> float:
 CALL_TIMEOUT = 5.0
 RECOVER_AGAIN = 2.0  # seconds after a reconnection, what was missed is asked for a second time
 QUERY_TIMEOUT = 2.0  # the same for a query that changes nothing (the views): sent again sooner
+LOOK_TIMEOUT = 2.0  # seconds to reach another server of the list, looking for the RMS there
+MAX_LOOK_EVERY = 8  # unanswered heartbeats between two looks elsewhere, at most
 ASSIGN_RETRY = (0.05, 0.5)  # first and longest pause between two launches refused while an assignment is on its way
 
 

@@ -4,8 +4,10 @@ namespace: :mod:`tests.hosts`) with an agent that knows only that server; the se
 use the first two. The third host's link is cut: its server is alive but alone, so its agent's heartbeats
 reach no one -- its nodes go down and their owner is told -- while the majority carries on (a stream at 3
 replicas still has 2). Healed, the server rejoins the cluster, the agent is heard of again, kills what ran
-under the allocation that ended meanwhile, and its nodes take new work. Skipped where network namespaces
-cannot be made (not root, no ``ip``)."""
+under the allocation that ended meanwhile, and its nodes take new work. The third host has a second link
+(:class:`tests.hosts.Hosts` ``links=2``) that the cut leaves up: a client on the machine still reaches the
+cut server -- the partial partition where an application stays with a live server that reaches nothing.
+Skipped where network namespaces cannot be made (not root, no ``ip``)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import nats
 import pytest
 
-from coorm.launchers.sdk import Exited, Killed, Session
-from coorm.services.stack import LocalStack
+from coorm.launchers.sdk import Exited, Killed, Session, _move_to
+from coorm.services.stack import LocalStack, wait_until
 from coorm.shared.credentials import CredentialStore, write_secret
 from coorm.shared.endpoints import Role
 from coorm.shared.servers import free_port, nats_binary
@@ -49,8 +52,9 @@ def _wait_listening(addr: str, port: int, proc: subprocess.Popen) -> None:
 
 @pytest.fixture
 def cluster(servers, tmp_path):
-    """The three servers: ``(urls, hosts)``, ``urls[i]`` the i-th server's (the third's on host ``far``)."""
-    with Hosts([FAR, NEAR]) as hosts:
+    """The three servers: ``(urls, hosts, far)``, ``urls[i]`` the i-th server's (the third's on host ``far``,
+    its routes on the first link), ``far`` the third's URL on the second link (the cut leaves it up)."""
+    with Hosts([FAR, NEAR], links=2) as hosts:
         store = CredentialStore(servers.credentials)
         secret = os.urandom(12).hex()
         addrs = [hosts.gateway, hosts.gateway, hosts.addr[FAR]]
@@ -66,15 +70,17 @@ def cluster(servers, tmp_path):
                     f"server_name: part-{i}\n"
                     f"cluster {{\n  name: part\n  listen: {addr}:{routes[i]}\n"
                     f'  authorization {{ user: route, password: "{secret}" }}\n  routes: [{urls}]\n}}\n'))
-                argv = [nats_binary(), "-c", str(conf), "-a", addr, "-p", str(ports[i]), "-js", "-sd",
-                        str(work / "js")]
+                # (the third listens for clients on both its links; the routes on the first only)
+                argv = [nats_binary(), "-c", str(conf), "-a", "0.0.0.0" if i == 2 else addr, "-p", str(ports[i]),
+                        "-js", "-sd", str(work / "js")]
                 if i == 2:
                     argv = hosts.command(FAR, argv)
                 procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                               start_new_session=True))
             for proc, addr, port in zip(procs, addrs, ports, strict=True):
                 _wait_listening(addr, port, proc)
-            yield [f"nats://{a}:{p}" for a, p in zip(addrs, ports, strict=True)], hosts
+            yield ([f"nats://{a}:{p}" for a, p in zip(addrs, ports, strict=True)], hosts,
+                   f"nats://{hosts.addrs[FAR][1]}:{ports[2]}")
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -112,7 +118,7 @@ def _agent(hosts: Hosts, host: str, nats_url: str, settings, tmp_path: Path) -> 
 
 
 async def test_a_nats_server_cut_from_its_cluster(servers, redis_url, cluster, tmp_path):
-    urls, hosts = cluster
+    urls, hosts, _ = cluster
     majority = ",".join(urls[:2])
     settings = _settings(servers, nats_url=majority, agent_timeout=1.5, kill_grace=0.3, stream_replicas=3)
     await _jetstream_ready(urls[:2], settings)
@@ -163,3 +169,43 @@ async def test_a_nats_server_cut_from_its_cluster(servers, redis_url, cluster, t
                     except subprocess.TimeoutExpired:
                         os.killpg(a.pid, signal.SIGKILL)
                         a.wait()
+
+
+def _on(session: Session, url: str) -> bool:
+    here, there = session.nc.connected_url, urlsplit(url)
+    return session.nc.is_connected and here is not None and (here.hostname, here.port) == (there.hostname, there.port)
+
+
+async def test_a_session_on_a_server_cut_from_its_cluster_moves_to_another(servers, redis_url, cluster):
+    """An application connected to the third server, which its link to the other two is cut from (the
+    application still reaches it): its heartbeats go unanswered while its connection lives. It looks for the
+    RMS through the other servers of its list, finds it, moves there before its session could be reaped,
+    and asks what it missed: the exit of a process that ended while it was cut is told; a request sent while
+    it was cut is accepted and starts; its session and requests are intact (a ``done`` is answered)."""
+    urls, hosts, far = cluster
+    majority = ",".join(urls[:2])
+    settings = _settings(servers, nats_url=majority, stream_replicas=3)
+    await _jetstream_ready(urls[:2], settings)
+    async with LocalStack(settings, {"c0": 4}):
+        app_settings = _settings(servers, nats_url=f"{far},{majority}", stream_replicas=3)
+        async with await Session.open(app_settings, kind="rigid") as app:
+            if not _on(app, far):  # (nats-py picks a server of the list at random: put it on the third)
+                await _move_to(app.nc, urlsplit(far).hostname, urlsplit(far).port)
+                await wait_until(lambda: _on(app, far), 10, "the session on the third server")
+            (rid,) = await app.request(rq("cut", "c0", 2, 60))
+            start = await app.wait_start(rid, 20)
+            (pid,) = await app.launch(rid, start.nodes[0], ["sh", "-c", "sleep 1; exit 3"])
+            hosts.cut(FAR)  # the routes' link: the third server is alone, the application still reaches it
+            sent = asyncio.create_task(app.request(rq("while-cut", "c0", 2, 60)))
+            seen = []
+            while True:  # (the exit, told while cut, comes with the recovery after the move)
+                ev = await app.next_event(30)
+                seen.append(ev)
+                if isinstance(ev, Exited) and ev.pid == pid:
+                    break
+            assert ev.code == 3 and not ev.killed
+            assert app.stats.moves == 1 and any(_on(app, u) for u in urls[:2])
+            assert not any(isinstance(e, Killed) for e in seen)
+            assert await asyncio.wait_for(sent, 30) == ["while-cut"]
+            assert len((await app.wait_start("while-cut", 20)).nodes) == 2
+            await app.done(rid)  # the session was not reaped: its commands are answered
