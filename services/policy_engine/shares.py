@@ -4,7 +4,7 @@ Pre-allocated but unused nodes and every node not used non-preemptibly form the 
 Malleable applications are CooRMv2's: a non-preemptible request is the minimum they need (it never
 shrinks), preemptible requests are what they grow into; what an application asks is its maximum (the
 RMS never offers past it -- an application asks only sizes it can use, e.g. powers of two, as KOALA's
-FT does). Four ways to share, :data:`POLICIES`:
+FT does). Five ways to share, :data:`POLICIES`:
 
 * ``filling`` (CooRMv2's default): max-min fair, i.e. equi-partitioning where what an application does
   not ask for is left to the others (water-filling);
@@ -16,7 +16,12 @@ FT does). Four ways to share, :data:`POLICIES`:
 * ``egs`` (KOALA: Equi-Grow & Shrink): the nodes left over are spread evenly over the applications that
   ask for more (max-min: what one does not ask for goes to the others), the remainder one each to the
   earliest started (KOALA's bonus); a shortfall is taken evenly from those that hold, the remainder one
-  each from the latest started (KOALA's malus).
+  each from the latest started (KOALA's malus);
+* ``egs-offer`` (KOALA's EQUI GROW as its Fig. 5 writes it; for experiments): the nodes left over are
+  offered in equal parts to every application listed, whether it can use its part or not, the remainder
+  one each to the earliest started; what an application does not take is *not* handed to the others (it
+  stays idle until the next pass offers it again). An application at its maximum, or one that takes only
+  powers of two (KOALA's FT), lets its part go idle. Shrinks as ``egs``.
 
 The first two split the whole capacity; KOALA's two are *incremental*: they grow or shrink from what each
 application holds ("EGS distributes equally available processors ... equipartition distributes equally
@@ -41,8 +46,9 @@ FILLING = "filling"
 STRICT = "strict"
 FPSMA = "fpsma"
 EGS = "egs"
-POLICIES = (FILLING, STRICT, FPSMA, EGS)
-INCREMENTAL = frozenset((FPSMA, EGS))  # they grow and shrink from what each application holds
+EGS_OFFER = "egs-offer"
+POLICIES = (FILLING, STRICT, FPSMA, EGS, EGS_OFFER)
+INCREMENTAL = frozenset((FPSMA, EGS, EGS_OFFER))  # they grow and shrink from what each application holds
 
 
 def max_min(capacity: int, demands: Sequence[float]) -> list[int]:
@@ -82,6 +88,14 @@ def in_order(capacity: int, demands: Sequence[float]) -> list[int]:
     return alloc
 
 
+def equal_parts(capacity: int, k: int) -> list[int]:
+    """``capacity`` in ``k`` equal parts, the remainder one each to the first (EQUI GROW's bonus)."""
+    if k == 0:
+        return []
+    level, extra = divmod(max(capacity, 0), k)
+    return [level + (1 if j < extra else 0) for j in range(k)]
+
+
 def koala(capacity: int, held: Sequence[int], demands: Sequence[float], policy: str, threshold: int = 0) -> list[int]:
     """What each application (start order) holds after one run of FPSMA or EGS: ``held`` grown into the
     nodes left idle above ``threshold``, up to ``demands``, or shrunk by what ``capacity`` lacks."""
@@ -89,7 +103,12 @@ def koala(capacity: int, held: Sequence[int], demands: Sequence[float], policy: 
     if capacity >= total:  # grow
         room = [max(d - h, 0) for d, h in zip(demands, held, strict=True)]
         free = max(capacity - threshold - total, 0)
-        grow = in_order(free, room) if policy == FPSMA else max_min(free, room)
+        if policy == FPSMA:
+            grow = in_order(free, room)
+        elif policy == EGS_OFFER:
+            grow = [int(min(r, part)) for r, part in zip(room, equal_parts(free, len(room)), strict=True)]
+        else:
+            grow = max_min(free, room)
         return [h + g for h, g in zip(held, grow, strict=True)]
     # shrink (mandatory: the capacity is no longer there), from the latest started
     lacking = total - capacity
