@@ -14,7 +14,11 @@ in for it:
   greater than the sizes for which we have observed the minimum execution times");
 * DAS3's five clusters (Table I: 85, 41, 68, 46 and 32 nodes), each job placed by KOALA's worst-fit
   (``placement``, :mod:`coorm.shared.cluster_choice`: the cluster with the most idle nodes where its
-  minimum starts first, read off its views when it opens; a malleable job grows on that cluster only),
+  minimum starts first). The job asks for its minimum with no cluster and the rule, and the policy core
+  places it at its first pass on the application's non-preemptive views less the threshold (as KOALA
+  places the jobs it manages under its threshold); a malleable job grows on the cluster its start names,
+  only there. (Until 2026-11-26 each job applied the rule itself to its first views: the tables moved by
+  a few tenths, EXPERIMENTS.md says how much);
   ``threshold`` nodes of each cluster kept for local users; no background load in koala-pra and koala-pwa
   (the paper's concurrent users: ``background``, :func:`background_jobs`, which koala-pwa-load runs).
   ``--placement single``
@@ -39,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coorm.experiments.common import md_table, write_csv
-from coorm.launchers.base import ClusterProps, Command, Launcher, Submit, Timer, Views
+from coorm.launchers.base import ClusterProps, Command, Launcher, Timer, Views
 from coorm.launchers.rigid import RigidLauncher
 from coorm.services.policy_engine.core import PolicySettings
-from coorm.shared.cluster_choice import RULES, WORST_FIT, choose
+from coorm.shared.cluster_choice import RULES, WORST_FIT
 from coorm.shared.requests import RequestSpec, RequestType
 from coorm.shared.stepfn import StepFunction
 from coorm.simulator.engine import Simulation
@@ -90,7 +94,7 @@ class KoalaMalleable(Launcher):
 
     def __init__(self, app: str, cluster: str, curve: Curve, min_nodes: int = MIN_NODES) -> None:
         super().__init__(app)
-        # a placement rule (worst-fit...): the cluster is chosen on its first views
+        # a placement rule (worst-fit...): the RMS chooses the cluster, which its start names
         self.cluster, self.curve, self.min_nodes = cluster, curve, min_nodes
         self.base: str | None = None  # the non-preemptible request of its minimum
         self.extra: dict[str, int] = {}  # started growth requests, oldest first -> nodes
@@ -120,21 +124,12 @@ class KoalaMalleable(Launcher):
         return self.curve.time(self.min_nodes) * 1.1  # it only ever runs faster than on its minimum
 
     def on_open(self, now: float, props: ClusterProps) -> list[Command]:
-        if self.cluster in RULES or self.base is not None:
-            # placed on its first views -- which may come before this (the simulator delivers them first
-            # when a pass runs at the instant it opens): asking for its minimum again here gave it two
-            return []
         self.base = self.new_id()
-        return [self.submit(RequestSpec(id=self.base, cluster=self.cluster, nodes=self.min_nodes,
-                                        duration=self.walltime()))]
+        return [self.submit(_minimum(self.base, self.cluster, self.min_nodes, self.walltime()))]
 
     def on_views(self, views: Views) -> list[Command]:
-        if self.cluster in RULES:
-            sub = place(self, views, self.min_nodes, self.walltime())
-            if sub is None:
-                return []
-            self.base = sub.requests[0].id
-            return [sub]
+        if self.cluster in RULES:  # not placed yet: the RMS places its minimum at its first pass
+            return []
         self.view = views.preemptive.get(self.cluster)
         return self._adapt(views.now)
 
@@ -142,6 +137,7 @@ class KoalaMalleable(Launcher):
         super().on_start(now, request, nodes)
         if request == self.base:
             self.started = now
+            self.cluster = self.placed.get(request, self.cluster)  # the RMS's choice: it grows there
         elif self.asked is not None and request == self.asked[0]:
             self.extra[request] = self.asked[1]
             self.asked = None
@@ -218,31 +214,28 @@ class KoalaMalleable(Launcher):
         return out + self.close()
 
 
-def place(launcher: KoalaMalleable | PlacedRigid, views: Views, nodes: int, duration: float) -> Submit | None:
-    """The launcher's cluster, by its rule on its non-preemptive views, and its request of ``nodes`` there
-    (None while it fits nowhere: it waits for its next views, as a job KOALA could not place waits)."""
-    cluster = choose(launcher.cluster, views.non_preemptive, nodes, duration, views.now)
-    if cluster is None:
-        return None
-    launcher.cluster = cluster
-    return launcher.submit(RequestSpec(id=launcher.new_id(), cluster=cluster, nodes=nodes, duration=duration))
+def _minimum(rid: str, where: str, nodes: int, duration: float) -> RequestSpec:
+    """A job's non-preemptible request: on ``where``, a cluster, or -- ``where`` a placement rule (worst-fit...)
+    -- on the cluster the RMS picks by that rule at its first pass (KOALA's placement, in the policy core:
+    the rule applied to the application's non-preemptive views, less the local threshold)."""
+    if where in RULES:
+        return RequestSpec(id=rid, placement=where, nodes=nodes, duration=duration)
+    return RequestSpec(id=rid, cluster=where, nodes=nodes, duration=duration)
 
 
 class PlacedRigid(RigidLauncher):
-    """A rigid job whose cluster is chosen by a placement rule on its first views."""
+    """A rigid job whose cluster the RMS chooses by a placement rule (``cluster``: the rule's name)."""
 
     def on_open(self, now: float, props: ClusterProps) -> list[Command]:
-        # (placed on its first views, which may have come first: see KoalaMalleable.on_open)
-        return [] if self.cluster in RULES or self.request is not None else super().on_open(now, props)
-
-    def on_views(self, views: Views) -> list[Command]:
         if self.cluster not in RULES:
-            return []
-        sub = place(self, views, self.nodes, self.duration)
-        if sub is None:
-            return []
-        self.request = sub.requests[0].id
-        return [sub]
+            return super().on_open(now, props)
+        self.request = self.new_id()
+        return [self.submit(_minimum(self.request, self.cluster, self.nodes, self.duration))]
+
+    def on_start(self, now: float, request: str, nodes: tuple[str, ...]) -> list[Command]:
+        out = super().on_start(now, request, nodes)
+        self.cluster = self.placed.get(request, self.cluster)
+        return out
 
 
 # ==================================================================================================
@@ -275,13 +268,16 @@ def background_jobs(clusters: dict[str, int], load: float, span: float, seed: in
 
 
 def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarrival: float, seed: int,
-             threshold: int = THRESHOLD, placement: str = PLACEMENT, background: float = 0.0) -> dict:
+             threshold: int = THRESHOLD, placement: str = PLACEMENT, background: float = 0.0,
+             poll: float = 1.0) -> dict:
     """One run; ``placement``: a rule of :mod:`coorm.shared.cluster_choice` over DAS3's clusters, or
     ``single`` (Delft's cluster alone); ``background``: the load other users' rigid jobs offer each cluster
-    (:func:`background_jobs`) while KOALA's jobs arrive, 0 for none."""
+    (:func:`background_jobs`) while KOALA's jobs arrive, 0 for none; ``poll``: at most one scheduling pass
+    in so many seconds (KOALA's scheduler polls its information service; ours passes at most once a
+    second), so that growth, shrinks and starts happen at polls."""
     rng = random.Random(seed)
     settings = PolicySettings(preemptible=policy, precedence=precedence, local_threshold=threshold,
-                              fair_start=0.0, reschedule_interval=1.0, preempt_grace=10.0)
+                              fair_start=0.0, reschedule_interval=poll, preempt_grace=10.0)
     clusters = {CLUSTER: NODES} if placement == "single" else dict(DAS3)
     where = CLUSTER if placement == "single" else placement
     nodes = sum(clusters.values())
@@ -319,12 +315,20 @@ def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarr
         "avg_size": statistics.fmean(j.area / (j.ended - j.started) for j, _ in done) if done else 0.0,  # type: ignore[operator]
         "max_size_mean": statistics.fmean(j.max_size for j, _ in done) if done else 0.0,
         "stuck_at_min_pct": 100.0 * sum(j.max_size <= MIN_NODES for j, _ in done) / max(len(done), 1),
+        **{f"stuck_{c.name.split()[0].lower()}_pct": _share([j.max_size <= MIN_NODES for j, _ in done if j.curve is c])
+           for c in (GADGET2, FT)},
+        # Fig. 8(a)'s reading of "stuck": the jobs whose size averaged over their run stays under MIN_NODES + 1
+        "near_min_pct": _share([j.area / (j.ended - j.started) < MIN_NODES + 1 for j, _ in done]),  # type: ignore[operator]
         "utilisation_pct": 100.0 * used / (nodes * end) if end else 0.0,
         "grows": sum(j.grows for j, _ in malleable), "shrinks": sum(j.shrinks for j, _ in malleable),
         "makespan_s": end,
         **({"background_offered_pct": 100.0 * sum(b.nodes * b.runtime for _, b in others)
             / (nodes * jobs * interarrival)} if background else {}),
     }
+
+
+def _share(flags: list[bool]) -> float:
+    return 100.0 * sum(flags) / len(flags) if flags else 0.0
 
 
 # ==================================================================================================

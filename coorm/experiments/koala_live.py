@@ -1,6 +1,6 @@
 """KOALA's experiments live (``coorm experiment koala-pra --live``, ``koala-pwa --live``): the same launcher
-objects as the simulated runs (:class:`~coorm.experiments.koala.KoalaMalleable`, placed by worst-fit on
-their first views, and :class:`~coorm.experiments.koala.PlacedRigid`), each through
+objects as the simulated runs (:class:`~coorm.experiments.koala.KoalaMalleable` and
+:class:`~coorm.experiments.koala.PlacedRigid`, placed by the RMS by worst-fit), each through
 :class:`~coorm.launchers.live.LiveRunner` over ``coorm up`` (nats-server, valkey, every service, one node
 agent per cluster starting a real ``sleep`` on each node a job holds), under ``COORM_MALLEABLE_POLICY``,
 ``COORM_PRECEDENCE`` and ``COORM_LOCAL_THRESHOLD`` as the simulated runs set them.
