@@ -35,6 +35,7 @@ import bisect
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
@@ -76,6 +77,7 @@ from coorm.shared.stepfn import INF, Profile, StepFunction
 Step = tuple[float, int]  # a view's step on the wire: from this time on, this many nodes
 
 WAITING, STARTED, ENDED = RequestState.WAITING, RequestState.STARTED, RequestState.ENDED
+_SEQ = attrgetter("seq")
 
 # what the core keeps of requests is bounded, so that a year of a busy cluster fits in memory and in a
 # snapshot (the whole history is in the event log and in accounting): a request's story keeps its first
@@ -153,6 +155,9 @@ class PolicyCore:
         self.apps: dict[str, App] = {}
         self._order: list[tuple[float, int, str]] = []
         self.requests: dict[str, Request] = {}
+        # the started ones among them (running or handing over), kept by the lifecycle's moves: a pass
+        # reads them several times, and there are far fewer of them than waiting ones
+        self.started: dict[str, Request] = {}
         self.ended: dict[str, tuple[str, EndReason, float]] = {}
         self.holds: list[Hold] = []
         self._pending_ends: list[Request] = []
@@ -215,7 +220,12 @@ class PolicyCore:
         return [r for r in self.requests.values() if r.state is WAITING]
 
     def running(self) -> list[Request]:
-        return [r for r in self.requests.values() if r.state is STARTED]
+        return self._started_in_order()
+
+    def _started_in_order(self, until: float = INF) -> list[Request]:
+        """The started requests (those whose end is at or before ``until``) in submission order, the order
+        of ``requests``: the index keeps them in the order they started."""
+        return sorted((r for r in self.started.values() if r.end <= until), key=_SEQ)
 
     def priority_order(self) -> list[App]:
         return [self.apps[a] for _, _, a in self._order]
@@ -616,6 +626,10 @@ class PolicyCore:
     def _move(self, r: Request, transition: str) -> None:
         """The one way a request's phase changes: a transition of its lifecycle table."""
         r.phase = lifecycle.target(r.phase, transition, r.id, self.stories.get(r.id, ()))
+        if r.phase is Phase.RUNNING:
+            self.started[r.id] = r
+        elif r.phase is Phase.ENDED:
+            self.started.pop(r.id, None)
 
     def _end(self, r: Request, reason: EndReason, at: float) -> None:
         was_started = r.state is STARTED
@@ -671,7 +685,7 @@ class PolicyCore:
 
     def _expire(self) -> None:
         now = self.now
-        due = [r for r in self.requests.values() if r.state is STARTED and r.end <= now]
+        due = [r for r in self.started.values() if r.end <= now]
         # a request inside a pre-allocation that ends with it reached its own walltime
         for r in sorted(due, key=lambda r: (r.end, r.is_preallocation, r.seq)):
             if r.state is not STARTED:
@@ -700,7 +714,7 @@ class PolicyCore:
     def _end_overdue(self) -> None:
         """Requests kept past their end for a successor that is not starting now after all."""
         now = self.now
-        for r in [r for r in self.requests.values() if r.state is STARTED and r.end <= now]:
+        for r in self._started_in_order(now):
             succ = self._successor_waiting(r)
             if succ is None or not (succ.blocked and succ.start <= now):
                 self._end(r, *self._natural_end(r))
@@ -759,7 +773,7 @@ class PolicyCore:
         if changed:
             decisions.append(ViewsChanged(stimulus_id=stimulus, apps=tuple(changed)))
         self._timer = self._next_timer(schedule)
-        waiting = sum(1 for r in self.requests.values() if r.state is WAITING)
+        waiting = len(self.requests) - len(self.started)
         decisions.append(
             PassDone(
                 stimulus_id=stimulus,
@@ -789,8 +803,8 @@ class PolicyCore:
         # capacity, else their holders' views would drop under what they hold. (Preemptible nodes lent
         # from pre-allocated but unused ones are then counted twice: waiting requests may start later.)
         keep_preemptible = self.settings.precedence == RUNNING_FIRST
-        for r in self.requests.values():
-            if r.state is STARTED and r.container is None and (keep_preemptible or not r.preemptible):
+        for r in self._started_in_order():
+            if r.container is None and (keep_preemptible or not r.preemptible):
                 base[r.cluster].append((r.start, r.end, r.nodes))
         for h in self.holds:
             base[h.cluster].append((h.begin, h.until, h.nodes))
@@ -810,8 +824,8 @@ class PolicyCore:
                 signature += interval_hash(c, (b, e, n))
         placer = Placer(now, profiles, signature=signature & ((1 << 64) - 1))
         placer.np_usage = {c: [] for c in self.clusters}
-        for r in self.requests.values():
-            if r.state is STARTED and not r.preemptible and not r.is_preallocation:
+        for r in self._started_in_order():
+            if not r.preemptible and not r.is_preallocation:
                 placer.np_usage[r.cluster].append((r.start, r.end, r.nodes))
         for h in self.holds:
             if h.physical:
@@ -899,13 +913,13 @@ class PolicyCore:
         # a predecessor kept past its end for a successor that is not due now ends first: its nodes are
         # free for this pass's starts
         now = self.now
-        for r in [r for r in self.requests.values() if r.state is STARTED and r.end <= now]:
+        for r in self._started_in_order(now):
             succ = self._successor_waiting(r)
             if succ is not None and succ.start > now:
                 self._end(r, *self._natural_end(r))
         free = {c: up for c, up in self.clusters.items()}
-        for r in self.requests.values():
-            if r.state is STARTED and not r.is_preallocation:
+        for r in self.started.values():
+            if not r.is_preallocation:
                 free[r.cluster] -= r.nodes
         for h in self.holds:
             if h.physical:
@@ -1054,13 +1068,11 @@ class PolicyCore:
         return changed
 
     def _next_timer(self, schedule: Schedule) -> float:
-        t = INF
         now = self.now
-        for r in self.requests.values():
-            if r.state is WAITING:
-                if now < r.start < t:
-                    t = r.start
-            elif now < r.end < t:
+        # a started request's start is past: only waiting ones pass the test on their start
+        t = min([r.start for r in self.requests.values() if r.start > now], default=INF)
+        for r in self.started.values():
+            if now < r.end < t:
                 t = r.end
         for h in self.holds:
             t = min(t, h.until)
@@ -1122,4 +1134,4 @@ class PolicyCore:
         )
 
     def iter_started(self, cluster: str) -> Iterable[Request]:
-        return (r for r in self.requests.values() if r.state is STARTED and r.cluster == cluster)
+        return (r for r in self._started_in_order() if r.cluster == cluster)

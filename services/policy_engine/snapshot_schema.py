@@ -51,7 +51,7 @@ from coorm.services.policy_engine.core import PolicyCore, PolicySettings
 from coorm.services.policy_engine.lifecycle import Phase
 from coorm.services.policy_engine.negotiation import Negotiation, NegotiationBook, Offer
 from coorm.services.policy_engine.schedule import PreemptibleDemand, Schedule
-from coorm.services.policy_engine.state import App, Hold, Request
+from coorm.services.policy_engine.state import App, Hold, Request, RequestState
 from coorm.shared.events import EndReason
 from coorm.shared.negotiation import NegotiationTerms
 from coorm.shared.requests import Relation, RequestType
@@ -438,6 +438,7 @@ NOT_CARRIED: dict[type, dict[str, str]] = {
     PolicyCore: {
         "settings": "the running engine's settings replace the writer's",
         "validate": "a choice of the process that restores (Snapshot.cores(validate=...))",
+        "started": "an index of the requests' started ones, rebuilt from them",
     },
     NodeAllocator: {"validate": "a choice of the process that restores (Snapshot.cores(validate=...))"},
 }
@@ -605,6 +606,7 @@ def _build_policy(p: PolicyCore, d: PolicyDoc) -> None:
     p.now = d.now
     p.clusters = dict(d.clusters)
     p.requests = {r.id: _request(r) for r in d.requests.rows}
+    p.started = {r.id: r for r in p.requests.values() if r.state is RequestState.STARTED}
     p.apps = {}
     for a in d.apps:
         app = App(a.id, a.opened_at, a.seq, a.user, a.name, a.kind, a.adapts, started_at=a.started_at)
