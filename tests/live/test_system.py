@@ -11,7 +11,7 @@ import pytest
 
 from coorm.launchers.live import LiveRunner
 from coorm.launchers.psa import PSALauncher
-from coorm.launchers.sdk import Exited, Killed, Session, Started, ViewsChanged
+from coorm.launchers.sdk import Closed, Exited, Killed, Session, Started, ViewsChanged
 from coorm.services.stack import LocalStack, wait_until
 from coorm.shared import bus, subjects
 from coorm.shared.protocol import StatusQuery, StatusReply
@@ -308,6 +308,64 @@ async def test_a_standby_takes_over_without_losing_an_accepted_request(servers, 
             start = await app.wait_start(queued, 10)
             assert len(start.nodes) == 8
             await app.close()
+
+
+# ==================================================================================================
+# a session the RMS ended unheard of: the application is told at its next heartbeat
+# ==================================================================================================
+async def test_a_session_the_rms_ended_unheard_of_is_told_at_its_next_heartbeat(stack):
+    """As a session reaped while its application was cut off (its close sent here past the SDK, as the
+    reaper's is): the next heartbeat is answered ``unknown_app``, and the application hears its session end
+    -- a ``Closed`` with that error, every later call refused with it -- not only at its next command."""
+    from coorm.shared.events import ErrorCode
+    from coorm.shared.protocol import Ack, CloseMsg
+
+    app = await Session.open(stack.settings, kind="rigid")
+    (rid,) = await app.request(rq("job", "c0", 1, 60))
+    await app.wait_start(rid, 10)
+    await bus.call(app.nc, app.reply.subjects.close, CloseMsg(token=app.token), Ack)
+    closed = await next_of(app, Closed, 10)
+    assert isinstance(closed.error, bus.WireError) and closed.error.code is ErrorCode.UNKNOWN_APP
+    with pytest.raises(bus.WireError) as refused:
+        await app.request(rq("more", "c0", 1, 60))
+    assert refused.value.code is ErrorCode.UNKNOWN_APP
+    await app.close()
+
+
+# ==================================================================================================
+# a preemption deadline that passes while no leader runs is no violation
+# ==================================================================================================
+async def test_a_shrink_asked_as_the_leader_dies_is_answered_to_the_next_one_without_a_violation(servers, redis_url,
+                                                                                                  tmp_path):
+    """A malleable application is asked to give nodes back (a preemption deadline, ``preempt_grace`` 2 s)
+    and the leader is SIGKILLed at once: its ``done`` waits for the standby, which leads only after the
+    leader's 3 s lease -- past the deadline. The time without a leader is not the application's: the new
+    leader gives it its grace again, the ``done`` is taken and its session lives on (bench_ha's parameter
+    sweeps found their sessions ended after the Valkey failover: "protocol violation", no reaping)."""
+    settings = _settings(servers, leader_lease=3.0, preempt_grace=2.0, fair_start=0.0)
+    env = dict(COORM_LEADER_LEASE="3.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0",
+               COORM_PREEMPT_GRACE="2.0", COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
+    async with leader_and_standby(servers, settings, env) as pair, \
+            LocalStack(settings, {"c0": 8}, with_engine=False):
+        first = await Session.open(settings, kind="rigid", name="first", views=False)  # opened first: priority
+        sweep = await Session.open(settings, kind="psa", name="sweep")
+        await sweep.wait_views()
+        await sweep.request(rq("m", "c0", 8, type="preemptible"))
+        await sweep.wait_start("m", 10)
+        (rid,) = await first.request(rq("r", "c0", 6, 60))
+        await next_of(sweep, ViewsChanged, 10, lambda e: e.views.preemptive["c0"].value_at(e.views.now) == 2)
+        pair.kill_leader()
+        await sweep.done("m")  # answered by the standby, once it leads
+        assert pair.standby.leader.is_set()
+        assert len((await first.wait_start(rid, 15)).nodes) == 6
+        assert sweep.app in pair.standby.cores.policy.apps  # its session was not ended
+        (more,) = await sweep.request(rq("m2", "c0", 2, type="preemptible"))
+        assert len((await sweep.wait_start(more, 10)).nodes) == 2
+        while not sweep._events.empty():  # (what it was told: its own done, no violation, no end)
+            ev = sweep._events.get_nowait()
+            assert not isinstance(ev, Closed) and not (isinstance(ev, Killed) and ev.reason != "done"), ev
+        await first.close()
+        await sweep.close()
 
 
 # ==================================================================================================
