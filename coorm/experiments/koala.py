@@ -247,14 +247,17 @@ BACKGROUND_SIZES = (1, 8)
 BACKGROUND_RUN = (600.0, 30.0, 3600.0)  # mean, least, most
 
 
-def background_jobs(clusters: dict[str, int], load: float, span: float, seed: int) -> list[tuple[float, RigidLauncher]]:
+def background_jobs(clusters: dict[str, int], load: float, span: float, seed: int,
+                    sizes: tuple[int, int] = BACKGROUND_SIZES,
+                    run_times: tuple[float, float, float] = BACKGROUND_RUN) -> list[tuple[float, RigidLauncher]]:
     """Other users' rigid jobs, submitted to each cluster directly (they bypass KOALA: no placement rule, no
     threshold), arriving as a Poisson process over ``span`` seconds at the rate that offers ``load`` of the
     cluster's nodes (nominal: the drawn jobs' offered load is in each row). A stream of its own, seeded
-    apart, so that KOALA's jobs are drawn the same with and without it."""
+    apart, so that KOALA's jobs are drawn the same with and without it. ``sizes`` and ``run_times`` (mean,
+    least, most): the live form's reduced ones."""
     rng = random.Random(f"background-{seed}")
-    lo, hi = BACKGROUND_SIZES
-    mean_run, least, most = BACKGROUND_RUN
+    lo, hi = sizes
+    mean_run, least, most = run_times
     out: list[tuple[float, RigidLauncher]] = []
     for cluster, nodes in clusters.items():
         rate = load * nodes / ((lo + hi) / 2 * mean_run)

@@ -37,39 +37,60 @@ def env(policy: str, precedence: str) -> dict[str, str]:
 
 
 def run_live(name: str, precedence: str, interarrival: float, out: Path, quick: bool = False,
-             policies: tuple[str, ...] = koala.POLICIES) -> list[dict]:
-    """One live run per policy (workload ``Wmr``: malleable and rigid jobs), on a system started for it."""
+             policies: tuple[str, ...] = koala.POLICIES, workload: str = "Wmr",
+             loads: tuple[float, ...] = (0.0,)) -> list[dict]:
+    """One live run per other users' load and policy (workload ``Wmr``: malleable and rigid jobs; ``Wm``: all
+    malleable), each on a system started for it."""
     from coorm.cli.up import Up
 
     rows = []
-    for policy in policies:
-        up = Up(CLUSTERS, env=env(policy, precedence), write_connection=False, accounting=False)
-        try:
-            settings = up.start(180)
-            rows.append(asyncio.run(_run(settings, policy, precedence, interarrival / SPEED,
-                                         QUICK_JOBS if quick else JOBS)))
-        finally:
-            up.stop()
+    for load in loads:
+        for policy in policies:
+            up = Up(CLUSTERS, env=env(policy, precedence), write_connection=False, accounting=False)
+            try:
+                settings = up.start(180)
+                rows.append(asyncio.run(_run(settings, policy, precedence, interarrival / SPEED,
+                                             QUICK_JOBS if quick else JOBS, workload=workload, background=load)))
+            finally:
+                up.stop()
     common.write_csv(out / f"{name}-live.csv", rows)
     return rows
 
 
-async def _run(settings, policy: str, precedence: str, interarrival: float, jobs: int, seed: int = 0) -> dict:
+# other users' rigid jobs at the reduced size (``background``): 1-2 nodes (clusters of 4-11), their run times
+# divided by SPEED as the applications' are
+BACKGROUND_SIZES = (1, 2)
+BACKGROUND_RUN = (koala.BACKGROUND_RUN[0] / SPEED, koala.BACKGROUND_RUN[1] / SPEED, koala.BACKGROUND_RUN[2] / SPEED)
+
+
+async def _run(settings, policy: str, precedence: str, interarrival: float, jobs: int, seed: int = 0,
+               workload: str = "Wmr", background: float = 0.0) -> dict:
     import time
 
     from coorm.launchers.live import LiveRunner
+    from coorm.launchers.rigid import RigidLauncher
     from coorm.launchers.sdk import Session
 
     rng = random.Random(seed)
     curves = {c.name: replace(c, t2=c.t2 / SPEED, best=c.best / SPEED) for c in (koala.GADGET2, koala.FT)}
+    # other users' jobs over KOALA's arrivals, on their own clusters (koala.background_jobs, reduced)
+    others = koala.background_jobs(CLUSTERS, background, jobs * interarrival, seed, BACKGROUND_SIZES,
+                                   BACKGROUND_RUN) if background else []
+    arrivals = sorted([(i * interarrival, i, None) for i in range(jobs)]
+                      + [(at, jobs + k, b) for k, (at, b) in enumerate(others)], key=lambda a: (a[0], a[1]))
     t0 = time.time()
     malleable: list[tuple[koala.KoalaMalleable, float]] = []
     tasks = []
-    for i in range(jobs):
-        at = t0 + i * interarrival
+    for offset, i, other in arrivals:
+        at = t0 + offset
         await asyncio.sleep(max(0.0, at - time.time()))  # the workload's arrival times (not a synchronisation)
+        if other is not None:
+            s = await Session.open(settings, kind="rigid", name=f"b{i}", preemptive_views=False)
+            bg = RigidLauncher(s.app, other.cluster, other.nodes, other.duration, other.runtime)
+            tasks.append(asyncio.create_task(LiveRunner(s, bg, command=LONG).run()))
+            continue
         curve = curves[rng.choice((koala.GADGET2, koala.FT)).name]
-        if rng.random() < 0.5:
+        if workload == "Wmr" and rng.random() < 0.5:
             t = curve.time(koala.MIN_NODES)
             s = await Session.open(settings, kind="rigid", name=f"r{i}", preemptive_views=False)
             launcher: object = koala.PlacedRigid(s.app, koala.PLACEMENT, koala.MIN_NODES, t * 1.1, t)
@@ -82,13 +103,15 @@ async def _run(settings, policy: str, precedence: str, interarrival: float, jobs
     results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30 * 60)
     done = [(j, at) for j, at in malleable if j.started is not None and j.ended is not None]
     return {
-        "policy": policy, "precedence": precedence, "workload": "Wmr", "placement": koala.PLACEMENT,
+        "policy": policy, "precedence": precedence, "workload": workload, "placement": koala.PLACEMENT,
+        "background": background, "background_jobs": len(others),
         "nodes": sum(CLUSTERS.values()), "speed": SPEED, "jobs": jobs, "malleable": len(malleable),
         "finished": len(done), "failed": sum(1 for r in results if r.exit_code != 0),
         "exec_mean_s": statistics.fmean(j.ended - j.started for j, _ in done) if done else float("nan"),  # type: ignore[operator]
         "response_mean_s": statistics.fmean(j.ended - at for j, at in done) if done else float("nan"),  # type: ignore[operator]
         "avg_size": statistics.fmean(j.area / (j.ended - j.started) for j, _ in done) if done else 0.0,  # type: ignore[operator]
         "max_size_mean": statistics.fmean(j.max_size for j, _ in done) if done else 0.0,
+        "stuck_at_min_pct": 100.0 * sum(j.max_size <= koala.MIN_NODES for j, _ in done) / max(len(done), 1),
         "grows": sum(j.grows for j, _ in malleable), "shrinks": sum(j.shrinks for j, _ in malleable),
         "busiest_cluster_pct": 100.0 * max(Counter(j.cluster for j, _ in malleable).values(), default=0)
         / max(len(malleable), 1),
@@ -103,3 +126,14 @@ def table(rows: list[dict]) -> str:
           f"{r['exec_mean_s']:.1f}", f"{r['response_mean_s']:.1f}", f"{r['avg_size']:.1f}",
           f"{r['max_size_mean']:.1f}", r["grows"], r["shrinks"], f"{r['busiest_cluster_pct']:.0f}") for r in rows])
 
+
+
+def load_table(rows: list[dict]) -> str:
+    """koala-pwa-load's live rows: other users' load beside each policy's."""
+    return common.md_table(
+        ("other users' load (jobs)", "policy", "jobs (malleable)", "finished", "failed", "exec. time (s)",
+         "response time (s)", "avg size", "max size", "stuck at 2 (%)", "grows", "shrinks"),
+        [(f"{100 * r['background']:.0f} % ({r['background_jobs']})", r["policy"].upper(),
+          f"{r['jobs']} ({r['malleable']})", r["finished"], r["failed"], f"{r['exec_mean_s']:.1f}",
+          f"{r['response_mean_s']:.1f}", f"{r['avg_size']:.1f}", f"{r['max_size_mean']:.1f}",
+          f"{r['stuck_at_min_pct']:.0f}", r["grows"], r["shrinks"]) for r in rows])

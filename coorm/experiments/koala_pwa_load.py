@@ -7,7 +7,11 @@ Why: ``koala-pwa`` finds three of the paper's trends opposite (EGS leaves fewer 
 FPSMA; EGS's response time is not the worst), and EXPERIMENTS.md read that as the paper's overload coming
 from DAS3's concurrent users, which koala-pwa does not model. This experiment models them and says whether
 the trends appear under load. The rows without background are runs of koala-pwa's DAS3 rows (its first two
-seeds)."""
+seeds).
+
+``--live`` runs the same launchers over ``coorm up`` at koala-pra/pwa's reduced size
+(:mod:`coorm.experiments.koala_live`), W'm, with other users' rigid jobs (1-2 nodes, times divided as the
+applications') at 0 and 90 % nominal load."""
 
 from __future__ import annotations
 
@@ -66,3 +70,22 @@ def markdown(rows: list[dict]) -> dict[str, str]:
                   "cluster at the nominal load shown (in brackets: what the drawn jobs offer, in node-seconds over "
                   "the arrival window). Utilisation counts every job, other users' too.\n\n" + table + "\n\n"
                   + "\n".join(checks)}
+
+
+LIVE_LOADS = (0.0, 0.9)
+
+
+def run_live(out: Path, quick: bool = False) -> list[dict]:
+    """The same launchers over ``coorm up``, at a reduced size, without and with other users' jobs (quick:
+    EGS only)."""
+    from coorm.experiments import koala_live
+
+    policies = ("egs",) if quick else koala.POLICIES
+    return koala_live.run_live(NAME, "waiting", INTERARRIVAL, out, quick, policies=policies, workload="Wm",
+                               loads=LIVE_LOADS)
+
+
+def live_markdown(rows: list[dict]) -> str:
+    from coorm.experiments import koala_live
+
+    return koala_live.load_table(rows)

@@ -1,6 +1,6 @@
 """``coorm experiment koala-pra --live`` at its quick size, over ``coorm up`` (real nats-server, valkey,
-services, node agents starting ``sleep`` on every node a job holds): the simulated runs' launchers place
-themselves by worst-fit on their views, grow under EGS with precedence to running applications, and every
+services, node agents starting ``sleep`` on every node a job holds): the simulated runs' launchers, placed by
+the RMS by worst-fit, grow under EGS with precedence to running applications, and every
 job ends well."""
 
 from __future__ import annotations
