@@ -754,12 +754,22 @@ class Session:
             there = urlsplit(url)
             if (there.hostname, there.port) == here or not await self._answered_through(url):
                 continue
+            if await self._answered_here():
+                return True  # a leader came meanwhile (the look raced a take-over): this server reaches it
             _log().warning("the RMS answers through another NATS server, not through this one: moving there",
                            app=self.app, cut=f"{here[0]}:{here[1]}", to=redact(url))
             self.stats.moves += 1
             await _move_to(self.nc, there.hostname, there.port)
             return True
         return False
+
+    async def _answered_here(self) -> bool:
+        try:
+            await _call_retrying(self.nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
+                                 attempts=1, timeout=heartbeat_timeout(self.reply))
+        except Exception:  # noqa: BLE001 - not answered: this server is cut off
+            return False
+        return True
 
     async def _answered_through(self, url: str) -> bool:
         """A heartbeat sent over a connection of its own to ``url``: answered, the session is kept alive too."""
