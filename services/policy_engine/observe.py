@@ -1,5 +1,5 @@
 """The policy engine's Prometheus metrics: counters fed from the decisions as they are published, gauges
-refreshed from the cores' status (a read, like ``coorm status``) once a second. Outside the cores: they
+refreshed from the cores' counts (a read, like ``coorm status``) once a second. Outside the cores: they
 never see a metric."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import statistics
 
 from coorm.launchers.kinds import NAMES as SHIPPED_KINDS
+from coorm.services.policy_engine.status import Counts
 from coorm.shared import metrics as m
 from coorm.shared.events import EndRequest, PreemptionDeadline, StartRequest
-from coorm.shared.protocol import StatusReply
 from coorm.shared.requests import RequestType
 
 _TYPES = tuple(t.value for t in RequestType)
@@ -49,10 +49,10 @@ def clear() -> None:
         g.clear()
 
 
-def status(st: StatusReply) -> None:
-    """Set the gauges from a status read (clearing series of clusters, kinds or types that went away)."""
+def gauges(counts: Counts) -> None:
+    """Set the gauges from the cores' counts (clearing series of clusters, kinds or types that went away)."""
     clear()
-    for c in st.clusters:
+    for c in counts.clusters:
         for state, value in (("up", c.up), ("non_preemptible", c.non_preemptible),
                              ("pre_allocated_unused", c.pre_allocated_unused), ("preemptible", c.preemptible),
                              ("fair_start_held", c.held), ("idle", c.idle)):
@@ -61,20 +61,15 @@ def status(st: StatusReply) -> None:
         for t in _TYPES:
             m.requests_waiting.labels(c.cluster, t).set(0)
             m.requests_running.labels(c.cluster, t).set(0)
-    kind = {a.app: a.kind or "unknown" for a in st.apps}
-    for k in kind.values():
-        m.sessions.labels(k).inc()
-    waits: dict[str, list[float]] = {}
-    for r in st.requests:
-        if r.state == "started":
-            m.requests_running.labels(r.cluster, r.type).inc()
-            m.app_nodes.labels(kind.get(r.app, "unknown"), r.type).inc(len(r.node_ids))
-        elif r.state == "waiting":
-            cluster = r.cluster or "unplaced"  # (left to the RMS, which has not chosen its cluster yet)
-            m.requests_waiting.labels(cluster, r.type).inc()
-            if r.start is not None:
-                waits.setdefault(cluster, []).append(max(0.0, r.start - st.now))
-    for cluster, ws in waits.items():
+    for kind, n in counts.sessions.items():
+        m.sessions.labels(kind).set(n)
+    for (cluster, t), n in counts.running.items():
+        m.requests_running.labels(cluster, t).set(n)
+    for (kind, t), n in counts.app_nodes.items():
+        m.app_nodes.labels(kind, t).set(n)
+    for (cluster, t), n in counts.waiting.items():
+        m.requests_waiting.labels(cluster, t).set(n)
+    for cluster, ws in counts.waits.items():
         m.waiting_estimated_start.labels(cluster, "soonest").set(min(ws))
         m.waiting_estimated_start.labels(cluster, "median").set(statistics.median(ws))
         m.waiting_estimated_start.labels(cluster, "latest").set(max(ws))

@@ -43,6 +43,7 @@ from coorm.services.policy_engine.core import RUNNING_FIRST, WAITING_FIRST, Poli
 from coorm.services.policy_engine.shares import POLICIES
 from coorm.services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
 from coorm.services.policy_engine.snapshot import Snapshot, SnapshotError
+from coorm.services.policy_engine.status import counts_of
 from coorm.services.policy_engine.view_pacing import ViewPacer
 from coorm.services.runtime import clock, ensure_streams, redis_client
 from coorm.shared import bus, keys, metrics, subjects
@@ -815,9 +816,9 @@ class PolicyEngine:
                 await self.apply(lambda at, sid: Tick(at=at, stimulus_id=sid))
 
     async def _gauges_loop(self) -> None:
-        """The metrics' gauges, from a status read once a second (a scrape never touches the cores)."""
+        """The metrics' gauges, from the cores' counts read once a second (a scrape never touches the cores)."""
         while True:
-            observe.status(self.cores.status(self.sessions, self.instance))
+            observe.gauges(counts_of(self.cores, self.sessions))
             await asyncio.sleep(1.0)  # a sampling period, not a synchronisation
 
     async def _reaper_loop(self) -> None:
