@@ -72,10 +72,14 @@ class ViewDeliverer:
     def __init__(self) -> None:
         self.sent: dict[str, dict[tuple[str, str], StepFunction]] = {}  # app -> (cluster, type) -> last told
 
-    def changes(self, app: str, views: Mapping[str, tuple[StepFunction, StepFunction | None]]
+    def changes(self, app: str, views: Mapping[str, tuple[StepFunction, StepFunction | None]],
+                same: dict[tuple[int, int], tuple[StepFunction, StepFunction, bool]] | None = None
                 ) -> list[tuple[str, str, StepFunction]]:
         """Of ``views`` (cluster -> non-preemptive view, preemptive view or None), those to tell ``app``, as
-        (cluster, ``"non_preemptive"`` or ``"preemptive"``, view), clusters in name order; they count as told."""
+        (cluster, ``"non_preemptive"`` or ``"preemptive"``, view), clusters in name order; they count as told.
+        ``same``, shared by the calls of one round, remembers which (last told, new) pairs of view objects
+        are the same future: applications that share views share the objects, and a thousand of them
+        compared the same two views a thousand times."""
         last = self.sent.setdefault(app, {})
         out = []
         for cluster in sorted(views):
@@ -83,7 +87,7 @@ class ViewDeliverer:
                 if view is None:
                     continue
                 old = last.get((cluster, typ))
-                if old is not None and old.clip(view.times[0]) == view:
+                if old is not None and _same(old, view, same):
                     continue
                 last[(cluster, typ)] = view
                 out.append((cluster, typ, view))
@@ -95,3 +99,16 @@ class ViewDeliverer:
 
 
 _TYPES = ("non_preemptive", "preemptive")
+
+
+def _same(old: StepFunction, new: StepFunction,
+          memo: dict[tuple[int, int], tuple[StepFunction, StepFunction, bool]] | None) -> bool:
+    """Whether ``new`` is ``old`` seen from a later "now". The memo keeps both objects alive with the
+    answer, so that no id in its keys is reused by another object while it lasts."""
+    if memo is None:
+        return old.clip(new.times[0]) == new
+    key = (id(old), id(new))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (old, new, old.clip(new.times[0]) == new)
+    return hit[2]

@@ -164,22 +164,29 @@ class ViewPublisher:
             # each of them is told differs only by its name when they were told the same before
             functions: dict[int, Views] = {}
             encoded: dict[tuple, bytes] = {}
-            for app, per_cluster in msg.app_views().items():
-                self.current.setdefault(app, {}).update(per_cluster)
-                told = self.told.changes(app, {c: _functions(v, functions) for c, v in per_cluster.items()})
-                if not told:
-                    continue
-                key = tuple((c, typ, id(view)) for c, typ, view in told)
-                tail = encoded.get(key)
-                if tail is None:
-                    changes = [Change(cluster=c, type=ChangeType(typ), cap=view.to_wire()) for c, typ, view in told]
-                    data = bus.encode(ChangeNotify(app=app, epoch=msg.epoch, now=msg.now, changes=changes))
-                    encoded[key] = data[len(_app_prefix(app)):]
-                else:
-                    data = _app_prefix(app) + tail
-                await self.nc.publish(subjects.notify_change(app), data)
-                metrics.notifications.labels("change").inc()
-                metrics.notification_bytes.labels("change").inc(len(data))
+            same: dict = {}
+            sent = sent_bytes = 0
+            try:  # (what went out is counted, even if a publish fails)
+                for app, per_cluster in msg.app_views().items():
+                    self.current.setdefault(app, {}).update(per_cluster)
+                    told = self.told.changes(app, {c: _functions(v, functions) for c, v in per_cluster.items()}, same)
+                    if not told:
+                        continue
+                    key = tuple((c, typ, id(view)) for c, typ, view in told)
+                    tail = encoded.get(key)
+                    if tail is None:
+                        changes = [Change(cluster=c, type=ChangeType(typ), cap=view.to_wire()) for c, typ, view in told]
+                        data = bus.encode(ChangeNotify(app=app, epoch=msg.epoch, now=msg.now, changes=changes))
+                        encoded[key] = data[len(_app_prefix(app)):]
+                    else:
+                        data = _app_prefix(app) + tail
+                    await self.nc.publish(subjects.notify_change(app), data)
+                    sent += 1
+                    sent_bytes += len(data)
+            finally:
+                if sent:
+                    metrics.notifications.labels("change").inc(sent)
+                    metrics.notification_bytes.labels("change").inc(sent_bytes)
         return None
 
     def _changes(self, app: str, per_cluster: dict) -> list[Change]:
