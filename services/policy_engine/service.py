@@ -331,8 +331,9 @@ class PolicyEngine:
                 await bus.serve(self.nc, subjects.APP_REQUEST_ANY, RequestMsg, self._on_request, concurrent=True),
                 await bus.serve(self.nc, subjects.APP_DONE_ANY, DoneMsg, self._on_done, concurrent=True),
                 await bus.serve(self.nc, subjects.APP_CLOSE_ANY, CloseMsg, self._on_close, concurrent=True),
-                await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat,
-                                concurrent=True),
+                # (in turn: a heartbeat's handling never waits, and a task each -- 500 a second with 1,000
+                # sessions -- was a cost of its own)
+                await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat),
                 await bus.serve(self.nc, subjects.APP_NEGOTIATE_ANY, NegotiateMsg, self._on_negotiate,
                                 concurrent=True),
                 await bus.serve(self.nc, subjects.APP_RESPOND_ANY, RespondMsg, self._on_respond, concurrent=True),
