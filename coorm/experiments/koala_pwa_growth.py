@@ -4,7 +4,8 @@ applications, W'm, 30 s between arrivals, DAS3 with worst-fit), FPSMA against EG
 * **polling** (``poll``): KOALA's scheduler "periodically polls the KOALA information service" to trigger job
   management (§V-B), where our policy core runs a pass on every event (at most one a second). Here at most
   one pass in ``poll`` seconds (:class:`PolicySettings` ``reschedule_interval``), so that growth -- and
-  shrinks and starts -- happen at polls and idle nodes pile up between them;
+  shrinks and starts -- happen at polls and idle nodes pile up between them (a mandatory shrink's grace a
+  poll longer: :func:`coorm.experiments.koala._grace`);
 * **Fig. 5's offers** (``egs-offer``, :mod:`coorm.services.policy_engine.shares`): EQUI GROW as the paper's
   pseudo-code writes it -- the idle nodes offered in equal parts to the running malleable jobs, whatever
   each can use, a part a job cannot take (at its maximum; FT, which takes powers of two only) left idle
@@ -31,9 +32,9 @@ from coorm.experiments.common import md_table, write_csv
 
 NAME = "koala-pwa-growth"
 POLICIES = ("fpsma", "egs", "egs-offer")
-POLLS = (1.0, 30.0, 60.0)  # at most one pass in so many seconds (1: koala-pwa's)
+POLLS = (1.0, 60.0)  # at most one pass in so many seconds (1: koala-pwa's)
 LOADS = (0.0, 0.9)
-SEEDS = {0.0: 4, 0.9: 2}  # koala-pwa's 4 seeds; koala-pwa-load's 2 where a run costs ten times more
+SEEDS = {0.0: 4, 0.9: 1}  # koala-pwa's 4 seeds; one where a run costs ten times more (a budget choice)
 QUICK = (60, 1, (1.0, 60.0), LOADS)  # jobs, seeds, polls, loads
 INTERARRIVAL = 30.0
 WORKLOAD = "Wm"
