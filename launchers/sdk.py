@@ -127,8 +127,7 @@ class RMSStopped(Exception):
 @dataclass(frozen=True)
 class Closed:
     """The session ended: closed by the application, or (``error`` set) its connection to CooRM was lost
-    for longer than the reconnect window, or the RMS ended it unheard of (``WireError`` ``unknown_app``: reaped
-    while the application was cut off) -- its requests are then no longer the application's to follow."""
+    for longer than the reconnect window -- its requests are then no longer the application's to follow."""
 
     error: Exception | None = None
 
@@ -187,7 +186,7 @@ class Session:
         self._exit_cond = asyncio.Condition()
         self._outputs: dict[str, asyncio.Queue] = {}
         self._all_output: asyncio.Queue | None = None
-        self.lost: bus.Unreachable | RMSStopped | bus.WireError | None = None
+        self.lost: bus.Unreachable | RMSStopped | None = None
         self._gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # done once lost
 
     # ============================================================================================
@@ -309,9 +308,9 @@ class Session:
             reason = "(no reason given)"
         await self._connection_lost(RMSStopped(reason))
 
-    async def _connection_lost(self, error: RMSStopped | bus.WireError | None = None) -> None:
-        """The client gave up reconnecting (or the RMS said it stops, or a heartbeat was answered that the
-        session is no more): every wait ends with the error, and so does the event stream."""
+    async def _connection_lost(self, error: RMSStopped | None = None) -> None:
+        """The client gave up reconnecting (or the RMS said it stops): every wait ends with the error, and so
+        does the event stream."""
         if self.closed:
             return  # our own close
         self.closed = True
@@ -323,7 +322,7 @@ class Session:
                     fut.set_exception(self.lost)
         self._start_waiters.clear()
         self._gone.set_result(None)
-        if self._heartbeat and self._heartbeat is not asyncio.current_task():  # (the beat that heard it ends)
+        if self._heartbeat:
             self._heartbeat.cancel()
         self._events.put_nowait(Closed(self.lost))
         async with self._exit_cond:
@@ -725,15 +724,6 @@ class Session:
                                      attempts=1, timeout=heartbeat_timeout(self.reply))
                 look_every, unanswered = 1, 0
                 continue
-            except bus.WireError as e:
-                # ended by the RMS unheard of (reaped while cut off): told. (A session on a shared connection
-                # -- the batch service's job -- hears its end as its requests' kills, as before)
-                if e.code is ErrorCode.UNKNOWN_APP and self.own_connection:
-                    await self._connection_lost(bus.WireError(e.code, (
-                        f"the RMS ended session {self.app} unheard of ({e.message}): reaped, no heartbeat of it "
-                        "reached CooRM in time? Its requests ended and its processes are killed")))
-                    return
-                unanswered += 1
             except Exception:  # noqa: BLE001 - the next beat tries again; a cut server is looked for below
                 unanswered += 1
             # not answered: the RMS is between two leaders, or this connection's server is cut from the

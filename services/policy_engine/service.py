@@ -266,6 +266,7 @@ class PolicyEngine:
         self.pacer = ViewPacer()
         self._subs: list = []
         self._resign = asyncio.Event()  # set when the leader must step down (an event it could not log)
+        self._lease_from = 0.0  # (monotonic) when the lease this instance holds was taken
         self.nc = None
         self.js = None
         self.redis = None
@@ -298,7 +299,11 @@ class PolicyEngine:
 
     async def _acquire(self) -> bool:
         ms = int(self.settings.leader_lease * 1000)
-        return bool(await self.redis.set(keys.POLICY_LEASE, self.instance, nx=True, px=ms))
+        sent = time.monotonic()
+        if not await self.redis.set(keys.POLICY_LEASE, self.instance, nx=True, px=ms):
+            return False
+        self._lease_from = sent  # (Valkey counts the lease from when it took the command: no sooner)
+        return True
 
     async def _renew(self) -> bool:
         ms = int(self.settings.leader_lease * 1000)
@@ -380,19 +385,31 @@ class PolicyEngine:
     async def _keep_lease(self, stop: asyncio.Event) -> None:
         """Renew the lease every third of its length; return when it is lost (or not renewed), when the
         leader resigns, or when the service stops."""
+        # the lease runs from when its last renewal (or its taking) was sent: a renewal still unanswered then
+        # ends the term, since another may hold the lease by now. Waiting for the renewal's answer instead (up to
+        # the socket's timeout, 10 s, on a Valkey primary that died) the term outlived its lease by seconds,
+        # answering heartbeats the next leader never heard of -- which reaped those sessions -- and taking
+        # commands it could not log, that their applications waited 5 s for
+        valid_until = self._lease_from + self.settings.leader_lease
         while not stop.is_set() and not self._resign.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_first(stop, self._resign), self.settings.leader_lease / 3)
             if stop.is_set() or self._resign.is_set():
                 return
+            sent = time.monotonic()
             try:
-                renewed = await self._renew()
+                async with asyncio.timeout(max(0.0, valid_until - sent)):
+                    renewed = await self._renew()
+            except TimeoutError:
+                log.warning("lease not renewed before it could lapse: back to standby", instance=self.instance)
+                return
             except (RedisError, OSError) as e:
                 log.warning("lease not renewed: back to standby", instance=self.instance, error=repr(e))
                 return
             if not renewed:
                 log.warning("lease lost: back to standby", instance=self.instance)
                 return
+            valid_until = sent + self.settings.leader_lease
 
     def _fail_pending(self, error: Exception) -> None:
         """Every event waiting to be logged: refused (none of them was logged, so none was applied)."""
@@ -563,11 +580,16 @@ class PolicyEngine:
                 self.pacer.changed(d.apps)
             if isinstance(d, PreemptionDeadline):
                 self.pacer.changed((d.app,), urgent=True)
+                # (said: a session ended as a violator had no other trace than its agents' kills)
+                log.info("shrink asked", app=d.app, cluster=d.cluster, held=d.held, allowed=d.allowed,
+                         within=round(d.deadline - event.at, 1), epoch=self.cores.policy.epoch)
             if isinstance(d, Offered) and d.unsolicited or isinstance(d, OfferLapsed):
                 # an offer made in a pass, or one that lapsed: the application hears of it here (the answer
                 # to a command carries its own offer). Not durable: a lost offer lapses
                 await self.nc.publish(subjects.notify_offer(d.app), bus.encode(self._offer_msg(d)))
             if isinstance(d, SessionEnded):
+                if d.reason != "closed" and not d.reason.startswith("reaped"):  # (a reaping is said as it starts)
+                    log.info("session ended", app=d.app, reason=d.reason)
                 self.pacer.ended(d.app)
                 self.sessions.pop(d.app, None)
                 self.last_seen.pop(d.app, None)
