@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import os
 import random
+import signal
 import statistics
 import sys
 import time
@@ -346,6 +347,7 @@ async def run(ns: list[int], nodes: int, jobs: int, only: str = "all", args_tap:
     env = {"COORM_RESCHEDULE_INTERVAL": str(INTERVAL), "COORM_FAIR_START": "0", "COORM_LOG_LEVEL": "WARNING",
            "COORM_SESSION_TIMEOUT": "120"}
     up = Up({"c0": nodes}, env=env, write_connection=False, accounting=False)
+    _started.append(up)
     settings = await asyncio.to_thread(up.start, 120)
     tap = Tap()
     try:
@@ -388,6 +390,18 @@ async def run(ns: list[int], nodes: int, jobs: int, only: str = "all", args_tap:
         await asyncio.to_thread(up.stop)
 
 
+_started: list[Up] = []  # the systems started: a SIGTERM stops them
+
+
+def _sigterm(_sig, _frame):
+    """A benchmark stopped with SIGTERM stops the system it started -- its servers and services run in
+    sessions of their own, and were left running -- and exits 143 at once: the event loop, interrupted, waited
+    for ever on a thousand sessions' tasks to end."""
+    for up in _started:
+        up.stop("the benchmark was stopped")
+    os._exit(128 + signal.SIGTERM)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[10, 100, 1000], help="concurrent launchers")
@@ -398,6 +412,7 @@ def main() -> None:
     ap.add_argument("--tap", action="store_true",
                     help="count every message on the bus during the latency runs, per subject (adds its own load)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, _sigterm)
     asyncio.run(run(args.n, max(args.nodes, max(args.n)), args.jobs, args.only, args.tap))
 
 
