@@ -87,6 +87,20 @@ class ViewsChanged:
     bytes: int
 
 
+class _EventQueue(asyncio.Queue):
+    """A session's events, in order, except that views not read yet are replaced by newer ones: a launcher
+    acts on the latest views only, and an application that does not read its events (a script waiting for
+    its start, a benchmark's idle sessions) held every ``changeNotify`` it was sent -- 5,000 idle sessions
+    grew a process to 745 MB, most of its time in the garbage collector."""
+
+    def _put(self, item: Event) -> None:
+        q = self._queue  # type: ignore[attr-defined]  # (asyncio.Queue's storage: _put is its hook)
+        if isinstance(item, ViewsChanged) and q and isinstance(q[-1], ViewsChanged):
+            q[-1] = ViewsChanged(item.views, item.epoch, q[-1].bytes + item.bytes)
+        else:
+            q.append(item)
+
+
 @dataclass(frozen=True)
 class Started:
     request: str
@@ -173,7 +187,7 @@ class Session:
     assign_wait: float = 30.0
 
     def __post_init__(self) -> None:
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._events: asyncio.Queue[Event] = _EventQueue()
         self._subs: list = []
         self._heartbeat: asyncio.Task | None = None
         self._started: dict[str, Started] = {}
