@@ -13,7 +13,10 @@ and the delays (each a list of samples):
 * ``launch``: an application heard of a start -> every agent answered its launches there (and
   ``launch_nodes``: on how many nodes);
 * ``work_overhead``: a rigid job heard of its start -> it heard of its last process's exit, minus its WORK:
-  the launch and exit delays together (the exit delay is what is left after the launch's);
+  the launch and exit delays together (the exit delay is what is left after the launch's), and
+  ``work_overhead_nodes``: on how many nodes it ran, ``work_overhead_launching``: on how many nodes the
+  RMS started other applications' requests (pre-allocations aside) in the ``Delays.exit_window`` before its
+  own or with it (as the simulator counts them: the launches around it, on the machine the agents share);
 * ``open``: arrival -> the launcher runs;
 * ``views``: a round of views published (``ChangeNotify.now``) -> the launcher hears of it;
 * ``start_after_view``: a moldable or CEM launcher's start heard, less when it heard the first round of
@@ -38,7 +41,9 @@ from coorm.launchers.sdk import Exited, Session, Started, ViewsChanged
 from coorm.shared import bus, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.protocol import Lifecycle, LifecycleKind
+from coorm.shared.requests import RequestType
 from coorm.shared.settings import Settings
+from coorm.simulator.delays import Delays
 
 
 @dataclass
@@ -80,6 +85,7 @@ class _TimedRunner(LiveRunner):
                  **kw) -> None:
         super().__init__(*a, **kw)
         self.t0, self.spec, self.measure = t0, spec, measure
+        self.overhead: float | None = None  # a rigid job's work_overhead (the run's end adds what it depends on)
         self.hold = hold
         self.sent: dict[str, float] = {}  # request -> when the launcher sent it
         self.heard: dict[str, float] = {}  # request -> when it heard of its start
@@ -103,8 +109,8 @@ class _TimedRunner(LiveRunner):
             self.views_heard.append((item.views.now, heard))
         elif isinstance(item, Started):
             self.heard.setdefault(item.request, heard)
-        await super()._handle(item)
         launched = [n for n in item.nodes if n not in item.kept] if isinstance(item, Started) else []
+        await super()._handle(item)
         if launched and item.request in self.launcher.running:  # (it launched there: every agent answered)
             self.measure["launch"].append(self.clock() - heard)
             self.measure["launch_nodes"].append(float(len(launched)))
@@ -113,7 +119,7 @@ class _TimedRunner(LiveRunner):
         elif (isinstance(item, Exited) and self.spec.process_work and self.launched_at is not None
               and self._running_procs == 0):
             # launch + exit: the processes ran WORK seconds of the time from the start heard to the last exit
-            self.measure["work_overhead"].append(heard - self.launched_at - self.spec.params["work"])
+            self.overhead = heard - self.launched_at - self.spec.params["work"]
 
     async def _execute(self, commands) -> None:
         from coorm.launchers.base import Submit
@@ -192,7 +198,9 @@ async def _lifecycle(nc, apps: set[str], patience: float = 20.0) -> list[Lifecyc
 async def run_workload(settings: Settings, specs: list[TwinApp], clusters: dict[str, int], pids: dict[str, int],
                        limit: float, start_lag: float = START_LAG, hold: float = 0.0) -> LiveRun:
     measure: dict[str, list[float]] = {k: [] for k in ("notify", "command", "launch", "launch_nodes",
-                                                       "work_overhead", "open", "views", "start_after_view")}
+                                                       "work_overhead", "work_overhead_nodes",
+                                                       "work_overhead_launching", "open", "views",
+                                                       "start_after_view")}
     nc = await bus.connect(settings.nats_url, "coorm-twin", settings.identity(Role.SERVICE))
     apps = {s.name: LiveApp(s.name, s.kind, s.at) for s in specs}
     runners: dict[str, _TimedRunner] = {}
@@ -235,7 +243,25 @@ async def run_workload(settings: Settings, specs: list[TwinApp], clusters: dict[
             submitted = requests.get(req, {}).get("submitted")
             if submitted is not None:
                 measure["command"].append(submitted - (sent - t0))
+    measure.update(_overheads(runners, list(requests.values())))
     return LiveRun(apps, list(requests.values()), measure, sum(by_process.values()), cpu_launchers, by_process, wall)
+
+
+def _overheads(runners: dict[str, _TimedRunner], requests: list[dict]) -> dict[str, list[float]]:
+    """The rigid jobs' work_overhead samples, each with its nodes and the nodes of the other applications'
+    requests (pre-allocations aside) the RMS started in the ``exit_window`` before its own or with it."""
+    window = Delays().exit_window
+    started = [r for r in requests if r["start"] is not None and r["type"] != RequestType.PRE_ALLOCATION.value]
+    out: dict[str, list[float]] = {"work_overhead": [], "work_overhead_nodes": [], "work_overhead_launching": []}
+    for name, r in runners.items():
+        own = [q["start"] for q in started if q["name"] == name]
+        if r.overhead is None or not own:
+            continue
+        out["work_overhead"].append(r.overhead)
+        out["work_overhead_nodes"].append(float(r.spec.params["nodes"]))
+        out["work_overhead_launching"].append(float(sum(q["nodes"] for q in started if q["name"] != name
+                                                        and min(own) - window <= q["start"] <= min(own))))
+    return out
 
 
 def _requests(life: list[Lifecycle], by_app: dict[str, str], t0: float) -> dict[str, dict]:

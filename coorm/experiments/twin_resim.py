@@ -21,16 +21,20 @@ from pathlib import Path
 from coorm.experiments import common, twin
 from coorm.experiments import twin_sim as tsim
 from coorm.experiments.twin_workload import CLUSTERS, QUICK_CLUSTERS, workload
+from coorm.shared.requests import RequestType
+from coorm.simulator.delays import Delays
 
 DOC = Path(__file__).resolve().parents[2] / "EXPERIMENTS.md"
 
 
-def resimulate(rows: list[dict], start_lags: tuple[float, ...], views_apart: bool | None = None) -> list[dict]:
+def resimulate(rows: list[dict], start_lags: tuple[float, ...], views_apart: bool | None = None,
+               exit_model: str | None = None) -> list[dict]:
     """One summary per start_lag: the calibrated simulator (from ``rows``' stored samples and settings)
     against the stored first live run; ``views_apart``: its views heard apart from the starts
     (``Delays.view_notify``; None: as the stored run's simulator had them). The applications whose start is
     determined (:func:`~coorm.experiments.twin.determined`) are those the stored live runs reproduce and the
-    sampled simulator's seeds, run again here, start alike."""
+    sampled simulator's seeds, run again here, start alike. ``exit_model``: how a rigid job's exit is modelled
+    (:data:`~coorm.experiments.twin_sim.EXIT_MODELS`; None: as the stored run's simulator had it)."""
     run = next(r for r in rows if r["row"] == "run")
     apps = [dict(a) for a in rows if a["row"] == "app"]
     quick = run["apps"] < 100
@@ -38,9 +42,13 @@ def resimulate(rows: list[dict], start_lags: tuple[float, ...], views_apart: boo
     if [s.name for s in specs] != [a["name"] for a in apps]:
         raise ValueError("the stored applications are not the twin workload's")
     samples = {r["delay"]: r["values"] for r in rows if r["row"] == "samples"}
+    exit_model = run.get("exit_model", "constant") if exit_model is None else exit_model
+    if exit_model != "constant" and "work_overhead_launching" not in samples:
+        samples.update(work_overheads(rows, specs))  # (the constant keeps the stored samples: their order
+        # is the sampled seeds' draws)
     settings = tsim.policy(run["settings"])
     apart = bool(run.get("views_apart")) if views_apart is None else views_apart
-    delays = tsim.calibrate(samples, run["settings"], views_apart=apart)
+    delays = tsim.calibrate(samples, run["settings"], views_apart=apart, exit_model=exit_model)
     clusters = QUICK_CLUSTERS if quick else CLUSTERS
     out = []
     for lag in start_lags:
@@ -71,6 +79,28 @@ def resimulate(rows: list[dict], start_lags: tuple[float, ...], views_apart: boo
     return out
 
 
+def work_overheads(rows: list[dict], specs: list) -> dict[str, list[float]]:
+    """A run stored before what its rigid jobs' overheads depend on was (``work_overhead_nodes``,
+    ``work_overhead_launching``): each rigid job's overhead from its stored live start and end heard (the
+    same measure as ``work_overhead``, to the 1 ms they are stored to), its nodes, and the nodes of the
+    other applications' requests (pre-allocations aside) the first live run started in the ``exit_window``
+    before its own or with it (as the live twin now measures them)."""
+    spec = {s.name: s for s in specs}
+    started = [r for r in rows if r["row"] == "request" and r["run"] == 1 and r["start"] is not None
+               and r["type"] != RequestType.PRE_ALLOCATION.value]
+    window = Delays().exit_window
+    done = [(a, spec[a["name"]]) for a in rows if a["row"] == "app" and spec[a["name"]].process_work
+            and a["live_start"] is not None and a["live_end"] is not None]
+    out: dict[str, list[float]] = {"work_overhead": [], "work_overhead_nodes": [], "work_overhead_launching": []}
+    for a, s in done:
+        own = min(r["start"] for r in started if r["name"] == a["name"])
+        out["work_overhead"].append(a["live_end"] - a["live_start"] - s.params["work"])
+        out["work_overhead_nodes"].append(float(s.params["nodes"]))
+        out["work_overhead_launching"].append(float(sum(r["nodes"] for r in started if r["name"] != a["name"]
+                                                        and own - window <= r["start"] <= own)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name", help="a stored twin run: twin, twin-spaced")
@@ -78,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--doc", type=Path, default=DOC, help="the doc the run is stored next to")
     ap.add_argument("--views", choices=("stored", "apart", "in-order"), default="stored",
                     help="the simulated views heard apart from the starts (view_notify) or behind them")
+    ap.add_argument("--exit", choices=tsim.EXIT_MODELS, default=None,
+                    help="a rigid job's exit: one constant (their mean), a line in its nodes, or a plane in its "
+                         "nodes and the launches around it (default: as stored)")
     args = ap.parse_args(argv)
     rows = common.load(args.doc, args.name)["rows"]
     stored = next(r for r in rows if r["row"] == "run")["settings"].get("start_lag")
@@ -85,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     if lag is None:
         ap.error(f"{args.name} was stored without its start_lag: give --start-lag")
     f = twin._f
-    print(f"{args.name}: the calibrated simulator against the stored first live run (live start_lag {lag:g} s)")
+    print(f"{args.name}: the calibrated simulator against the stored first live run (live start_lag {lag:g} s, "
+          f"exit {args.exit or 'as stored'})")
     views = {"stored": None, "apart": True, "in-order": False}[args.views]
     print(common.md_table(
         ["simulated start_lag (s)", "views apart", "all: n, median, p95 |Δstart| (s)", "reproduced: n, median, p95",
@@ -95,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
           *(f"{d['n']}, {f(d['median'])}, {f(d['p95'])}"
             for d in (r["all"], r["reproduced"], r["determined"], r["before_fork"])),
           f"{r['choices_differ']} of {r['adaptive']}", r["held_back"]]
-         for r in resimulate(rows, (0.0, lag), views)]))
+         for r in resimulate(rows, (0.0, lag), views, exit_model=args.exit)]))
 
 
 if __name__ == "__main__":

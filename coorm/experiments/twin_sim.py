@@ -31,24 +31,40 @@ def policy(live_settings: dict) -> PolicySettings:
                           preemptible=live_settings["malleable_policy"])
 
 
-def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart: bool = False) -> Delays:
+# how a rigid job's exit (its launch and exit together, ``work_overhead``) is modelled: one constant (their
+# mean, as before); a line in its nodes; or a plane in its nodes and the nodes other launches began on in
+# the 0.1 s before it (``work_overhead_launching``): the agents share the machine, so a launch among others
+# is answered later -- on the stored twin run, its nodes alone explain 9 % of the overheads' variance, with
+# the launches around it 50 % (EXPERIMENTS.md)
+EXIT_MODELS = ("constant", "nodes", "launching")
+
+
+def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart: bool = False,
+              exit_model: str = "constant") -> Delays:
     """The delays the live run measured, and its view pacing (its own settings); ``views_apart``: the views
     heard with their own measured latency (the mean of ``views``), not behind a start (``Delays.view_notify``).
     Each delay is the mean of its samples: the delays add up over a run (a start waits for the end before
     it, which waited...), so the tails count -- the median, the typical event, made the simulated run early
     on average (on an earlier stored run: a mean wait 0.4 s shorter than live's, p95 |start| before the fork
     0.21 s against 0.14 s with the means). A launch's time is a line in its nodes (Theil-Sen: the tails would tilt a
-    least-squares one), scaled to the samples' mean."""
+    least-squares one), scaled to the samples' mean. A rigid job's exit is ``exit_model``
+    (:data:`EXIT_MODELS`; one the run did not measure the inputs of falls back to the constant): a line in
+    its nodes as a launch's is; a plane fitted by least squares (its mean the samples', no slope below 0)."""
     mean = {k: statistics.fmean(samples[k]) if samples.get(k) else 0.0
             for k in ("notify", "command", "work_overhead", "open")}
-    nodes, launch = samples.get("launch_nodes", []), samples.get("launch", [])
-    a, b = fit_line(nodes, launch)
-    if launch:
-        line_mean = statistics.fmean(a + b * n for n in nodes) if nodes else a
-        if line_mean > 0:
-            a, b = a * statistics.fmean(launch) / line_mean, b * statistics.fmean(launch) / line_mean
+    a, b = mean_line(samples.get("launch_nodes", []), samples.get("launch", []))
+    if exit_model not in EXIT_MODELS:
+        raise ValueError(f"no exit model {exit_model}; one of {EXIT_MODELS}")
+    over, nodes = samples.get("work_overhead", []), samples.get("work_overhead_nodes", [])
+    launching = samples.get("work_overhead_launching", [])
+    e, f, g = mean["work_overhead"], 0.0, 0.0
+    if exit_model == "launching" and over and len(nodes) == len(launching) == len(over):
+        e, f, g = plane([[1.0, n, k] for n, k in zip(nodes, launching, strict=True)], over)
+    elif exit_model != "constant" and over and len(nodes) == len(over):
+        e, f = mean_line(nodes, over)
     return Delays(notify=max(0.0, mean["notify"]), command=max(0.0, mean["command"]), open=max(0.0, mean["open"]),
-                  exit=max(0.0, mean["work_overhead"]), launch=max(0.0, a), launch_per_node=max(0.0, b),
+                  exit=max(0.0, e), exit_per_node=max(0.0, f), exit_per_launching=max(0.0, g),
+                  launch=max(0.0, a), launch_per_node=max(0.0, b),
                   view_period=live_settings["view_period"], view_rate=live_settings["view_rate"], live_views=True,
                   view_notify=max(0.0, statistics.fmean(samples["views"])) if views_apart and samples.get("views")
                   else None)
@@ -56,16 +72,74 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
 
 def sampled(delays: Delays, samples: dict[str, list[float]], seed: int) -> Delays:
     """``delays`` drawing each delay from the live run's samples of it (seeded): their jitter and tails, not
-    only their means. A rigid job's exit is drawn from the launch-and-exit samples (``work_overhead``), as its
-    constant is their mean; a launch's time is the fitted line times a drawn factor (a launch's measured time
-    over the line's value at its nodes)."""
+    only their means. A launch's time is the fitted line times a drawn factor (a launch's measured time over
+    the line's value at its nodes); so is a rigid job's exit when it is a line in its nodes
+    (``exit_per_node``), else it is drawn from the launch-and-exit samples (``work_overhead``), as its
+    constant is their mean."""
+    per_node = delays.exit_per_node > 0 or delays.exit_per_launching > 0
     pools = {k: tuple(max(0.0, v) for v in samples.get(src, ())) for k, src in
-             (("notify", "notify"), ("command", "command"), ("open", "open"), ("exit", "work_overhead"),
+             (("notify", "notify"), ("command", "command"), ("open", "open"),
+              *((("exit", "work_overhead"),) if not per_node else ()),
               *((("view_notify", "views"),) if delays.view_notify is not None else ()))}
-    line = [delays.launch + delays.launch_per_node * n for n in samples.get("launch_nodes", [])]
-    pools["launch_factor"] = tuple(max(0.0, t) / x for t, x in zip(samples.get("launch", []), line, strict=False)
-                                   if x > 0)
+    pools["launch_factor"] = factors(samples.get("launch_nodes", []), samples.get("launch", []),
+                                     delays.launch, delays.launch_per_node)
+    if per_node:
+        line = [delays.exit + delays.exit_per_node * n + delays.exit_per_launching * k for n, k in
+                zip(samples.get("work_overhead_nodes", []),
+                    samples.get("work_overhead_launching", [0.0] * len(samples.get("work_overhead", []))),
+                    strict=False)]
+        pools["exit_factor"] = tuple(max(0.0, t) / x for t, x in zip(samples.get("work_overhead", []), line,
+                                                                     strict=False) if x > 0)
     return replace(delays, samples=tuple((k, v) for k, v in pools.items() if v), seed=seed)
+
+
+def factors(nodes: list[float], times: list[float], a: float, b: float) -> tuple[float, ...]:
+    """Each measured time over the line ``a + b x nodes`` at its nodes."""
+    return tuple(max(0.0, t) / x for t, x in zip(times, (a + b * n for n in nodes), strict=False) if x > 0)
+
+
+def least_squares(rows: list[list[float]], y: list[float]) -> list[float]:
+    """The coefficients ``c`` minimising ``sum((row . c - y)^2)`` (the normal equations, solved by Gaussian
+    elimination; a column that does not vary gets 0)."""
+    k = len(rows[0])
+    m = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] * v for r, v in zip(rows, y, strict=True))]
+         for i in range(k)]
+    for i in range(k):
+        p = max(range(i, k), key=lambda r: abs(m[r][i]))
+        m[i], m[p] = m[p], m[i]
+        if abs(m[i][i]) < 1e-12:
+            continue
+        for r in range(k):
+            if r != i:
+                q = m[r][i] / m[i][i]
+                m[r] = [a - q * b for a, b in zip(m[r], m[i], strict=True)]
+    return [m[i][k] / m[i][i] if abs(m[i][i]) >= 1e-12 else 0.0 for i in range(k)]
+
+
+def plane(rows: list[list[float]], y: list[float]) -> list[float]:
+    """:func:`least_squares` with every slope >= 0 (a delay does not shrink with load): a slope fitted below
+    0 is left out and the rest fitted again (the fit's mean stays the samples')."""
+    keep = list(range(len(rows[0])))
+    while True:
+        c = least_squares([[r[i] for i in keep] for r in rows], y)
+        out = [0.0] * len(rows[0])
+        for i, v in zip(keep, c, strict=True):
+            out[i] = v
+        negative = [i for i in keep[1:] if out[i] < 0]
+        if not negative:
+            return out
+        keep.remove(min(negative, key=lambda i: out[i]))
+
+
+def mean_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """:func:`fit_line`'s line scaled to ``y``'s mean over ``x`` (the delays add up over a run: the tails
+    count, as for the constants)."""
+    a, b = fit_line(x, y)
+    if y:
+        line_mean = statistics.fmean(a + b * n for n in x) if x else a
+        if line_mean > 0:
+            a, b = a * statistics.fmean(y) / line_mean, b * statistics.fmean(y) / line_mean
+    return a, b
 
 
 def scaled(delays: Delays, factor: float) -> Delays:
@@ -73,7 +147,9 @@ def scaled(delays: Delays, factor: float) -> Delays:
     views = None if delays.view_notify is None else delays.view_notify * factor
     return replace(delays, view_notify=views, notify=delays.notify * factor, command=delays.command * factor,
                    launch=delays.launch * factor, launch_per_node=delays.launch_per_node * factor,
-                   exit=delays.exit * factor, open=delays.open * factor)
+                   exit=delays.exit * factor, exit_per_node=delays.exit_per_node * factor,
+                   exit_per_launching=delays.exit_per_launching * factor,
+                   open=delays.open * factor)
 
 
 def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:

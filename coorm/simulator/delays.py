@@ -15,8 +15,11 @@ Rules the engine keeps when it models delays:
 * a launcher that hears of a start with nodes launches its processes there: for ``launch + launch_per_node
   x nodes`` it hears of nothing else (the live runner handles one input at a time);
 * an application whose work is a process (``Simulation.add(..., process_work=True)``: the live runner ends it
-  when its processes exit) hears of its work's end ``exit`` after its start plus its work (its processes'
-  start within the launch, and their exits' reports): the timers it arms on its start fire ``exit`` later;
+  when its processes exit) hears of its work's end ``exit + exit_per_node x nodes + exit_per_launching x
+  launching`` after its start plus its work (its processes' start within the launch, and their exits'
+  reports, from each of its nodes' agents), ``launching`` the nodes of the other applications' requests
+  the RMS started within ``exit_window`` before its start or with it (the agents share the machine: a
+  launch among others is answered later): the timers it arms on its start fire that much later;
 * a new application's launcher runs ``open`` after it arrives (opening its session, asking the clusters'
   properties); the RMS knows of its session ``command`` after it arrives;
 * ``live_views``: what a live session is sent, counted as live (the launcher acts on the same views): the
@@ -30,8 +33,10 @@ Rules the engine keeps when it models delays:
   still not while the launcher opens or launches. None (the default, the papers'): views are decisions like
   the others, heard ``notify`` later in the order taken, so never before the start they show;
 * ``samples``: instead of the constants, each delay is drawn (seeded by ``seed``) from the live system's own
-  samples of it -- ``notify``, ``command``, ``open``, ``exit``, ``view_notify`` (when set), and
-  ``launch_factor``, a launch's time over the line ``launch + launch_per_node x nodes``: its jitter and
+  samples of it -- ``notify``, ``command``, ``open``, ``exit``, ``view_notify`` (when set),
+  ``launch_factor``, a launch's time over the line ``launch + launch_per_node x nodes``, and
+  ``exit_factor``, a process work's overhead over its line above (drawn instead of ``exit`` when
+  given): their jitter and
   tails, which decide which way a race goes (two arrivals a few milliseconds apart, an adaptive launcher's
   last view before its start). A delay without samples stays its constant.
 """
@@ -47,7 +52,11 @@ class Delays:
     command: float = 0.0  # a launcher sends a command (open, request, done, close) -> the policy core applies it
     launch: float = 0.0  # a start heard -> its processes launched on its nodes: launch + launch_per_node x nodes
     launch_per_node: float = 0.0
-    exit: float = 0.0  # process work: its end is heard this long after its start heard + its work
+    exit: float = 0.0  # process work: its end is heard exit + exit_per_node x nodes after its start heard + work
+    exit_per_node: float = 0.0
+    # ... + exit_per_launching x the nodes other applications were started on within exit_window before it
+    exit_per_launching: float = 0.0
+    exit_window: float = 0.1
     open: float = 0.0  # an application arrives -> its launcher has a session and the clusters' properties
     view_period: float | None = None  # None: views after every pass; else at most a round per period
     view_rate: float = 2000.0  # ... and at most this many view notifications a second (the live defaults)
@@ -57,7 +66,7 @@ class Delays:
     samples: tuple[tuple[str, tuple[float, ...]], ...] = field(default=(), repr=False)
     seed: int = 0
 
-    SAMPLED = ("notify", "command", "open", "exit", "launch_factor", "view_notify")
+    SAMPLED = ("notify", "command", "open", "exit", "launch_factor", "exit_factor", "view_notify")
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

@@ -360,12 +360,28 @@ class Simulation:
             self._heard_by[app] = max(self._heard_by.get(app, -math.inf), self.now + busy)
             self._busy_by[app] = max(self._busy_by.get(app, -math.inf), self.now + busy)
         if method == "on_start" and self.delays is not None and args[1] and app in self._process_work:
-            # its work's end is heard ``exit`` after start + work
-            exit_ = self._delay("exit")
+            # its work's end is heard ``exit + exit_per_node x nodes + exit_per_launching x launching`` after
+            # start + work (live, its processes start as its nodes' agents get to them, and report their exits)
+            line = self.delays.exit + self.delays.exit_per_node * len(args[1])
+            if self.delays.exit_per_launching:
+                line += self.delays.exit_per_launching * self._launching(app, args[0])
+            exit_ = line * self._delay("exit_factor", 1.0) if "exit" not in self._samples else self._delay("exit")
             commands = [Timer(c.at + exit_, c.key) if isinstance(c, Timer) else c for c in commands]
         return [(app, c) for c in commands]
 
     # -- the live system's delays (Delays) ------------------------------------------------------------
+    def _launching(self, app: str, request: str) -> int:
+        """The nodes of the other applications' requests (pre-allocations aside: nothing runs on them) the RMS
+        started within ``exit_window`` before ``request`` or with it: their launches load the machine the
+        agents share, so this one's processes start later and their exits are heard later."""
+        assert self.delays is not None
+        rec = self.requests.get(request)
+        if rec is None:
+            return 0
+        own = rec.start
+        return sum(r.nodes for r in self.requests.values() if r.app != app and r.start is not None
+                   and r.type != RequestType.PRE_ALLOCATION.value and own - self.delays.exit_window <= r.start <= own)
+
     def _delay(self, name: str, constant: float | None = None) -> float:
         """Delay ``name``: drawn from the live system's samples of it if given, else its constant."""
         assert self.delays is not None

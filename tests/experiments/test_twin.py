@@ -47,6 +47,12 @@ def test_the_delays_are_measured_on_the_live_system(rows):
     for name in ("notify", "command", "launch", "work_overhead", "open", "views"):
         assert delays[name]["n"] > 0 and delays[name]["median"] >= -0.05, name
     assert delays["notify"]["used"] == pytest.approx(max(0.0, delays["notify"]["mean"]), abs=1e-3)
+    # each rigid job's overhead with what the exit models fit it to: its nodes, the nodes launched around it
+    samples = {r["delay"]: r["values"] for r in rows if r["row"] == "samples"}
+    n = len(samples["work_overhead"])
+    assert n == delays["work_overhead"]["n"] == len(samples["work_overhead_nodes"])
+    assert len(samples["work_overhead_launching"]) == n
+    assert all(v >= 1 for v in samples["work_overhead_nodes"]) and min(samples["work_overhead_launching"]) >= 0
 
 
 def test_the_calibrated_simulator_starts_applications_closer_to_the_live_system(rows):
@@ -185,6 +191,46 @@ def test_calibrated_views_apart_have_the_views_own_latency():
     assert dict(tsim.sampled(apart, samples, 0).samples)["view_notify"] == (0.01, 0.05)
     assert "view_notify" not in dict(tsim.sampled(tsim.calibrate(samples, settings), samples, 0).samples)
     assert tsim.scaled(apart, 2.0).view_notify == pytest.approx(0.06)
+
+
+def test_calibrated_exit_is_a_line_in_the_rigid_jobs_nodes_or_a_plane_with_the_launches_around_it():
+    """Overheads measured on 1, 2 and 4 nodes, growing with them, the two with others' launches around them
+    the longest: the line (its slope the pairs' median), scaled to the samples' mean as the constants are;
+    with the nodes launched around each, the least-squares plane; without what a model needs, or by
+    default, one constant (their mean)."""
+    samples = {"work_overhead": [0.03, 0.07, 0.06, 0.2, 0.04], "work_overhead_nodes": [1.0, 2.0, 4.0, 4.0, 2.0],
+               "work_overhead_launching": [0.0, 10.0, 0.0, 20.0, 0.0]}
+    settings = {"view_period": 0.1, "view_rate": 2000.0}
+    d = tsim.calibrate(samples, settings, exit_model="nodes")
+    assert d.exit_per_node > 0 and d.exit_per_launching == 0.0
+    mean_line = sum(d.exit + d.exit_per_node * n for n in samples["work_overhead_nodes"]) / 5
+    assert mean_line == pytest.approx(0.08)
+    plane = tsim.calibrate(samples, settings, exit_model="launching")
+    fitted = [plane.exit + plane.exit_per_node * n + plane.exit_per_launching * k
+              for n, k in zip(samples["work_overhead_nodes"], samples["work_overhead_launching"], strict=True)]
+    assert sum(fitted) / 5 == pytest.approx(0.08)  # (least squares: the mean)
+    assert plane.exit_per_launching > 0 and plane.exit_per_node > 0 and plane.exit >= 0
+    constant = tsim.calibrate(samples, settings)
+    assert (constant.exit, constant.exit_per_node, constant.exit_per_launching) == (pytest.approx(0.08), 0, 0)
+    assert tsim.calibrate({"work_overhead": [0.1, 0.2]}, settings, exit_model="launching").exit_per_node == 0.0
+    with pytest.raises(ValueError):
+        tsim.calibrate(samples, settings, exit_model="guess")
+    drawn = dict(tsim.sampled(d, samples, 0).samples)
+    assert "exit" not in drawn
+    assert drawn["exit_factor"] == pytest.approx(tuple(t / (d.exit + d.exit_per_node * n) for t, n in
+                                                       zip(samples["work_overhead"], samples["work_overhead_nodes"],
+                                                           strict=True)))
+    assert dict(tsim.sampled(constant, samples, 0).samples)["exit"] == tuple(samples["work_overhead"])
+
+
+def test_least_squares_recovers_a_plane():
+    rows = [[1.0, x, y] for x in (0.0, 1.0, 2.0, 5.0) for y in (0.0, 3.0, 4.0)]
+    got = tsim.least_squares(rows, [0.5 + 0.25 * r[1] - 2.0 * r[2] for r in rows])
+    assert got == pytest.approx([0.5, 0.25, -2.0])
+    assert tsim.least_squares([[1.0, 2.0], [1.0, 2.0]], [1.0, 3.0]) == pytest.approx([2.0, 0.0])  # (x constant)
+    # a slope below 0 (a delay shrinking as the load grows) is left out, the mean kept
+    assert tsim.plane([[1.0, x, x * x] for x in (0.0, 1.0, 2.0, 3.0)], [3.0, 2.0, 1.0, 0.0]) == pytest.approx(
+        [1.5, 0.0, 0.0])
 
 
 class _Logged(MoldableLauncher):

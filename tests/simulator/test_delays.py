@@ -68,6 +68,30 @@ def test_process_work_is_heard_to_end_exit_later_and_only_for_process_work():
     assert one_rigid(d, process_work=False).apps["r"].ended == pytest.approx(15.0)
 
 
+def test_process_work_on_more_nodes_is_heard_to_end_later_by_exit_per_node():
+    """The rigid job of one_rigid holds 2 nodes: its end is heard exit + 2 x exit_per_node after start + work
+    (15 s), and that line times a drawn exit_factor when one is sampled."""
+    d = Delays(exit=0.1, exit_per_node=0.15)
+    assert one_rigid(d, process_work=True).apps["r"].ended == pytest.approx(15.4)
+    drawn = replace(d, samples=(("exit_factor", (2.0,)),))
+    assert one_rigid(drawn, process_work=True).apps["r"].ended == pytest.approx(15.8)
+    assert one_rigid(replace(d, exit_per_node=0.0), process_work=True).apps["r"].ended == pytest.approx(15.1)
+
+
+def test_process_work_started_with_others_is_heard_to_end_later_by_exit_per_launching():
+    """Two rigid jobs started by the same pass: each hears of its end exit_per_launching x the other's nodes
+    later (3 and 2); one started alone (exit_window after the others) is not delayed."""
+    d = Delays(exit=0.1, exit_per_launching=0.5, exit_window=0.1)
+    sim = Simulation({"c0": 8}, QUIET, delays=d)
+    sim.add(1.0, RigidLauncher("a", "c0", 2, 100.0, runtime=5.0), process_work=True)
+    sim.add(1.0, RigidLauncher("b", "c0", 3, 100.0, runtime=5.0), process_work=True)
+    sim.add(1.5, RigidLauncher("c", "c0", 1, 100.0, runtime=5.0), process_work=True)
+    r = sim.run()
+    assert r.apps["a"].ended == pytest.approx(1.0 + 5.0 + 0.1 + 0.5 * 3)
+    assert r.apps["b"].ended == pytest.approx(1.0 + 5.0 + 0.1 + 0.5 * 2)
+    assert r.apps["c"].ended == pytest.approx(1.5 + 5.0 + 0.1)
+
+
 def test_a_launcher_launching_hears_of_nothing_else_meanwhile():
     """A rigid job whose walltime (1 s) ends while it still launches on its 2 nodes (1 + 2 x 1 s): it hears
     of the end once the launch is over, as the live runner, which handles one input at a time."""
