@@ -172,6 +172,7 @@ EXPERIMENTS += ("twin_spaced",)  # issue 17's: the twin with arrivals spaced bey
 EXPERIMENTS += ("twin_cem_share",)  # issue 17's: CooRM Fig. 8 across the share of CEM applications
 EXPERIMENTS += ("coormv2_fig9_plateau",)  # issue 17's: where Fig. 9's plateau starts, per profile
 EXPERIMENTS += ("koala_pwa_load",)  # issue 15's: KOALA's Fig. 8 under other users' rigid jobs
+EXPERIMENTS += ("koala_pwa_growth",)  # issue 15's: KOALA's Fig. 8 with polling and Fig. 5's EGS offers
 
 
 def _experiments() -> dict:
@@ -200,7 +201,7 @@ def experiment(
                                            "(experiments/NAME.json) and rewrite its generated tables"),
     stored: bool = typer.Option(False, "--stored", help="do not run: render the rows stored next to --update-doc"),
     live: bool = typer.Option(False, "--live", help="run it live over coorm up, at a reduced size (koala-pra, "
-                              "koala-pwa, malleable-fraction; negotiation is live already)"),
+                              "koala-pwa, koala-pwa-load, malleable-fraction; negotiation is live already)"),
 ) -> None:
     """Reproduce a paper's experiment: writes NAME.csv and NAME.png (medians and quartiles over seeds)."""
     import inspect
@@ -227,8 +228,8 @@ def experiment(
             typer.echo(known[n].live_markdown(rows))
             continue
         if live and n != "negotiation":
-            typer.echo(f"{n} has no live form (--live: koala-pra, koala-pwa, malleable-fraction, negotiation)",
-                       err=True)
+            typer.echo(f"{n} has no live form (--live: koala-pra, koala-pwa, koala-pwa-load, malleable-fraction, "
+                       "negotiation)", err=True)
             raise typer.Exit(2)
         documented = hasattr(known[n], "markdown")  # renders its tables for EXPERIMENTS.md
         if (markdown or update_doc is not None) and not documented:

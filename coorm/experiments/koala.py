@@ -336,9 +336,11 @@ GRACE = 10.0  # seconds a malleable job has to give back what a mandatory shrink
 
 def _grace(poll: float) -> float:
     """The grace of a mandatory shrink: GRACE, and under polling a poll more (KOALA's scheduler waits for the
-    release). With passes rarer than the grace, the policy core killed jobs for a violation at the pass after
-    a shrink they had obeyed (m42 of EGS, poll 30 s, 90 % load, seed 0: it gave back to its view at 1620 s and
-    was ended at the pass of 1650 s), which ended the runs."""
+    release). Why more: the core lifts a shrink's deadline only at a pass that finds the job within its view;
+    with passes rarer than the grace, a job that obeyed at once kept the passed deadline until the next poll,
+    and when its view dropped again at that poll it was ended for a violation with no grace for the new drop
+    (m42 of EGS, poll 30 s, 90 % load, seed 0: deadline 1630 s, obeyed at 1620, ended at the pass of 1650 s,
+    which ended the run)."""
     return GRACE if poll <= 1.0 else GRACE + poll
 
 

@@ -16,6 +16,7 @@ applications') at 0 and 90 % nominal load."""
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from coorm.experiments import koala
@@ -29,14 +30,26 @@ INTERARRIVAL = 30.0
 KEYS = (*koala.KEYS, "background_offered_pct")
 
 
-def run(out: Path, quick: bool = False) -> list[dict]:
+WORKERS = 2  # this machine's cores; every run is seeded, so the rows do not depend on it
+
+
+def _one(args: tuple[str, str, float, int, int]) -> dict:
+    policy, workload, load, jobs, seed = args
+    return koala.simulate(policy, "waiting", workload, jobs=jobs, interarrival=INTERARRIVAL, seed=seed,
+                          background=load)
+
+
+def run(out: Path, quick: bool = False, workers: int = WORKERS) -> list[dict]:
     jobs, seeds, loads = QUICK if quick else (koala.FULL[0], SEEDS, LOADS)
+    cells = [(policy, workload, load) for load in loads for workload in koala.WORKLOADS for policy in koala.POLICIES]
+    tasks = [(*cell, jobs, s) for cell in cells for s in range(seeds)]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        results = dict(zip(tasks, pool.map(_one, tasks), strict=True))
     rows = []
     for load in loads:
         for workload in koala.WORKLOADS:
             for policy in koala.POLICIES:
-                runs = [koala.simulate(policy, "waiting", workload, jobs=jobs, interarrival=INTERARRIVAL, seed=s,
-                                       background=load) for s in range(seeds)]
+                runs = [results[policy, workload, load, jobs, s] for s in range(seeds)]
                 row = {"background": load, "policy": policy, "precedence": "waiting", "workload": workload,
                        "placement": koala.PLACEMENT, "nodes": sum(koala.DAS3.values()),
                        "interarrival_s": INTERARRIVAL, "jobs": jobs, "seeds": len(runs),
