@@ -411,8 +411,22 @@ class PolicyCore:
             r.released = tuple(ev.released)
             self._hold_on_done(r)
             self._end(r, EndReason.DONE, self.now)
+            if r.preemptible:
+                self._shrink_met(app, r.cluster)
         self.dirty = True
         return Accepted(stimulus_id=ev.stimulus_id, app=app.id, requests=(r.id,))
+
+    def _shrink_met(self, app: App, cluster: str) -> None:
+        """A holder told to shrink that gave back enough by its deadline has met it, whenever the next pass
+        comes. A pass that finds it within its view lifts the deadline too, but passes may be further apart
+        than the grace (a long re-scheduling interval), and by the next one the view may have dropped again:
+        that is a new shrink, with a grace of its own, not the old one missed -- which ended the session of
+        an application that had obeyed."""
+        deadline = app.deadlines.get(cluster)
+        if deadline is None or self.now > deadline or self.schedule is None:
+            return
+        if preemption.within_view(self, self.schedule, app.id, cluster):
+            del app.deadlines[cluster]
 
     # -- negotiation (the adaptive-RMS paper; rules in :mod:`.negotiation`) ---------------------------
     def _negotiate(self, ev: Negotiate) -> Accepted | Offered:

@@ -135,6 +135,15 @@ def _views_now(core: PolicyCore, sched: Schedule, cluster: str) -> list[tuple[st
             for idx, (app_id, held, _) in enumerate(ranked)]
 
 
+def within_view(core: PolicyCore, sched: Schedule, app_id: str, cluster: str) -> bool:
+    """Whether ``app_id`` holds no more preemptibly on ``cluster`` than its preemptive view now, the capacity
+    shared as the last pass shares it (one that wants nothing there any more holds nothing there)."""
+    for app, held, view in _views_now(core, sched, cluster):
+        if app == app_id:
+            return held <= view
+    return True
+
+
 def due_preemptible(core: PolicyCore, sched: Schedule, free: dict[str, int]) -> list[Request]:
     """The waiting preemptible requests that start now: each fits in its application's preemptive view
     and in the nodes still free (taken from ``free``), in rank order."""

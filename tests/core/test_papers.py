@@ -515,3 +515,30 @@ def test_a_hold_released_by_a_violators_end_reaches_the_allocator_before_the_sta
     assert d.decisions.index(d.started("z1")) > released
     assert d.started("y1").at == d.started("z1").at == 3.5
     assert set(d.nodes_of("y1")) | set(d.nodes_of("z1")) == {f"c0n{i}" for i in range(6)}
+
+
+def test_a_shrink_met_between_passes_is_met_even_if_the_view_drops_again_before_the_next_pass():
+    """Passes 30 s apart (at 0, 30, 60, 90 ...), a grace of 10 s: the holder gives back what it was asked at
+    62 s, before its deadline (70 s); the next pass (90 s) finds its view dropped again. A new shrink, with a
+    new grace -- not the old deadline missed (the session was ended as a violator at 90 s)."""
+    d = Driver({"c0": 10}, reschedule_interval=30.0, preempt_grace=10.0)
+    d.open(0.0, "mal")
+    d.submit(0.0, "mal", rq("m1", "c0", 4, None, type="preemptible"), rq("m2", "c0", 4, None, type="preemptible"))
+    d.run_until(31.0)
+    assert d.started("m1") and d.started("m2")
+    d.open(31.0, "nea")
+    d.submit(31.0, "nea", rq("n1", "c0", 6, 1_000))
+    d.run_until(61.0)
+    (asked,) = d.of("preempt", app="mal")
+    assert (asked.held, asked.allowed, asked.deadline) == (8, 4, 70.0)
+    d.done(62.0, "mal", "m2")  # within its view again, 8 s before the deadline
+    d.submit(75.0, "nea", rq("n2", "c0", 2, 1_000))  # its view drops to 2 at the next pass
+    d.run_until(91.0)
+    assert not d.of("end", reason="violation") and not d.of("session_ended", app="mal")
+    again = d.of("preempt", app="mal")[1:]
+    assert [(x.held, x.allowed, x.deadline) for x in again] == [(4, 2, 100.0)]
+    d.run_until(119.0)
+    assert d.ended("m1") is None
+    d.run_until(121.0)  # this one is not met: the violation comes at the first pass past its deadline
+    end = d.ended("m1")
+    assert end.reason == "violation" and end.at == 120.0
