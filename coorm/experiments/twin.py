@@ -342,6 +342,16 @@ def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
     again = run_["p95_start_again"]
     judged = {d["model"]: d for d in rows if d["row"] == "diff" and d["what"] == REPRODUCED}
     fixed = {d["model"]: d for d in rows if d["row"] == "diff" and d["what"] == DETERMINED}
+    def floor() -> str:
+        """How both tolerances' texts end: the p95 over all applications, and the tolerance against the noise
+        floor (two live runs)."""
+        return (f"{_f(run_['p95_start_calibrated'])} s calibrated, {_f(run_['p95_start_instant'])} s instant, and "
+                f"{_f(again)} s for the live system against itself: the noise floor no simulator can go under. "
+                f"**Tolerance against that floor**, over all applications: the calibrated simulator no further "
+                f"from the first live run than the second live run is, plus {NOISE_MARGIN:g} s — **"
+                + ("holds" if run_["p95_start_calibrated"] <= again + NOISE_MARGIN else "does not hold")
+                + f"** ({_f(run_['p95_start_calibrated'])} s against {_f(again)} + {NOISE_MARGIN:g} s).")
+
     head = (f"{run_['apps']} applications on {run_['clusters']} emulated nodes"
             + (f", arriving at least {MIN_GAP:g} s apart" if run_.get("spaced") else "")
             + f"; {run_['live_runs']} live run(s), the "
@@ -362,12 +372,7 @@ def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
                  f"reproduces: p95 {_f(judged['calibrated']['p95'])} s calibrated (run again "
                  f"{_f(judged['again']['p95'])} s, instant {_f(judged['instant']['p95'])} s)."
                  f" Over all applications the p95 is "
-                 f"{_f(run_['p95_start_calibrated'])} s calibrated, {_f(run_['p95_start_instant'])} s instant, and "
-                 f"{_f(again)} s for the live system against itself: the noise floor no simulator can go under. "
-                 f"**Tolerance against that floor**, over all applications: the calibrated simulator no further from "
-                 f"the first live run than the second live run is, plus {NOISE_MARGIN:g} s — **"
-                 + ("holds" if run_["p95_start_calibrated"] <= again + NOISE_MARGIN else "does not hold")
-                 + f"** ({_f(run_['p95_start_calibrated'])} s against {_f(again)} + {NOISE_MARGIN:g} s).")
+                 + floor())
     elif judged:
         head += (f" **Tolerance**, over the {judged['calibrated']['n']} applications the live system reproduces "
                  f"(its two runs start each within {AGREE_S:g} s of the other, in the same configuration): p95 "
@@ -375,12 +380,7 @@ def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
                  f"**{'holds' if run_['holds'] else 'does not hold'}** (p95 {_f(judged['calibrated']['p95'])} s; "
                  f"the live system's own noise on them, run again: {_f(judged['again']['p95'])} s; the papers' "
                  f"instant simulator: {_f(judged['instant']['p95'])} s). Over all applications the p95 is "
-                 f"{_f(run_['p95_start_calibrated'])} s calibrated, {_f(run_['p95_start_instant'])} s instant, and "
-                 f"{_f(again)} s for the live system against itself: the noise floor no simulator can go under. "
-                 f"**Tolerance against that floor**, over all applications: the calibrated simulator no further from "
-                 f"the first live run than the second live run is, plus {NOISE_MARGIN:g} s — **"
-                 + ("holds" if run_["p95_start_calibrated"] <= again + NOISE_MARGIN else "does not hold")
-                 + f"** ({_f(run_['p95_start_calibrated'])} s against {_f(again)} + {NOISE_MARGIN:g} s).")
+                 + floor())
     else:
         head += (f" Tolerance: p95 |Δstart| ≤ {run_['tolerance_p95_start_s']:g} s for the calibrated simulator, "
                  f"over all applications (one live run) — **{'holds' if run_['holds'] else 'does not hold'}** (p95 "
