@@ -91,7 +91,7 @@ class _EventQueue(asyncio.Queue):
     """A session's events, in order, except that views not read yet are replaced by newer ones: a launcher
     acts on the latest views only, and an application that does not read its events (a script waiting for
     its start, a benchmark's idle sessions) held every ``changeNotify`` it was sent -- 5,000 idle sessions
-    grew a process to 745 MB, most of its time in the garbage collector."""
+    grew a benchmark's process to 745 MB."""
 
     def _put(self, item: Event) -> None:
         q = self._queue  # type: ignore[attr-defined]  # (asyncio.Queue's storage: _put is its hook)
