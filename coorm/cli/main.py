@@ -202,6 +202,8 @@ def experiment(
     stored: bool = typer.Option(False, "--stored", help="do not run: render the rows stored next to --update-doc"),
     live: bool = typer.Option(False, "--live", help="run it live over coorm up, at a reduced size (koala-pra, "
                               "koala-pwa, koala-pwa-load, malleable-fraction; negotiation is live already)"),
+    malleable_model: str = typer.Option("psa", "--malleable-model", help="malleable-fraction --live: what its "
+                                        "malleable jobs are, psa or negotiating"),
 ) -> None:
     """Reproduce a paper's experiment: writes NAME.csv and NAME.png (medians and quartiles over seeds)."""
     import inspect
@@ -223,7 +225,10 @@ def experiment(
             if update_doc is not None or stored:
                 raise typer.BadParameter("the doc shows the simulated runs: no --update-doc or --stored with --live")
             t0 = time.perf_counter()
-            rows = known[n].run_live(out, quick=quick)
+            modelled = "model" in inspect.signature(known[n].run_live).parameters
+            if malleable_model != "psa" and not modelled:
+                raise typer.BadParameter(f"{n} --live has no --malleable-model (malleable-fraction has)")
+            rows = known[n].run_live(out, quick=quick, **({"model": malleable_model} if modelled else {}))
             typer.echo(f"{n} live: {len(rows)} runs in {time.perf_counter() - t0:.1f} s -> {out / (n + '-live.csv')}")
             typer.echo(known[n].live_markdown(rows))
             continue

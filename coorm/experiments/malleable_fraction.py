@@ -164,11 +164,12 @@ def markdown(rows: list[dict]) -> dict[str, str]:
                   "Best turnaround, " + "; ".join(bests) + f".\n\n{bound(rows)}"}
 
 
-def run_live(out: Path, quick: bool = False) -> list[dict]:
-    """The same launchers over ``coorm up``, at a reduced size (:mod:`coorm.experiments.malleable_fraction_live`)."""
+def run_live(out: Path, quick: bool = False, model: str = "psa") -> list[dict]:
+    """The same launchers over ``coorm up``, at a reduced size (:mod:`coorm.experiments.malleable_fraction_live`),
+    the malleable jobs ``model``'s (``psa`` or ``negotiating``)."""
     from coorm.experiments import malleable_fraction_live
 
-    return malleable_fraction_live.run_live(out, quick)
+    return malleable_fraction_live.run_live(out, quick, model=model)
 
 
 def live_markdown(rows: list[dict]) -> str:

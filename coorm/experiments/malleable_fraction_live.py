@@ -2,7 +2,8 @@
 
 The same launcher objects as the simulated replay (:func:`coorm.simulator.replay.plan`: the trace's rigid
 jobs as :class:`~coorm.launchers.rigid.RigidLauncher`, the seeded draw of the malleable ones as the PSA
-model's :class:`~coorm.launchers.psa.PSALauncher`; the negotiating model is not run live here, :data:`MODEL`),
+model's :class:`~coorm.launchers.psa.PSALauncher`, or with ``--malleable-model negotiating`` as the shipped
+negotiating launcher, :func:`coorm.simulator.replay.negotiating_malleable`: :data:`MODELS`),
 each through :class:`~coorm.launchers.live.LiveRunner` (which forgives a malleable job the races a live
 shrink meets, counting them: ``overtaken``, ``reassigned``) over ``coorm up`` (nats-server, valkey, every
 service, one node agent starting a real ``sleep`` on every node a job holds, killed when the node goes back), under
@@ -43,7 +44,7 @@ OFFSET = 165  # from the full study's first job (mf.SKIP): a busy stretch of it 
 JOBS, QUICK_JOBS = 16, 8
 FRACTIONS, QUICK_FRACTIONS = (0.0, 0.5, 1.0), (0.0, 1.0)
 POLICIES, QUICK_POLICIES = ("filling", "egs"), ("filling",)
-MODEL = "psa"
+MODELS = ("psa", "negotiating")
 SEED = 1
 CLUSTER = "c0"
 LONG = ["sleep", "3600"]  # a job's process on each node it holds (killed when the node goes back)
@@ -84,24 +85,24 @@ def reduced(jobs: list) -> list:
     return out
 
 
-def workload(policy: str, fraction: float, jobs_n: int):
+def workload(policy: str, fraction: float, jobs_n: int, model: str = "psa"):
     """The planned jobs (launchers and arrival times) of one run: :func:`coorm.simulator.replay.plan` of the
-    reduced slice, the malleable ones drawn with :data:`SEED`."""
+    reduced slice, the malleable ones drawn with :data:`SEED` and made ``model``'s."""
     from coorm.simulator.replay import ReplayOptions, plan
     from coorm.simulator.run import read_trace
 
     sc = scenario(policy, jobs_n)
     trace = reduced(read_trace(sc) or [])
-    return sc, plan(sc, ReplayOptions(seed=SEED, malleable_fraction=fraction, malleable_model=MODEL), trace)
+    return sc, plan(sc, ReplayOptions(seed=SEED, malleable_fraction=fraction, malleable_model=model), trace)
 
 
-def simulated(policy: str, fraction: float, jobs_n: int) -> dict:
+def simulated(policy: str, fraction: float, jobs_n: int, model: str = "psa") -> dict:
     """The simulator's replay of the same reduced workload: its metrics."""
     from coorm.simulator.engine import Simulation
     from coorm.simulator.metrics import compute
     from coorm.simulator.summary import job_records
 
-    sc, planned = workload(policy, fraction, jobs_n)
+    sc, planned = workload(policy, fraction, jobs_n, model)
     sim = Simulation(sc.sizes, sc.policy, sc.props())
     for p in planned:
         if p.launcher is not None:
@@ -136,7 +137,7 @@ class Seen:
                 self.sizes.add(self.held)
 
 
-async def run_once(settings, policy: str, fraction: float, jobs_n: int) -> dict:
+async def run_once(settings, policy: str, fraction: float, jobs_n: int, model: str = "psa") -> dict:
     """One live replay of the reduced workload: every job opened at its arrival time, run by its launcher
     through a :class:`LiveRunner`; its row (metrics from the records of what the runners saw)."""
     from coorm.launchers.kinds import BY_NAME
@@ -144,12 +145,15 @@ async def run_once(settings, policy: str, fraction: float, jobs_n: int) -> dict:
     from coorm.launchers.sdk import Killed, Session, Started
     from coorm.simulator.metrics import JobRecord, compute
 
-    _, planned = workload(policy, fraction, jobs_n)
+    _, planned = workload(policy, fraction, jobs_n, model)
     t0 = time.time()
     seen: dict[str, Seen] = {}
 
     def clock() -> float:
         return time.time() - t0  # the workload's time: its first arrival at 0
+
+    def since_t0(t: float | None) -> float | None:
+        return None if t is None else t - t0
 
     async def one(p) -> tuple:
         await asyncio.sleep(max(0.0, p.at - clock()))  # the workload's arrival times (not a synchronisation)
@@ -164,7 +168,10 @@ async def run_once(settings, policy: str, fraction: float, jobs_n: int) -> dict:
 
         session = await Session.open(settings, kind=kind.name, name=p.name,
                                      preemptive_views=kind.preemptive_views, views=kind.live_views)
-        return p, await LiveRunner(session, p.launcher, command=LONG, clock=clock, observe=observe).run()
+        # (the runner keeps wall-clock time, the RMS's: its launcher compares its own now with the times of
+        # its views and offers. Given the workload's time instead, a negotiating job saw every offer start
+        # some 1.8e9 s ahead, rejected it and asked again, a thousand times a second)
+        return p, await LiveRunner(session, p.launcher, command=LONG, observe=observe).run()
 
     done = await asyncio.wait_for(asyncio.gather(*(one(p) for p in planned if p.launcher is not None)),
                                   timeout=30 * 60)
@@ -172,10 +179,12 @@ async def run_once(settings, policy: str, fraction: float, jobs_n: int) -> dict:
     malleable = [p for p, _ in done if p.launcher.kind != "rigid"]
     for p, r in done:
         s_ = seen[p.app]
+        started = since_t0(r.started)
+        ended = clock() if r.ended is None else r.ended - t0  # (a runner that returned has its end)
         for start, nodes in s_.open_.values():  # (none should be: a request's end is always told)
-            s_.segments.append((start, r.ended, nodes))
+            s_.segments.append((start, ended, nodes))
         state = "completed" if r.exit_code == 0 and r.started is not None else f"exit {r.exit_code}"
-        records.append(JobRecord(app=p.app, seq=p.seq, submit=s_.submit, start=r.started, end=r.ended,
+        records.append(JobRecord(app=p.app, seq=p.seq, submit=s_.submit, start=started, end=ended,
                                  segments=tuple(sorted(s_.segments)), state=state, job=p.job,
                                  kind=p.launcher.kind, nodes_requested=p.nodes))
     m = compute(records, NODES)
@@ -183,7 +192,7 @@ async def run_once(settings, policy: str, fraction: float, jobs_n: int) -> dict:
                 for p, r in done if r.exit_code != 0]
     tasks = [(p.launcher.completed, p.launcher.total_tasks) for p in malleable if p.launcher.kind == "psa"]
     return {
-        "policy": policy if fraction else "rigid", "model": MODEL if fraction else "-", "fraction": fraction,
+        "policy": policy if fraction else "rigid", "model": model if fraction else "-", "fraction": fraction,
         "jobs": len(done), "malleable": len(malleable),
         "finished": sum(1 for r in records if r.state == "completed"),
         "failed": len(failures), "failures": " | ".join(failures),
@@ -197,9 +206,11 @@ async def run_once(settings, policy: str, fraction: float, jobs_n: int) -> dict:
 
 
 def run_live(out: Path, quick: bool = False, policies: tuple[str, ...] | None = None,
-             fractions: tuple[float, ...] | None = None) -> list[dict]:
+             fractions: tuple[float, ...] | None = None, model: str = "psa") -> list[dict]:
     """One system per policy (``coorm up``), the all-rigid replay on the first; each live row beside the
-    simulator's replay of the same reduced workload (``sim_*``)."""
+    simulator's replay of the same reduced workload (``sim_*``), the malleable jobs ``model``'s."""
+    if model not in MODELS:
+        raise ValueError(f"malleable model {model!r}: one of {', '.join(MODELS)}")
     from coorm.cli.up import Up
 
     policies = policies or (QUICK_POLICIES if quick else POLICIES)
@@ -214,13 +225,13 @@ def run_live(out: Path, quick: bool = False, policies: tuple[str, ...] | None = 
                 if f == 0.0 and i:
                     continue  # the all-rigid replay: no preemptible request, the policy plays no part
                 t = time.perf_counter()
-                row = asyncio.run(run_once(settings, policy, f, jobs_n))
-                sim = simulated(policy, f, jobs_n)
+                row = asyncio.run(run_once(settings, policy, f, jobs_n, model))
+                sim = simulated(policy, f, jobs_n, model)
                 row.update({f"sim_{k}": sim[k] for k in mf.METRICS}, wall_s=round(time.perf_counter() - t, 1))
                 rows.append(row)
         finally:
             up.stop()
-    common.write_csv(out / f"{mf.NAME}-live.csv", rows)
+    common.write_csv(out / (f"{mf.NAME}-live.csv" if model == "psa" else f"{mf.NAME}-live-{model}.csv"), rows)
     return rows
 
 

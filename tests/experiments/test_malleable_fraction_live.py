@@ -39,3 +39,25 @@ def test_the_quick_live_run(tmp_path, monkeypatch):
     # take the live system's start and end latencies
     assert abs(rigid["makespan"] - rigid["sim_makespan"]) < 0.2 * rigid["sim_makespan"]
     assert (tmp_path / f"{mf.NAME}-live.csv").exists()
+
+
+def test_the_quick_live_run_of_the_negotiating_model(tmp_path, monkeypatch):
+    """The malleable jobs as the shipped negotiating launcher (a quarter of the rigid job's nodes, growing by
+    negotiation up to all of them): every job finishes, none fails, some grow past their minimum, and the
+    live run agrees with the simulator's replay of the same workload. (Run with the workload's clock, the
+    runner compared offers' wall-clock starts with it and renegotiated without end.)"""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(EXCERPT, traces / f"{mf.TRACE}.swf.gz")
+    monkeypatch.setenv("COORM_TRACES", str(traces))
+    rigid, malleable = live.run_live(tmp_path, quick=True, model="negotiating")
+    expected = ("filling", "negotiating", live.QUICK_JOBS)
+    assert (malleable["policy"], malleable["model"], malleable["malleable"]) == expected
+    for r in (rigid, malleable):
+        assert r["jobs"] == r["finished"] == live.QUICK_JOBS, r
+        assert r["failed"] == 0 and r["unfinished"] == 0, r["failures"]
+    assert malleable["wider_than_1"] >= 1 and malleable["resized"] >= 1
+    assert malleable["wait_mean"] < rigid["wait_mean"]
+    for k in ("turnaround_mean", "makespan"):
+        assert abs(malleable[k] - malleable[f"sim_{k}"]) < 0.2 * malleable[f"sim_{k}"], (k, malleable)
+    assert (tmp_path / f"{mf.NAME}-live-negotiating.csv").exists()
