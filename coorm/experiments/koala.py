@@ -167,6 +167,9 @@ class KoalaMalleable(Launcher):
     def _adapt(self, now: float) -> list[Command]:
         if self.started is None or self.ended is not None or self.view is None:
             return []
+        # the view at now only, as KOALA grows: its scheduler offers a job what is idle at a poll -- under PWA
+        # even while a waiting job cannot be placed -- and takes it back by a mandatory shrink once that job
+        # can be (§V-B); KOALA places nothing in the future, so there is no later start to leave room for
         allowed = max(self.view.value_at(now), 0)
         held = sum(self.extra.values())
         want = self.usable(self.min_nodes + allowed) - self.min_nodes
@@ -272,16 +275,17 @@ def background_jobs(clusters: dict[str, int], load: float, span: float, seed: in
 
 def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarrival: float, seed: int,
              threshold: int = THRESHOLD, placement: str = PLACEMENT, background: float = 0.0,
-             poll: float = 1.0) -> dict:
+             poll: float = 1.0, grace: float | None = None) -> dict:
     """One run; ``placement``: a rule of :mod:`coorm.shared.cluster_choice` over DAS3's clusters, or
     ``single`` (Delft's cluster alone); ``background``: the load other users' rigid jobs offer each cluster
     (:func:`background_jobs`) while KOALA's jobs arrive, 0 for none; ``poll``: at most one scheduling pass
     in so many seconds (KOALA's scheduler polls its information service; ours passes at most once a
-    second), so that growth, shrinks and starts happen at polls."""
+    second), so that growth, shrinks and starts happen at polls; ``grace``: a mandatory shrink's
+    (:func:`_grace` unless given)."""
     rng = random.Random(seed)
     settings = PolicySettings(preemptible=policy, precedence=precedence, local_threshold=threshold,
                               fair_start=0.0, reschedule_interval=poll,
-                              preempt_grace=_grace(poll))
+                              preempt_grace=_grace(poll) if grace is None else grace)
     clusters = {CLUSTER: NODES} if placement == "single" else dict(DAS3)
     where = CLUSTER if placement == "single" else placement
     nodes = sum(clusters.values())
@@ -326,6 +330,8 @@ def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarr
         "utilisation_pct": 100.0 * used / (nodes * end) if end else 0.0,
         "grows": sum(j.grows for j, _ in malleable), "shrinks": sum(j.shrinks for j, _ in malleable),
         "makespan_s": end,
+        # sessions the RMS ended for keeping nodes past a mandatory shrink's grace (none, by construction)
+        "violators": sum("violation" in (a.end_reason or "") for a in result.apps.values()),
         **({"background_offered_pct": 100.0 * sum(b.nodes * b.runtime for _, b in others)
             / (nodes * jobs * interarrival)} if background else {}),
     }
@@ -335,12 +341,17 @@ GRACE = 10.0  # seconds a malleable job has to give back what a mandatory shrink
 
 
 def _grace(poll: float) -> float:
-    """The grace of a mandatory shrink: GRACE, and under polling a poll more (KOALA's scheduler waits for the
-    release). Why more: the core lifts a shrink's deadline only at a pass that finds the job within its view;
-    with passes rarer than the grace, a job that obeyed at once kept the passed deadline until the next poll,
-    and when its view dropped again at that poll it was ended for a violation with no grace for the new drop
-    (m42 of EGS, poll 30 s, 90 % load, seed 0: deadline 1630 s, obeyed at 1620, ended at the pass of 1650 s,
-    which ended the run)."""
+    """The grace of a mandatory shrink: GRACE, and under polling a poll more, so that a job always hears a
+    pass's views before its deadline is enforced. Still needed after the policy core's fix of 12c6fe9 (a
+    done that brings the holder within its view by the deadline meets it): that fix checks the view
+    *re-shared* at the done, which under EGS can be below the view the shrink asked for, the done having
+    lowered the job's want -- so a job that gave back exactly what it was told keeps the old deadline, and
+    when its view drops again at the next poll it is ended as a violator with no grace for the new drop.
+    With ``grace=GRACE`` (``simulate(..., grace=10)``), EGS, poll 30 s, 90 % load, seed 0: m42 (the case
+    12c6fe9 fixed) is no longer ended, but m157 is -- told at the pass of 5,190 s to go from 4 to 3 nodes
+    by 5,200 s, it gave back 1 node at 5,190 s; the view re-shared at its done is 2 (its want fell from 5
+    to 3, another job's share rose from 2 to 3), so the deadline stayed, and the pass of 5,220 s (view 1)
+    ended it."""
     return GRACE if poll <= 1.0 else GRACE + poll
 
 
