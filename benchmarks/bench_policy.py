@@ -354,6 +354,7 @@ class StreamFigures:
     wall_s: float
     core_s: float
     pass_s: float
+    cpu_s: float  # the process's CPU time over the whole loop: what a shared machine does not inflate
     waiting_start: int
     waiting_end: int
     by_kind: dict[str, int]
@@ -430,6 +431,7 @@ def stream(
     by_kind = {"open": 0, "submit": 0, "done": 0}
     gc.collect()
     wall0 = time.perf_counter()
+    cpu0 = time.process_time()
     for _ in range(events):
         now += dt
         roll = rng.random()
@@ -463,8 +465,9 @@ def stream(
             passes += 1
             pass_s += el
     wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
     waiting_end = sum(1 for r in core.requests.values() if r.state.value == "waiting")
-    return StreamFigures(rate, events, passes, wall, core_s, pass_s, waiting_start, waiting_end, by_kind)
+    return StreamFigures(rate, events, passes, wall, core_s, pass_s, cpu, waiting_start, waiting_end, by_kind)
 
 
 def stream_table(rows: list[StreamFigures]) -> Table:
@@ -476,6 +479,7 @@ def stream_table(rows: list[StreamFigures]) -> Table:
         "passes",
         "waiting start→end",
         "events/s (wall)",
+        "events/s (CPU)",
         "events/s (in handle)",
         "in passes s",
         "wall s",
@@ -490,6 +494,7 @@ def stream_table(rows: list[StreamFigures]) -> Table:
             f"{f.passes:,}",
             f"{f.waiting_start:,}→{f.waiting_end:,}",
             f"{f.events / f.wall_s:,.0f}",
+            f"{f.events / f.cpu_s:,.0f}",
             f"{f.events / f.core_s:,.0f}",
             f"{f.pass_s:.2f}",
             f"{f.wall_s:.2f}",
@@ -580,7 +585,8 @@ def targets_table(passes: dict[tuple[int, int, int], PassFigures], streams: list
         )
     for f in streams:
         rate = f.events / f.wall_s
-        row(f"≥ 20,000 events/s, arriving at {f.rate:,}/s", f"{rate:,.0f}/s", rate >= 20_000)
+        row(f"≥ 20,000 events/s, arriving at {f.rate:,}/s", f"{rate:,.0f}/s (CPU: {f.events / f.cpu_s:,.0f}/s)",
+            rate >= 20_000)
     return table
 
 

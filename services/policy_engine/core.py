@@ -78,6 +78,7 @@ Step = tuple[float, int]  # a view's step on the wire: from this time on, this m
 
 WAITING, STARTED, ENDED = RequestState.WAITING, RequestState.STARTED, RequestState.ENDED
 _SEQ = attrgetter("seq")
+_BEGIN = attrgetter("begin")
 
 # what the core keeps of requests is bounded, so that a year of a busy cluster fits in memory and in a
 # snapshot (the whole history is in the event log and in accounting): a request's story keeps its first
@@ -158,6 +159,8 @@ class PolicyCore:
         # the started ones among them (running or handing over), kept by the lifecycle's moves: a pass
         # reads them several times, and there are far fewer of them than waiting ones
         self.started: dict[str, Request] = {}
+        self.started_per_app: dict[str, int] = {}  # how many of an application's live requests started
+        self.answered_at: dict[str, float] = {}  # when each application last answered the holds (_answered)
         self.ended: dict[str, tuple[str, EndReason, float]] = {}
         self.holds: list[Hold] = []
         self._pending_ends: list[Request] = []
@@ -583,8 +586,10 @@ class PolicyCore:
         until = min(self.now + fs, r.end)
         if fs <= 0 or until <= self.now or r.preemptible or r.container is not None:
             return
-        awaiting = frozenset(a.id for a in self.apps.values() if a.adapts and any(
-            q.state is WAITING and q.id != r.id for q in a.requests.values()))
+        # (counted, not searched: a search was most of a done's time with thousands of requests waiting)
+        started = self.started_per_app
+        awaiting = {a.id for a in self.apps.values()
+                    if a.adapts and len(a.requests) - started.get(a.id, 0) > (r.app == a.id and r.state is WAITING)}
         if not awaiting:
             return
         nodes = r.nodes - self._carry_potential(r)
@@ -600,7 +605,7 @@ class PolicyCore:
         for inner in inside:
             take = min(inner.nodes - self._carry_potential(inner), nodes)
             if take > 0:
-                self.holds.append(Hold(r.cluster, self.now, until, take, True, inner.id, awaiting))
+                self.holds.append(Hold(r.cluster, self.now, until, take, True, inner.id, set(awaiting)))
                 nodes -= take
         if nodes > 0:
             self.holds.append(Hold(r.cluster, self.now, until, nodes, False, r.id, awaiting))
@@ -608,20 +613,38 @@ class PolicyCore:
     def _answered(self, app_id: str, *, left: bool = False) -> None:
         """The application sent a command (or ``left``: its session ended): the holds kept for it to
         re-select need not wait for it now."""
-        if not any(app_id in h.awaiting and (left or self.now > h.begin) for h in self.holds):
+        now = self.now
+        holds = self.holds
+        # holds begin at their ``done`` and are kept in that order, so an answer reaches every hold begun
+        # before it: only those begun since this application's last answer can still await it
+        first = 0 if left else bisect.bisect_left(holds, self.answered_at.get(app_id, -INF), key=_BEGIN)
+        if left:
+            self.answered_at.pop(app_id, None)
+        else:
+            self.answered_at[app_id] = now
+        answered = emptied = False
+        for i in range(first, len(holds)):
+            h = holds[i]
+            if not left and h.begin >= now:
+                break
+            if app_id in h.awaiting:
+                h.awaiting.discard(app_id)  # in place: a copy per hold per answer was O(holds x apps)
+                answered = True
+                emptied = emptied or not h.awaiting
+        if not answered:
+            return
+        self.dirty = True
+        if not emptied:
             return
         kept = []
-        for h in self.holds:
-            if app_id in h.awaiting and (left or self.now > h.begin):
-                h = Hold(h.cluster, h.begin, h.until, h.nodes, h.physical, h.request, h.awaiting - {app_id})
-                if not h.awaiting:
-                    self._tell(h.request, "fair-start hold ended", "every waiting application answered")
-                    if h.physical:
-                        self.released_holds.append(h)
-                    continue
+        for h in holds:
+            if not h.awaiting:
+                self._tell(h.request, "fair-start hold ended", "every waiting application answered")
+                if h.physical:
+                    self.released_holds.append(h)
+                continue
             kept.append(h)
         self.holds = kept
-        self.dirty = True
 
     def _shrink_holds(self, cluster: str, lost: int, request: str | None = None) -> None:
         """Held nodes that went down are no longer held: the latest holds give them back first."""
@@ -641,9 +664,12 @@ class PolicyCore:
         """The one way a request's phase changes: a transition of its lifecycle table."""
         r.phase = lifecycle.target(r.phase, transition, r.id, self.stories.get(r.id, ()))
         if r.phase is Phase.RUNNING:
-            self.started[r.id] = r
-        elif r.phase is Phase.ENDED:
-            self.started.pop(r.id, None)
+            self.started[r.id] = r  # (only ``start`` leads here)
+            self.started_per_app[r.app] = self.started_per_app.get(r.app, 0) + 1
+        elif r.phase is Phase.ENDED and self.started.pop(r.id, None) is not None:
+            left = self.started_per_app.pop(r.app) - 1
+            if left:
+                self.started_per_app[r.app] = left
 
     def _end(self, r: Request, reason: EndReason, at: float) -> None:
         was_started = r.state is STARTED

@@ -65,3 +65,24 @@ def check(core: PolicyCore) -> None:
         if reserved and used.get(c, 0) + reserved > core.clusters[c]:
             raise InvariantError(f"cluster {c}: offers set aside {reserved} nodes, {used.get(c, 0)} are used, "
                                  f"only {core.clusters[c]} up")
+    _indexes(core)
+
+
+def _indexes(core: PolicyCore) -> None:
+    """The core's shortcuts agree with what they stand for."""
+    started = {rid for rid, r in core.requests.items() if r.state is STARTED}
+    if set(core.started) != started:
+        raise InvariantError(f"the index of started requests is wrong: {sorted(set(core.started) ^ started)}")
+    per_app: dict[str, int] = {}
+    for rid in started:
+        app = core.requests[rid].app
+        per_app[app] = per_app.get(app, 0) + 1
+    if core.started_per_app != per_app:
+        raise InvariantError(f"started requests per application: {core.started_per_app}, not {per_app}")
+    begins = [h.begin for h in core.holds]
+    if begins != sorted(begins):
+        raise InvariantError(f"fair-start holds out of the order they began in: {begins}")
+    for h in core.holds:
+        late = sorted(a for a in h.awaiting if core.answered_at.get(a, -float("inf")) > h.begin)
+        if late:
+            raise InvariantError(f"the hold of {h.request} still awaits {', '.join(late)}, who answered since")

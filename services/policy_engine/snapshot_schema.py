@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 import json
 import types
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin, get_type_hints
 
@@ -439,6 +439,9 @@ NOT_CARRIED: dict[type, dict[str, str]] = {
         "settings": "the running engine's settings replace the writer's",
         "validate": "a choice of the process that restores (Snapshot.cores(validate=...))",
         "started": "an index of the requests' started ones, rebuilt from them",
+        "started_per_app": "a count of those per application, rebuilt from them",
+        "answered_at": "when each application last answered the fair-start holds: only a shortcut past the "
+                       "holds it has answered (without it, every hold is looked at)",
     },
     NodeAllocator: {"validate": "a choice of the process that restores (Snapshot.cores(validate=...))"},
 }
@@ -577,7 +580,7 @@ def _request(row: RequestRow) -> Request:
 
 
 def _hold(d: HoldDoc) -> Hold:
-    return Hold(d.cluster, d.begin, d.until, d.nodes, d.physical, d.request, frozenset(d.awaiting))
+    return Hold(d.cluster, d.begin, d.until, d.nodes, d.physical, d.request, set(d.awaiting))
 
 
 def _pick(requests: dict[str, Request], ids: list[str], where: str) -> dict[str, Request]:
@@ -607,6 +610,7 @@ def _build_policy(p: PolicyCore, d: PolicyDoc) -> None:
     p.clusters = dict(d.clusters)
     p.requests = {r.id: _request(r) for r in d.requests.rows}
     p.started = {r.id: r for r in p.requests.values() if r.state is RequestState.STARTED}
+    p.started_per_app = dict(Counter(r.app for r in p.started.values()))
     p.apps = {}
     for a in d.apps:
         app = App(a.id, a.opened_at, a.seq, a.user, a.name, a.kind, a.adapts, started_at=a.started_at)

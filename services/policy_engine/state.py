@@ -120,5 +120,6 @@ class Hold:
     nodes: int
     physical: bool
     request: str
-    # the applications that may re-select on the freed nodes: the hold ends once each has answered
-    awaiting: frozenset[str] = frozenset()
+    # the applications that may re-select on the freed nodes and have not answered yet (the core takes each
+    # out as it answers): the hold ends once none is left
+    awaiting: set[str] = field(default_factory=set)

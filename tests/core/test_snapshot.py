@@ -188,7 +188,7 @@ def _leaves(root: object) -> list[tuple[str, str, object]]:
             out.append((path, kind, len(obj)))
             for i, v in enumerate(obj):
                 walk(v, f"{path}[{i}]")
-        elif isinstance(obj, frozenset):
+        elif isinstance(obj, (set, frozenset)):
             out.append((path, kind, tuple(sorted(obj))))
         elif isinstance(obj, BaseModel):  # a value (a negotiation's terms): carried as its JSON
             out.append((path, kind, obj.model_dump_json()))
