@@ -138,10 +138,23 @@ class RMSStopped(Exception):
         self.reason = reason
 
 
+class SessionReaped(Exception):
+    """The RMS ended this session while the application could not hear it -- its connection cut for longer
+    than the session timeout, so no heartbeat reached the RMS (or the session was cancelled meanwhile) --
+    and with it every request of the session: their processes were killed. Learnt when a heartbeat is
+    answered again (``unknown_app``)."""
+
+    def __init__(self, app: str) -> None:
+        super().__init__(f"CooRM ended session {app} while it could not hear this application (no heartbeat "
+                         "reached it for the session timeout): its requests ended and their processes were killed")
+        self.app = app
+
+
 @dataclass(frozen=True)
 class Closed:
     """The session ended: closed by the application, or (``error`` set) its connection to CooRM was lost
-    for longer than the reconnect window -- its requests are then no longer the application's to follow."""
+    for longer than the reconnect window -- its requests are then no longer the application's to follow --,
+    CooRM stopped (:class:`RMSStopped`) or it ended the session unheard (:class:`SessionReaped`)."""
 
     error: Exception | None = None
 
@@ -200,7 +213,7 @@ class Session:
         self._exit_cond = asyncio.Condition()
         self._outputs: dict[str, asyncio.Queue] = {}
         self._all_output: asyncio.Queue | None = None
-        self.lost: bus.Unreachable | RMSStopped | None = None
+        self.lost: bus.Unreachable | RMSStopped | SessionReaped | None = None
         self._gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # done once lost
 
     # ============================================================================================
@@ -322,7 +335,7 @@ class Session:
             reason = "(no reason given)"
         await self._connection_lost(RMSStopped(reason))
 
-    async def _connection_lost(self, error: RMSStopped | None = None) -> None:
+    async def _connection_lost(self, error: RMSStopped | SessionReaped | None = None) -> None:
         """The client gave up reconnecting (or the RMS said it stops): every wait ends with the error, and so
         does the event stream."""
         if self.closed:
@@ -651,9 +664,38 @@ class Session:
                     self._apply_change(note, len(bus.encode(note)))
             reply = await _call_retrying(self.nc, subjects.app_allocations(self.app),
                                          AllocationsQuery(token=self.token), AllocationsReply)
+        except bus.WireError as e:
+            if e.code is ErrorCode.UNKNOWN_APP:
+                await self._reaped()
+            else:
+                _log().warning("could not recover what was missed while disconnected", app=self.app, error=repr(e))
+            return
         except Exception as e:  # noqa: BLE001 - the next reconnection asks again; the notifications go on
             _log().warning("could not recover what was missed while disconnected", app=self.app, error=repr(e))
             return
+        await self._missed_exits()
+        self.stats.recoveries += 1
+        for rec in reply.allocations:
+            self._deliver_start(StartNotify(app=self.app, request=rec.request, cluster=rec.cluster, nodes=rec.nodes,
+                                            kept=rec.kept, end=rec.end))
+            if rec.ended is not None:
+                self._deliver_kill(KillNotify(app=self.app, request=rec.request, reason=rec.ended, nodes=rec.nodes))
+        async with self._exit_cond:
+            self._exit_cond.notify_all()
+
+    async def _reaped(self) -> None:
+        """The RMS no longer has this session: it ended it unheard. The exits of its processes, which their
+        agents killed, are asked for (what the agents still answer is told), then every wait ends with
+        :class:`SessionReaped`, and so does the event stream."""
+        if self.closed:
+            return
+        _log().warning("the RMS ended this session while it could not hear it", app=self.app)
+        await self._missed_exits()
+        await self._connection_lost(SessionReaped(self.app))
+
+    async def _missed_exits(self) -> None:
+        """Ask each agent this session launched on for the exits not heard of (told while the connection was
+        cut)."""
         for node in sorted({n for n, _ in self._unexited}):
             try:
                 gone = await bus.call(self.nc, subjects.node_exits(node, self.user),
@@ -665,14 +707,6 @@ class Session:
             for note in gone.exits:
                 if (note.node, note.pid) in self._unexited:
                     await self._deliver_exit(note)
-        self.stats.recoveries += 1
-        for rec in reply.allocations:
-            self._deliver_start(StartNotify(app=self.app, request=rec.request, cluster=rec.cluster, nodes=rec.nodes,
-                                            kept=rec.kept, end=rec.end))
-            if rec.ended is not None:
-                self._deliver_kill(KillNotify(app=self.app, request=rec.request, reason=rec.ended, nodes=rec.nodes))
-        async with self._exit_cond:
-            self._exit_cond.notify_all()
 
     async def _on_exit(self, msg) -> None:
         await self._deliver_exit(ProcessExited.model_validate_json(msg.data))
@@ -738,6 +772,11 @@ class Session:
                                      attempts=1, timeout=heartbeat_timeout(self.reply))
                 look_every, unanswered = 1, 0
                 continue
+            except bus.WireError as e:
+                if e.code is ErrorCode.UNKNOWN_APP:
+                    await self._reaped()
+                    return
+                unanswered += 1
             except Exception:  # noqa: BLE001 - the next beat tries again; a cut server is looked for below
                 unanswered += 1
             # not answered: the RMS is between two leaders, or this connection's server is cut from the

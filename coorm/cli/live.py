@@ -176,7 +176,7 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
                   output: Path | None, label: bool, name: str, say=_line) -> int:
     from coorm.launchers.live import LiveRunner
     from coorm.launchers.rigid import RigidLauncher
-    from coorm.launchers.sdk import RMSStopped, Session
+    from coorm.launchers.sdk import RMSStopped, Session, SessionReaped
     from coorm.shared import bus
 
     try:
@@ -206,6 +206,9 @@ async def _submit(settings: Settings, cluster: str, nodes: int, duration: float,
     except RMSStopped as e:  # its processes are being killed: the job did not complete
         say(f"{e}; job {session.app} is killed")
         return UNREACHABLE
+    except SessionReaped as e:  # ended while this command could not hear: the job did not complete
+        err.print(f"[red]job {session.app}: {e}[/red]")
+        return 1
     finally:
         if sink:
             sink.close()
@@ -252,7 +255,7 @@ def launch(kind: str, cluster: str | None, params: list[str], command: list[str]
 
 async def _launch(settings: Settings, app_spec, command: list[str], name: str) -> int:
     from coorm.launchers.live import LiveRunner
-    from coorm.launchers.sdk import Session
+    from coorm.launchers.sdk import Session, SessionReaped
     from coorm.shared import bus
     from coorm.simulator.scenario import make_launcher
 
@@ -278,6 +281,9 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
     except bus.Unreachable as e:
         _line(f"{e}; application {session.app} may still run: see 'coorm apps' once CooRM is back")
         return UNREACHABLE
+    except SessionReaped as e:
+        err.print(f"[red]{e}[/red]")
+        return 1
     stats = launcher.stats() if hasattr(launcher, "stats") else {}
     err.print(f"{session.app} ended: exit {result.exit_code}, notifications {result.notifications} "
               f"({result.notification_bytes} bytes)" + (f", {stats}" if stats else ""))

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import nats
 import pytest
 
-from coorm.launchers.sdk import Exited, Killed, Session, _move_to
+from coorm.launchers.sdk import Closed, Exited, Killed, Session, SessionReaped, _move_to
 from coorm.services.stack import LocalStack, wait_until
 from coorm.shared.credentials import CredentialStore, write_secret
 from coorm.shared.endpoints import Role
@@ -209,3 +209,41 @@ async def test_a_session_on_a_server_cut_from_its_cluster_moves_to_another(serve
             assert await asyncio.wait_for(sent, 30) == ["while-cut"]
             assert len((await app.wait_start("while-cut", 20)).nodes) == 2
             await app.done(rid)  # the session was not reaped: its commands are answered
+
+
+async def test_a_session_reaped_while_cut_off_is_told_when_heard_again(servers, redis_url, cluster):
+    """An application that reaches only the third server (its URL list names no other: nowhere to move), cut
+    from the cluster for longer than the session timeout: the RMS reaps its session and its agent kills its
+    process. Healed, its next heartbeat is answered ``unknown_app``: the application is told -- the exit of
+    its killed process, then the session's end -- rather than waiting for a start, an exit or a kill that was
+    told while it could not hear."""
+    urls, hosts, far = cluster
+    majority = ",".join(urls[:2])
+    settings = _settings(servers, nats_url=majority, stream_replicas=3, session_timeout=2.0)
+    await _jetstream_ready(urls[:2], settings)
+    async with LocalStack(settings, {"c0": 4}):
+        app_settings = _settings(servers, nats_url=far, stream_replicas=3, session_timeout=2.0)
+        app = await Session.open(app_settings, kind="rigid")
+        try:
+            (rid,) = await app.request(rq("cut", "c0", 2, 60))
+            start = await app.wait_start(rid, 20)
+            (pid,) = await app.launch(rid, start.nodes[0], ["sleep", "1000"])
+            hosts.cut(FAR)
+            await wait_until(lambda: group_gone(pid), 30, "the unheard session reaped and its process killed")
+            waiting = asyncio.create_task(app.wait_exits(rid, 2, timeout=60))  # (one process: a second never comes)
+            hosts.heal(FAR)
+            seen = []
+            while True:
+                ev = await app.next_event(30)
+                seen.append(ev)
+                if isinstance(ev, Closed):
+                    break
+            assert isinstance(ev.error, SessionReaped), seen
+            exits = [e for e in seen if isinstance(e, Exited)]
+            assert [(e.pid, e.killed) for e in exits] == [(pid, True)], seen
+            with pytest.raises(SessionReaped):
+                await asyncio.wait_for(waiting, 10)
+            with pytest.raises(SessionReaped):
+                await app.request(rq("after", "c0", 1, 60))
+        finally:
+            await app.close()
