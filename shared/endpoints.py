@@ -274,7 +274,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         sent_by=_LAUNCHERS, served_by="policy engine (the leader)", paper="request",
         errors=(*_BUS, *_SESSION, ErrorCode.UNKNOWN_CLUSTER, ErrorCode.DUPLICATE,
                 ErrorCode.BAD_RELATION, ErrorCode.UNKNOWN_REQUEST, ErrorCode.NOT_YOURS, ErrorCode.ENDED,
-                ErrorCode.TOO_LARGE),
+                ErrorCode.TOO_LARGE, ErrorCode.STARTED),
         description=(
             "Add a batch of requests, accepted or refused as a whole. Each names its type, cluster, number of "
             "nodes, duration (seconds; absent only for a preemptible request: unbounded) and may relate to "
@@ -285,7 +285,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "A request may instead leave its cluster to the RMS (an opt-in delegation of the application's "
             "choice): no ``cluster``, a ``placement`` rule (``worst-fit``, KOALA's; ``first-fit``) and the "
             "``clusters`` it allows; the RMS chooses when it first places the request and keeps the choice, "
-            "which the startNotify's ``cluster`` tells (a malleable application grows there)."),
+            "which the startNotify's ``cluster`` tells (a malleable application grows there). "
+            "**Replace**: ``replaces`` names waiting requests of the application the batch replaces (a moldable "
+            "application that chose another configuration): they are cancelled and the batch accepted in one "
+            "step, so no scheduling pass runs between -- none of them can start after it (a ``request`` then a "
+            "``done`` leaves that window open: the old request may start, then be ended at once). If one of them "
+            "has started (its startNotify may still be on its way), the whole message is refused with "
+            "``started`` and nothing changes: the application keeps what started. ``ended`` (one of them "
+            "ended), ``not_yours``, ``unknown_request`` (none such), ``bad_request`` (named twice) and "
+            "``bad_relation`` (a new request related to one it replaces) change nothing either. A "
+            "replaced ``NEXT`` successor frees its predecessor for the new one. The ``Ack`` lists the new ids; "
+            "each replaced request ends as ``cancelled``."),
         example={"token": _TOKEN, "requests": [
             {"id": "alice.a7.run", "type": "non-preemptible", "cluster": "c0", "nodes": 16, "duration": 3600.0},
             {"id": "alice.a7.extra", "type": "preemptible", "cluster": "c0", "nodes": 8, "related_to": "alice.a7.run",
@@ -864,7 +874,9 @@ ERROR_MEANINGS: Mapping[ErrorCode, str] = {
                             "second NEXT successor, a non-preemptible request co-allocated with a preemptible one",
     ErrorCode.BAD_RELEASE: "``released`` names a node twice, nodes the request does not hold, or more nodes than "
                            "it has",
-    ErrorCode.ENDED: "the request (or the one it relates to) has already ended",
+    ErrorCode.ENDED: "the request (or the one it relates to, or one it replaces) has already ended",
+    ErrorCode.STARTED: "a request the message replaces (``replaces``) has started: nothing was changed -- the "
+                       "application keeps it (its startNotify comes, or came)",
     ErrorCode.NOT_OWNER: "a launch on a node the request does not hold now (never assigned, given to another, "
                          "or its allocation's end passed)",
     ErrorCode.UNAVAILABLE: "the service cannot take it now (no leader yet, stopping, or an internal error): "

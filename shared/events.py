@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from coorm.shared.negotiation import MAX_NODES, Answer, NegotiationTerms
-from coorm.shared.requests import Identifier, RequestSpec, RequestType
+from coorm.shared.requests import MAX_BATCH, Identifier, RequestSpec, RequestType
 
 _counter = itertools.count()
 
@@ -53,11 +53,15 @@ class CloseSession(_Event):
 
 
 class Submit(_Event):
-    """``request``: add requests (one batch, accepted or refused as a whole)."""
+    """``request``: add requests (one batch, accepted or refused as a whole). ``replaces``: waiting requests of
+    the application this batch replaces -- cancelled in the same step as the batch is accepted, so that no pass
+    runs between the two (none of them can start after it); if one of them has started (or ended, or is not
+    the application's), the whole submission is refused and nothing changes."""
 
     kind: Literal["submit"] = "submit"
     app: Identifier
     requests: list[RequestSpec] = Field(min_length=1)
+    replaces: tuple[Identifier, ...] = Field(default=(), max_length=MAX_BATCH)
 
 
 class Done(_Event):
@@ -144,6 +148,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_OFFER = "unknown_offer"  # no such offer (never made, or answered already)
     OFFER_LAPSED = "offer_lapsed"  # the offer's deadline passed before the answer came: its nodes are free again
     BAD_COUNTER = "bad_counter"  # a counter-offer outside the negotiation's range or sizes
+    STARTED = "started"  # a request a submission replaces has started: nothing was changed, it runs
 
 
 class EndReason(StrEnum):

@@ -113,7 +113,11 @@ class Authenticated(_Msg):
 
 
 class RequestMsg(Authenticated):
+    """``request``; with ``replaces``, an atomic replace of waiting requests (``started``: refused, nothing
+    changed)."""
+
     requests: list[RequestSpec] = Field(min_length=1, max_length=MAX_BATCH)
+    replaces: list[Identifier] = Field(default_factory=list, max_length=MAX_BATCH)
 
 
 class DoneMsg(Authenticated):

@@ -72,6 +72,9 @@ FIELD_NOTES: Mapping[str, str] = {
     "Authenticated.token": "the session token",
     "RequestMsg.token": "the session token",
     "RequestMsg.requests": f"the batch, accepted or refused as a whole (at most {MAX_BATCH})",
+    "RequestMsg.replaces": "waiting requests of the application the batch replaces, cancelled in the same step "
+                           "(none of them can start after it); if one has started the message is refused "
+                           "(``started``) and nothing changes",
     "RequestSpec.id": "the request id: `<app>.<name>` (unique for the life of the system); others must be "
                       "unique among the open sessions' requests",
     "RequestSpec.type": "how the RMS may treat it",
@@ -533,7 +536,11 @@ def _sequences() -> list[str]:
         "may have gone out before step 2), then follow `changeNotify`. Start sending "
         f"{_s(subjects.app_heartbeat(app))} every `heartbeat_interval` seconds. Optionally "
         f"{_s(subjects.CLUSTERS_INFO)} and {_s(subjects.CLUSTERS_INTERINFO)}.",
-        f"4. `request`: request {_s(subjects.app_request(app))} with a batch chosen from the views.",
+        f"4. `request`: request {_s(subjects.app_request(app))} with a batch chosen from the views. On a new "
+        "view, until it starts, a moldable application may choose again: one `request` whose `replaces` names "
+        "the waiting request(s) it chose before (an atomic replace: no pass can start them in between, as one "
+        "may between a `request` and a `done`). Refused with `started`, nothing changed: the old request had "
+        "started -- keep it, its `startNotify` comes or came.",
         f"5. `startNotify` on {_s(subjects.notify_start(app))}: the request started on these node IDs.",
         f"6. Launch on the nodes: request {_s(subjects.node_launch(node, '<user>'))} on each node, with the token.",
         f"7. Exits: the output comes on {_s(subjects.app_output(app, '<request>'))}, each process's end on "

@@ -278,20 +278,26 @@ class PolicyCore:
         return Accepted(stimulus_id=ev.stimulus_id, app=app.id)
 
     def _submit(self, ev: Submit) -> Accepted:
+        """A batch, accepted or refused as a whole. With ``replaces`` (an atomic replace), the waiting requests
+        it names are cancelled in this same step, before the batch is added; a refusal -- one of them started,
+        or anything else -- changes nothing at all (checked in full before the first change)."""
         app = self._app(ev.app)
-        self._answered(app.id)
+        if not ev.replaces:
+            self._answered(app.id)  # (a refused batch is an answer too; a refused replace changes nothing)
         try:
             RequestBatch(requests=ev.requests)
         except ValidationError as e:
             raise CommandError(ErrorCode.BAD_REQUEST, describe(e)) from None
+        replaced = frozenset(ev.replaces)
         batch: dict[str, Request] = {}
         followed: set[str] = set()
+        seq = self._seq
         for spec in ev.requests:
             self._check_clusters(spec)
             if spec.id in self.requests or spec.id in self.ended:
                 raise CommandError(ErrorCode.DUPLICATE, f"request id {spec.id} is already used")
             if spec.related_how is not Relation.FREE:
-                self._check_relation(app, spec, batch)
+                self._check_relation(app, spec, batch, replaced)
             if spec.related_how is Relation.NEXT:
                 if spec.related_to in followed:
                     raise CommandError(
@@ -299,7 +305,7 @@ class PolicyCore:
                     )
                 if spec.related_to is not None:  # (the request model refuses a NEXT without it)
                     followed.add(spec.related_to)
-            self._seq += 1
+            seq += 1
             batch[spec.id] = Request(
                 id=spec.id,
                 app=app.id,
@@ -310,10 +316,19 @@ class PolicyCore:
                 related_to=spec.related_to if spec.related_how is not Relation.FREE else None,
                 related_how=spec.related_how,
                 submitted_at=self.now,
-                seq=self._seq,
+                seq=seq,
                 placement=spec.placement,
                 allowed=tuple(spec.clusters or ()),
             )
+        old = self._check_replaced(app, ev.replaces, batch)
+        # accepted: nothing below refuses
+        self._seq = seq
+        if old:
+            self._answered(app.id)
+            by = ", ".join(batch)
+            for r in old:
+                self._tell(r.id, "replaced", f"by {by}")
+                self._end(r, EndReason.CANCELLED, self.now)
         for r in batch.values():
             self.requests[r.id] = r
             app.requests[r.id] = r
@@ -344,7 +359,40 @@ class PolicyCore:
     def _get(self, rid: str) -> Request:
         return self.requests[rid]
 
-    def _check_relation(self, app: App, spec: RequestSpec, batch: dict[str, Request]) -> None:
+    def _check_replaced(self, app: App, replaces: Iterable[str], batch: dict[str, Request]) -> list[Request]:
+        """The waiting requests of ``app`` a submission replaces (CommandError if one is not: ``started`` when
+        it has started -- the application keeps it --, ``ended``, ``not_yours``, ``unknown_request``); the
+        batch may not relate to one of them (it is cancelled)."""
+        out: list[Request] = []
+        seen: set[str] = set()
+        for rid in replaces:
+            if rid in seen:
+                raise CommandError(ErrorCode.BAD_REQUEST, f"request {rid} is named twice in replaces")
+            seen.add(rid)
+            r = self.requests.get(rid)
+            if r is None:
+                if rid in self.ended and self.ended[rid][0] != app.id:
+                    raise CommandError(ErrorCode.NOT_YOURS, f"replaced request {rid} belongs to another application")
+                if rid in self.ended:
+                    reason = self.ended[rid][1].value
+                    raise CommandError(ErrorCode.ENDED, f"replaced request {rid} has already ended ({reason})")
+                raise CommandError(ErrorCode.UNKNOWN_REQUEST, f"no request {rid} to replace")
+            if r.app != app.id:
+                raise CommandError(ErrorCode.NOT_YOURS, f"replaced request {rid} belongs to another application")
+            if r.state is not WAITING:
+                raise CommandError(ErrorCode.STARTED, f"replaced request {rid} has started (at {r.start}): "
+                                   "nothing was changed")
+            out.append(r)
+        for new in batch.values():
+            if new.related_to in seen:
+                raise CommandError(ErrorCode.BAD_RELATION,
+                                   f"request {new.id}: related to {new.related_to}, which it replaces")
+        return out
+
+    def _check_relation(self, app: App, spec: RequestSpec, batch: dict[str, Request],
+                        replaced: frozenset[str] = frozenset()) -> None:
+        """``replaced``: requests the submission cancels -- a NEXT successor among them frees its predecessor
+        for a new one (an evolving application revising the growth it asked for)."""
         rid = spec.related_to
         if rid is None:  # (the request model refuses a relation without its target)
             raise CommandError(ErrorCode.BAD_RELATION, f"request {spec.id}: related to nothing")
@@ -370,7 +418,7 @@ class PolicyCore:
                     f"request {spec.id}: NEXT must follow a request of the same type and cluster "
                     f"({rid} is {target.type.value} on {target.cluster})",
                 )
-            if target.successor is not None:
+            if target.successor is not None and target.successor not in replaced:
                 raise CommandError(
                     ErrorCode.BAD_RELATION, f"request {spec.id}: {rid} already has a NEXT successor"
                 )

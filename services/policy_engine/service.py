@@ -738,7 +738,8 @@ class PolicyEngine:
         app = self._check(raw.subject, msg.token)
         requests = _within_filter(msg.requests, self.sessions.get(app, {}).get("filter", {}).get("clusters"))
         return self._answer(await self.apply(
-            lambda at, sid: Submit(at=at, stimulus_id=sid, app=app, requests=requests)))
+            lambda at, sid: Submit(at=at, stimulus_id=sid, app=app, requests=requests,
+                                   replaces=tuple(msg.replaces))))
 
     async def _on_done(self, msg: DoneMsg, raw: Msg) -> Ack:
         app = self._check(raw.subject, msg.token)

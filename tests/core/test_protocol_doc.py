@@ -227,7 +227,7 @@ HANDLERS: list[tuple[str, list[Callable[..., object]]]] = [
     (subjects.session_open(USER), [PolicyEngine._on_open, PolicyEngine._answer, PolicyCore._open]),
     (subjects.app_request(APP), [PolicyEngine._on_request, PolicyEngine._check, PolicyEngine._answer,
                                  PolicyCore._app, PolicyCore._submit, PolicyCore._check_relation,
-                                 CoupledCores._too_large]),
+                                 PolicyCore._check_replaced, CoupledCores._too_large]),
     (subjects.app_done(APP), [PolicyEngine._on_done, PolicyEngine._check, PolicyEngine._answer, PolicyCore._app,
                               PolicyCore._done, CoupledCores.handle]),
     (subjects.app_close(APP), [PolicyEngine._on_close, PolicyEngine._check, PolicyEngine._answer,
