@@ -2,7 +2,8 @@
 
 Everything an application needs to talk to CooRM -- :class:`Session` (asyncio) and :class:`SyncSession`,
 the events a session delivers, the request specification, a negotiation's terms (``Session.negotiate``,
-``respond``, ``accept``: the adaptive-RMS paper's offers) and the error a refused message raises. The
+``respond``, ``accept``: the adaptive-RMS paper's offers), the error a refused message raises and the one
+a refused replace raises (``Session.replace``: a request it replaces has started). The
 implementation lives in :mod:`coorm.launchers.sdk`; this module only names it."""
 
 from coorm.launchers.sdk import (
@@ -11,6 +12,7 @@ from coorm.launchers.sdk import (
     Exited,
     Killed,
     OfferReceived,
+    ReplaceRefused,
     Session,
     Started,
     SyncSession,
@@ -23,5 +25,5 @@ from coorm.shared.protocol import OfferMsg
 from coorm.shared.requests import RequestSpec, RequestType
 
 __all__ = ["Answer", "Closed", "ErrorCode", "Event", "Exited", "Killed", "NegotiationTerms", "OfferMsg",
-           "OfferReceived", "RequestSpec", "RequestType", "Session", "Started", "SyncSession", "ViewsChanged",
-           "WireError", "pow2_sizes"]
+           "OfferReceived", "ReplaceRefused", "RequestSpec", "RequestType", "Session", "Started", "SyncSession",
+           "ViewsChanged", "WireError", "pow2_sizes"]

@@ -50,7 +50,13 @@ class ClusterProps:
 # -- commands ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Submit:
+    """Submit ``requests`` (one batch). ``replaces``: waiting requests of the application the batch replaces,
+    cancelled in the same step as the batch is accepted (an atomic replace: none of them can start after
+    it); if one of them has started, nothing changes -- the launcher is told
+    (:meth:`Launcher.on_replace_answered`) and keeps what started."""
+
     requests: tuple[RequestSpec, ...]
+    replaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +145,15 @@ class Launcher:
             self.waiting.add(s.id)
         return Submit(tuple(specs))
 
+    def replace(self, old: tuple[str, ...], *specs: RequestSpec) -> Submit:
+        """Submit ``specs`` in place of the waiting requests ``old``, in one step (:class:`Submit`'s
+        ``replaces``); the answer comes to :meth:`on_replace_answered`."""
+        for s in specs:
+            self.waiting.add(s.id)
+        for r in old:
+            self.waiting.discard(r)
+        return Submit(tuple(specs), tuple(old))
+
     def cancel(self, request: str) -> Done:
         self.waiting.discard(request)
         return Done(request)
@@ -193,6 +208,17 @@ class Launcher:
         self.waiting.add(request)
         return []
 
+    def on_replace_answered(self, now: float, submit: Submit, refused: str | None) -> list[Command]:
+        """The RMS's answer to a :class:`Submit` with ``replaces``: accepted (``refused`` None: the old
+        requests are cancelled, the new ones wait) or refused with an error code -- ``started`` (one of the
+        old requests has started: nothing changed, the application keeps it; its ``startNotify`` comes, or
+        came) or ``ended`` (one of them ended meanwhile). A refused replace submitted nothing."""
+        if refused is not None:
+            for s in submit.requests:
+                self.waiting.discard(s.id)
+            self.waiting.update(r for r in submit.replaces if r not in self.running)
+        return []
+
 
 class SelectingLauncher(Launcher):
     """A launcher that runs its resource selection on each new view until it starts (CooRM §III-B,
@@ -208,7 +234,14 @@ class SelectingLauncher(Launcher):
     waits with no longer fits where it expected it (its own unheard start, or a higher priority took it),
     a new choice is held back for ``start_lag`` seconds, a timer looks again then; a start heard meanwhile
     ends the selection. 0 (the papers' simulator): a start is heard with the views that show it. None:
-    what the shell that drives it says (:class:`~coorm.launchers.live.LiveRunner`: its ``start_lag``)."""
+    what the shell that drives it says (:class:`~coorm.launchers.live.LiveRunner`: its ``start_lag``).
+
+    A new choice is sent as one atomic replace (:class:`Submit`'s ``replaces``): the new request(s) in place of
+    the waiting one(s), so that no pass can start the old one between the two (CooRM Fig. 5's request, then
+    ``done``, let one start there: 3 of the twin-spaced run's live requests did). If the old one had started
+    before the replace reached the RMS, the RMS refuses it (``started``) and nothing changes: the launcher
+    keeps what started (:meth:`on_replace_answered`, or the start heard first). Until a replace is answered, a
+    new choice waits for the answer (made then on the latest view)."""
 
     def __init__(self, app: str, adaptation_delay: float = 0.0, start_lag: float | None = None) -> None:
         super().__init__(app)
@@ -222,6 +255,57 @@ class SelectingLauncher(Launcher):
         self._held_since: float | None = None  # since when a new choice waits for a start maybe unheard
         self._held_timer: float | None = None
         self.held_back = 0  # views a new choice was held back on (a start not heard yet)
+        # the replace sent and not answered yet, and what the launcher waited with before it (restored if the
+        # RMS refuses it); views that came meanwhile are chosen on once it is answered
+        self._replacing: Submit | None = None
+        self._before_replace: object = None
+        self._chose_while_replacing = False
+        self.replace_refused = 0  # replaces the RMS refused (``started``: what it waited with had started, kept)
+
+    # -- the atomic replace (issue 17): the new choice and the cancel of the old one in one step --------------
+    def _replace(self, old: tuple[str, ...], saved: object, *specs: RequestSpec) -> Submit:
+        """The command that submits ``specs`` in place of ``old``; ``saved``: the state to restore if the RMS
+        refuses it (:meth:`_restore`)."""
+        sub = self.replace(old, *specs)
+        self._replacing, self._before_replace = sub, saved
+        return sub
+
+    def _answer_pending(self) -> bool:
+        """A replace is not answered yet: a new choice waits for the answer (it is made then, on the latest
+        view), so that the launcher never replaces a request the RMS may not have accepted."""
+        if self._replacing is None:
+            return False
+        self._chose_while_replacing = True
+        return True
+
+    def _restore(self, saved: object) -> None:
+        """Wait again with what the launcher waited with before the replace (``saved``)."""
+        raise NotImplementedError
+
+    def _start_of_replaced(self, request: str) -> None:
+        """The start of a request a pending replace names is heard: the RMS started it before the replace
+        reached it, so the replace is refused (``started``) -- the launcher keeps that request at once."""
+        if self._replacing is not None and request in self._replacing.replaces:
+            self._restore(self._before_replace)
+            self._replacing, self._before_replace = None, None
+            self.replace_refused += 1
+
+    def on_replace_answered(self, now: float, submit: Submit, refused: str | None) -> list[Command]:
+        super().on_replace_answered(now, submit, refused)
+        if submit != self._replacing:
+            return []  # (a start of a request it replaces was heard first: the launcher kept it then)
+        saved = self._before_replace
+        self._replacing, self._before_replace = None, None
+        again, self._chose_while_replacing = self._chose_while_replacing, False
+        if refused is None:
+            return self._reselect(now) if again else []
+        self.replace_refused += 1
+        self._restore(saved)
+        if refused == "ended" and not any(r in self.running for r in submit.replaces):
+            # what it waited with is gone without a start (never seen so far): choose afresh
+            self._restore(None)
+            return self._reselect(now)
+        return []
 
     def selecting(self) -> bool:
         return not self.closed

@@ -70,9 +70,11 @@ no delay, at once in ``on_views``; with a ``start_lag``, a new choice made on a 
 it waits with are gone -- maybe its own start, not heard yet -- waits that long for the start: see
 :class:`~coorm.launchers.base.SelectingLauncher`). The selection runs once per distinct input -- the views seen from the
 time it selects -- and is memoised (``computed_configurations``). A new selection (other clusters or host
-counts) is submitted as one request per cluster, the first FREE and the others COALLOC to it, and then
-the previous requests are cancelled with ``done``. The requests start together; when the last has started,
-a timer at ``start + runtime * runtime_fraction`` ends the run: ``done`` on every request, then close.
+counts) is submitted as one request per cluster, the first FREE and the others COALLOC to it, in place of
+the previous requests, cancelled in the same step (one atomic replace: the request's ``replaces``; if one
+of them had started, the RMS refuses it and the launcher keeps that group). The requests start together;
+when the last has started, a timer at ``start + runtime * runtime_fraction`` ends the run: ``done`` on
+every request, then close.
 """
 
 from __future__ import annotations
@@ -367,7 +369,7 @@ class CEMLauncher(SelectingLauncher):
         return self.props
 
     def _reselect(self, now: float) -> list[Command]:
-        if self.started_members or self.closed or self._latest is None:
+        if self.started_members or self.closed or self._latest is None or self._answer_pending():
             return []  # once a request of the group has started, the group is committed
         views = self._latest
         props = self._props(views)
@@ -403,13 +405,18 @@ class CEMLauncher(SelectingLauncher):
                                          related_to=specs[0].id, related_how=Relation.COALLOC))
             else:
                 specs.append(RequestSpec(id=rid, cluster=c, nodes=n, duration=sel.duration))
-        out: list[Command] = [self.submit(*specs)]
-        if self.group:
+        out: list[Command]
+        if self.group:  # the new group in place of the old, in one step
             self.resubmissions += 1
-            out.extend(self.cancel(r) for r in self.group)
+            out = [self._replace(self.group, (self.group, self.selection), *specs)]
+        else:
+            out = [self.submit(*specs)]
         self.group = tuple(s.id for s in specs)
         self.selection = sel
         return out
+
+    def _restore(self, saved: object) -> None:
+        self.group, self.selection = saved if isinstance(saved, tuple) else ((), None)
 
     def _still_fits(self, views: dict[str, StepFunction], now: float) -> bool:
         """The hosts waited with are still there, in ``views``, over the run from when it was expected to
@@ -436,8 +443,9 @@ class CEMLauncher(SelectingLauncher):
         return []
 
     def on_start(self, now: float, request: str, nodes: tuple[str, ...]) -> list[Command]:
+        self._start_of_replaced(request)  # (a replace of its group not answered yet is refused: it is kept)
         if request not in self.group or request in self.started_members:
-            return []  # a cancelled request that started meanwhile: its done is on its way
+            return []
         super().on_start(now, request, nodes)
         self.started_members.add(request)
         if len(self.started_members) < len(self.group):

@@ -32,7 +32,16 @@ from coorm.launchers.base import (
     Submit,
     Timer,
 )
-from coorm.launchers.sdk import Closed, Exited, Killed, OfferReceived, Session, Started, ViewsChanged
+from coorm.launchers.sdk import (
+    Closed,
+    Exited,
+    Killed,
+    OfferReceived,
+    ReplaceRefused,
+    Session,
+    Started,
+    ViewsChanged,
+)
 from coorm.shared import bus
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import RELEASE_KILL_REASONS, OfferMsg, ProcessOutput
@@ -85,6 +94,9 @@ class RunResult:
     notifications: int = 0
     notification_bytes: int = 0
     refused: list[str] = field(default_factory=list)
+    # replaces the RMS refused (their codes: ``started``, ``ended``): what the launcher replaced had started
+    # first, and it kept it -- a race resolved, not a failure
+    replace_refused: list[str] = field(default_factory=list)
     launched: list[tuple[str, int]] = field(default_factory=list)  # (node, pid) of every process started
     # an adaptive launcher's shrink races, not failures (LiveRunner.adapts): launches on a node its request no
     # longer held, and processes the agent killed because their node went to another request
@@ -298,7 +310,14 @@ class LiveRunner:
         for c in commands:
             if isinstance(c, Submit):
                 try:
-                    await self.s.request(*c.requests)
+                    await self.s.request(*c.requests, replaces=c.replaces)
+                except ReplaceRefused as e:
+                    # what it replaces had started (or ended) before the replace reached the RMS: nothing
+                    # changed, the launcher keeps what started (a race the protocol resolves, not a failure)
+                    log.info("replace refused", replaces=c.replaces, error=str(e))
+                    self.result.replace_refused.append(e.code.value)
+                    await self._execute(self.launcher.on_replace_answered(self.clock(), c, e.code.value))
+                    continue
                 except bus.WireError as e:
                     if e.code is ErrorCode.ENDED and self.adapts:
                         # an adaptive application's request related to one the RMS ended meanwhile (a
@@ -313,6 +332,8 @@ class LiveRunner:
                     self.result.exit_code = self.result.exit_code or 2
                     self.launcher.finished = True
                     return
+                if c.replaces:
+                    await self._execute(self.launcher.on_replace_answered(self.clock(), c, None))
             elif isinstance(c, Done):
                 try:
                     await self.s.done(c.request, c.released)

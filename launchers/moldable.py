@@ -13,7 +13,9 @@ Rules:
   than the best completion found (none of the rest could beat it);
 * it re-submits only when the chosen *configuration* changes (a new expected start for the same
   configuration is no reason: the RMS already moves the request); a re-selection is CooRM Fig. 5's
-  sequence -- submit the new request, then ``done`` the old one;
+  sequence -- submit the new request, cancel the old one -- sent as one atomic replace (the request's
+  ``replaces``), so that no pass can start the old one in between; if it had started already, the RMS
+  refuses the replace (``started``) and the launcher keeps it (:class:`~coorm.launchers.base.SelectingLauncher`);
 * a selection runs once per distinct input (the non-preemptive views of the clusters its configurations
   name, seen from the time it selects): that is CooRM's *computed configurations* metric, and the result is
   memoised, so an input seen before is answered without running the selection again;
@@ -170,7 +172,7 @@ class MoldableLauncher(SelectingLauncher):
         return best[1]
 
     def _reselect(self, now: float) -> list[Command]:
-        if self.started_at is not None or self.closed or self._latest is None:
+        if self.started_at is not None or self.closed or self._latest is None or self._answer_pending():
             return []
         key, seen = self._input(self._latest, now)
         choice = self._memo.get(key)
@@ -187,12 +189,17 @@ class MoldableLauncher(SelectingLauncher):
                 return held
         c, n, d = choice.config
         new = RequestSpec(id=self.new_id(), cluster=c, nodes=n, duration=d)
-        out: list[Command] = [self.submit(new)]
-        if self.current is not None:
-            out.append(self.cancel(self.current))
+        out: list[Command]
+        if self.current is not None:  # the new request in place of the old, in one step
+            out = [self._replace((self.current,), (self.current, self.choice), new)]
             self.resubmissions += 1
+        else:
+            out = [self.submit(new)]
         self.current, self.choice = new.id, choice
         return out
+
+    def _restore(self, saved: object) -> None:
+        self.current, self.choice = saved if isinstance(saved, tuple) else (None, None)
 
     def _still_fits(self, views: dict[str, StepFunction], now: float) -> bool:
         """The configuration waited with still starts, in ``views``, when it was expected to (or now)."""
@@ -214,8 +221,9 @@ class MoldableLauncher(SelectingLauncher):
         return []
 
     def on_start(self, now: float, request: str, nodes: tuple[str, ...]) -> list[Command]:
+        self._start_of_replaced(request)  # (a replace of it not answered yet is refused: it is kept)
         if request != self.current or self.started_at is not None:
-            return []  # a request already cancelled that started meanwhile: its done is on its way
+            return []
         super().on_start(now, request, nodes)
         self.started_at = now
         assert self.choice is not None

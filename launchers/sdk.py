@@ -170,6 +170,17 @@ class OfferReceived:
 Event = ViewsChanged | Started | Killed | Exited | Closed | OfferReceived
 
 
+class ReplaceRefused(bus.WireError):
+    """A replace (:meth:`Session.replace`) the RMS refused because a request it replaces is no longer waiting:
+    ``code`` ``started`` (it started before the replace reached the RMS: the application keeps it, its
+    :class:`Started` comes or came) or ``ended``. Nothing changed: the new requests were not submitted, the
+    old ones were not cancelled. ``replaces``: the requests the replace named."""
+
+    def __init__(self, code: ErrorCode, message: str, replaces: tuple[str, ...]) -> None:
+        super().__init__(code, message)
+        self.replaces = replaces
+
+
 @dataclass
 class _Stats:
     notifications: int = 0
@@ -416,16 +427,34 @@ class Session:
     # ============================================================================================
     # requests
     # ============================================================================================
-    async def request(self, *specs: RequestSpec) -> list[str]:
-        """``request``: one batch, accepted or refused as a whole (:class:`~coorm.shared.bus.WireError`)."""
+    async def request(self, *specs: RequestSpec, replaces: Iterable[str] = ()) -> list[str]:
+        """``request``: one batch, accepted or refused as a whole (:class:`~coorm.shared.bus.WireError`).
+        ``replaces``: see :meth:`replace`."""
+        replaced = tuple(replaces)
+
         def accepted_before(e: bus.WireError) -> Ack:
-            if e.code is ErrorCode.DUPLICATE:  # the attempt that timed out was accepted
+            if e.code is ErrorCode.DUPLICATE:  # the attempt that timed out was accepted (and replaced)
                 return Ack(requests=[s.id for s in specs])
             raise e
 
-        ack = await self._call(self.reply.subjects.request, RequestMsg(token=self.token, requests=list(specs)), Ack,
-                               after_timeout=accepted_before)
+        try:
+            ack = await self._call(self.reply.subjects.request,
+                                   RequestMsg(token=self.token, requests=list(specs), replaces=list(replaced)), Ack,
+                                   after_timeout=accepted_before)
+        except bus.WireError as e:
+            if replaced and e.code in (ErrorCode.STARTED, ErrorCode.ENDED):
+                raise ReplaceRefused(e.code, e.message, replaced) from None
+            raise
         return ack.requests
+
+    async def replace(self, old: str | Iterable[str], *specs: RequestSpec) -> list[str]:
+        """Submit ``specs`` in place of the waiting request(s) ``old``, in one step: the RMS cancels them and
+        accepts the batch together, so no pass runs between (a ``request`` then a ``done`` may see the old one
+        start in between: CooRM Fig. 5's order). If one of them has started -- its :class:`Started` may not have
+        come yet -- nothing changes and :class:`ReplaceRefused` is raised (``code`` ``started``): the
+        application keeps what started. Other refusals are a :class:`~coorm.shared.bus.WireError`, as for
+        ``request``."""
+        return await self.request(*specs, replaces=(old,) if isinstance(old, str) else tuple(old))
 
     async def done(self, request: str, released: Iterable[str] = ()) -> None:
         """``done``: end a running request (releasing ``released`` node IDs if a NEXT successor keeps the

@@ -81,6 +81,8 @@ class Result:
     passes: int
     computed_configurations: int = 0
     extra: dict = field(default_factory=dict)
+    # replaces refused because what they replaced had started (or ended) first: (time, app, code)
+    replace_refused: list[tuple[float, str, str]] = field(default_factory=list)
 
 
 class Simulation:
@@ -107,6 +109,8 @@ class Simulation:
         self.messages = 0
         self.bytes = 0
         self.rejections: list[tuple[float, str, str]] = []
+        # replaces refused because what they replace had started (or ended) first: (time, app, code)
+        self.replace_refused: list[tuple[float, str, str]] = []
         self._views = ViewDeliverer()  # what each launcher was told of its views
         self._waiting_arrivals = 0
         self._cpu = 0.0
@@ -222,6 +226,9 @@ class Simulation:
             if self.delays is not None and self.delays.command > 0 and isinstance(c, (Submit, Done, Close)):
                 self._send_later(app, c)
                 continue
+            if isinstance(c, Submit) and c.replaces:
+                self._replace(app, c, queue)
+                continue
             if isinstance(c, Submit):
                 self._count(cdr.request(app, [(r.id, cdr.where(r), r.related_to) for r in c.requests]))
                 event = ev.Submit(at=self.now, app=app, requests=list(c.requests))
@@ -248,6 +255,32 @@ class Simulation:
         self._cpu += time.process_time() - t0
         for later in self._dispatch(decisions, collect=True):
             queue.append(later)
+
+    def _replace(self, app: str, c: Submit, queue: deque) -> None:
+        """A request that replaces waiting ones (one message live, its answer awaited): the launcher hears the
+        answer at once -- accepted, or refused because what it replaces has started (``started``) or ended, a
+        race the protocol resolves, counted in ``replace_refused``, not a launcher's mistake -- then what else
+        the event caused is dispatched as any command's."""
+        # sized as CooRM's protocol sends it (the papers' figures count its CDR bytes): the request, then a done
+        # of each request it replaces -- its IDL has no replace; live it is one JSON message
+        self._count(cdr.request(app, [(r.id, cdr.where(r), r.related_to) for r in c.requests]))
+        for old in c.replaces:
+            self._count(cdr.done(app, old, 0))
+        event = ev.Submit(at=self.now, app=app, requests=list(c.requests), replaces=c.replaces)
+        t0 = time.process_time()
+        decisions = self.cores.handle(event)
+        self._cpu += time.process_time() - t0
+        first = decisions[0] if decisions else None
+        refused = first.code.value if isinstance(first, ev.Rejected) else None
+        raced = refused in ("started", "ended")
+        if raced:
+            self.replace_refused.append((self.now, app, refused))
+            decisions = decisions[1:]
+        launcher = self.launchers.get(app)
+        # (any other refusal is the launcher's mistake: dispatched below as a rejection, as a request's is)
+        if launcher is not None and not launcher.finished and (raced or refused is None):
+            queue.extend((app, later) for later in launcher.on_replace_answered(self.now, c, refused))
+        queue.extend(self._dispatch(decisions, collect=True))
 
     def _negotiate(self, app: str, c: Negotiate | Respond, queue: deque) -> None:
         """A negotiation's message (a request/reply live): the launcher hears the policy core's answer at once;
@@ -473,6 +506,12 @@ class Simulation:
                 steps += [(c, len(schedule.p_view(app, c).times)) for c in self.clusters if launcher.wants_preemptive]
                 self._hear_later(app, ("ignored", (), cdr.change_notify(steps)))
             return
+        if isinstance(c, Submit) and c.replaces:
+            answered: deque = deque()  # (its answer is heard at once: a request/reply)
+            self._replace(app, c, answered)
+            for a, later in answered:
+                self._run_commands(a, [later])
+            return
         if isinstance(c, Submit):
             self._count(cdr.request(app, [(r.id, cdr.where(r), r.related_to) for r in c.requests]))
             event: object = ev.Submit(at=self.now, app=app, requests=list(c.requests))
@@ -540,4 +579,5 @@ class Simulation:
             scheduling_cpu=self._cpu,
             passes=self.cores.policy.epoch,
             computed_configurations=sum(lau.computed_configurations for lau in self.launchers.values()),
+            replace_refused=self.replace_refused,
         )

@@ -31,6 +31,7 @@ class Harness:
         self.timers: list[tuple[float, int, str, str]] = []
         self._seq = 0
         self.rejected: list[Rejected] = []
+        self.replace_refused: list[tuple[float, str, str]] = []  # replaces refused as raced: (time, app, code)
         self.decisions: list = []
         self.views_sent: dict[str, list[Views]] = {}
         self.told = ViewDeliverer()  # as the view publisher: a launcher hears of views that changed
@@ -123,7 +124,16 @@ class Harness:
                 heapq.heappush(self.timers, (cmd.at, self._seq, app, cmd.key))
             elif isinstance(cmd, Submit):
                 self.submitted.setdefault(app, []).extend(cmd.requests)
-                self._dispatch(self.cores.handle(SubmitEvent(at=now, app=app, requests=list(cmd.requests))))
+                out = self.cores.handle(SubmitEvent(at=now, app=app, requests=list(cmd.requests),
+                                                    replaces=cmd.replaces))
+                if cmd.replaces:  # (a request/reply: the launcher hears the answer first)
+                    refused = out[0].code.value if isinstance(out[0], Rejected) else None
+                    if refused in ("started", "ended"):
+                        self.replace_refused.append((now, app, refused))
+                        out = out[1:]
+                    if refused in (None, "started", "ended"):
+                        self._apply(app, self.launchers[app].on_replace_answered(now, cmd, refused), now)
+                self._dispatch(out)
             elif isinstance(cmd, DoneCmd):
                 self._dispatch(self.cores.handle(Done(at=now, app=app, request=cmd.request,
                                                       released=cmd.released)))

@@ -142,17 +142,38 @@ def test_the_selection_does_not_enumerate_configurations():
     assert s.evaluations < 2_000  # against 129^8 - 1 configurations
 
 
-def test_reselects_on_a_new_view_submitting_before_cancelling():
+def test_reselects_on_a_new_view_replacing_the_old_group_in_one_step():
     cem = launcher()
     first = requests(cem.on_views(views(0.0, c0=[(0, 128)], c1=[(0, 10), (50_000, 128)], c2=[(0, 0)])))
     out = cem.on_views(views(10.0, c0=[(10, 128)], c1=[(10, 128)], c2=[(10, 0)]))
-    assert isinstance(out[0], Submit) and [type(c) for c in out[1:]] == [Done] * len(first)
-    assert {c.request for c in out[1:]} == {r.id for r in first}
+    # one atomic replace (the new group, and the old one named in it), no done a pass could come before
+    assert len(out) == 1 and isinstance(out[0], Submit)
+    assert set(out[0].replaces) == {r.id for r in first}
     assert {r.cluster for r in out[0].requests} == {"c0", "c1"}
     assert cem.waiting == {r.id for r in out[0].requests} and cem.resubmissions == 1
+    assert cem.on_replace_answered(10.0, out[0], None) == []
     # a view that only moves the start of the same configuration changes nothing
     assert cem.on_views(views(20.0, c0=[(20, 0), (30, 128)], c1=[(20, 0), (30, 128)], c2=[(20, 0)])) == []
     assert cem.selection.start == 30.0
+
+
+def test_a_group_replace_refused_as_started_keeps_the_old_group():
+    """One member of the old group started before the replace reached the RMS: refused, the launcher keeps
+    the whole old group (its members start together) -- told by the refusal or by the start, whichever first."""
+    for start_first in (False, True):
+        cem = launcher()
+        first = requests(cem.on_views(views(0.0, c0=[(0, 128)], c1=[(0, 128)], c2=[(0, 0)])))
+        (replace,) = cem.on_views(views(10.0, c0=[(10, 128)], c1=[(10, 10), (50_000, 128)], c2=[(10, 0)]))
+        old = tuple(r.id for r in first)
+        assert len(old) == 2 and replace.replaces == old and [r.cluster for r in replace.requests] == ["c0"]
+        if start_first:
+            assert cem.on_start(10.1, old[0], ("n",)) == []  # kept at once: the other member starts with it
+            assert cem.group == old and cem.replace_refused == 1
+        assert cem.on_replace_answered(10.2, replace, "started") == []
+        assert cem.group == old and cem.replace_refused == 1
+        for r in old[1 if start_first else 0:]:
+            out = cem.on_start(10.3, r, ("n",))
+        assert cem.started_at == 10.3 and out == [Timer(10.3 + cem.runtime, "end")]
 
 
 def test_memoisation_counts_distinct_views_only(monkeypatch):
@@ -165,8 +186,9 @@ def test_memoisation_counts_distinct_views_only(monkeypatch):
     cem.on_views(a)
     cem.on_views(a)
     assert cem.computed_configurations == 1
-    cem.on_views(b)
+    (replace,) = cem.on_views(b)
     assert cem.computed_configurations == 2
+    cem.on_replace_answered(0.0, replace, None)
     out = cem.on_views(a)  # answered from the memo, and acted upon
     assert cem.computed_configurations == 2 and [r.cluster for r in requests(out)] == ["c0"]
     assert len(runs) == 2

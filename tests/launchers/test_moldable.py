@@ -99,13 +99,12 @@ def test_ties_go_to_fewer_nodes():
     assert r.nodes == 2
 
 
-def test_reselects_on_a_new_view_submitting_before_cancelling():
+def test_reselects_on_a_new_view_replacing_the_old_request_in_one_step():
     m = MoldableLauncher("m", "c0", CONFIGS)
     m.on_views(views(0.0, c0=[(0, 2), (900, 8)]))  # 2 nodes
     out = m.on_views(views(50.0, c0=[(50, 8)]))  # the others finished early
-    assert isinstance(out[0], Submit) and isinstance(out[1], Done)
+    assert out == [Submit((out[0].requests[0],), ("m.1",))]  # one atomic replace: no done
     assert out[0].requests[0].nodes == 8 and out[0].requests[0].id == "m.2"
-    assert out[1].request == "m.1" and out[1].released == ()
     assert m.waiting == {"m.2"} and m.resubmissions == 1
 
 
@@ -126,11 +125,13 @@ def test_memoisation_counts_distinct_views_only():
     m.on_views(a)
     m.on_views(a)
     assert m.computed_configurations == 1
-    m.on_views(b)
+    (replace,) = m.on_views(b)
     assert m.computed_configurations == 2
+    m.on_replace_answered(0.0, replace, None)
     out = m.on_views(a)  # seen before: answered from the memo, not recomputed -- but still acted on
     assert m.computed_configurations == 2
     assert submitted(out)[0].nodes == 2
+    m.on_replace_answered(0.0, out[0], None)
     # clusters it has no configuration on are not part of its input
     m.on_views(views(0.0, c0=[(0, 2), (900, 8)], c9=[(0, 5)]))
     assert m.computed_configurations == 2 and len(runs) == 2
@@ -169,12 +170,52 @@ def test_started_run_ends_with_done_and_close_after_its_actual_runtime():
     assert m.finished and m.stats()["end"] == 210.0 and m.stats()["start"] == 10.0
 
 
-def test_a_cancelled_request_that_starts_is_ignored():
+def _replacing() -> tuple[MoldableLauncher, Submit]:
+    """m waits with m.1 (2 nodes) and replaces it by m.2 (8 nodes): the replace is not answered yet."""
     m = MoldableLauncher("m", "c0", CONFIGS)
     m.on_views(views(0.0, c0=[(0, 2), (900, 8)]))
-    m.on_views(views(50.0, c0=[(50, 8)]))
-    assert m.on_start(50.0, "m.1", ("x", "y")) == []
+    (replace,) = m.on_views(views(50.0, c0=[(50, 8)]))
+    assert replace == Submit(replace.requests, ("m.1",)) and m.current == "m.2"
+    return m, replace
+
+
+def test_a_replace_refused_as_started_keeps_the_old_request():
+    m, replace = _replacing()
+    assert m.on_replace_answered(50.0, replace, "started") == []
+    assert (m.current, m.choice.config, m.replace_refused) == ("m.1", ("c0", 2, 1000.0), 1)
+    assert m.waiting == {"m.1"}
+    assert m.on_start(50.2, "m.1", ("x", "y")) == [Timer(1050.2, "end")]
+    assert m.on_timer(1050.2, "end") == [Done("m.1"), Close()]
+
+
+def test_the_start_of_the_replaced_request_heard_before_the_answer_keeps_it():
+    """The RMS started m.1 before the replace reached it: the replace will be refused; the launcher knows it
+    from the start and keeps m.1 at once; the refusal, when it comes, changes nothing more."""
+    m, replace = _replacing()
+    assert m.on_start(50.1, "m.1", ("x", "y")) == [Timer(1050.1, "end")]
+    assert (m.current, m.started_at, m.replace_refused) == ("m.1", 50.1, 1)
+    assert m.on_replace_answered(50.2, replace, "started") == [] and m.replace_refused == 1
+    assert m.on_views(views(60.0, c0=[(60, 6)])) == []  # started: it chooses no more
+
+
+def test_after_an_accepted_replace_only_the_new_request_runs():
+    m, replace = _replacing()
+    assert m.on_replace_answered(50.0, replace, None) == []
+    assert m.on_start(50.0, "m.1", ("x", "y")) == []  # (cannot happen: the RMS cancelled it with the replace)
     assert m.started_at is None and m.on_start(51.0, "m.2", tuple("abcdefgh")) == [Timer(451.0, "end")]
+
+
+def test_a_new_choice_waits_for_the_answer_of_the_replace_then_is_made_on_the_latest_view():
+    m, replace = _replacing()
+    assert m.on_views(views(60.0, c0=[(60, 4)])) == []  # 4 nodes now: chosen once the replace is answered
+    (again,) = m.on_replace_answered(61.0, replace, None)
+    assert again == Submit(again.requests, ("m.2",)) and again.requests[0].nodes == 4
+
+
+def test_a_replace_refused_because_the_old_request_ended_chooses_afresh():
+    m, replace = _replacing()
+    out = m.on_replace_answered(50.0, replace, "ended")
+    assert submitted(out)[0].nodes == 8 and out[0].replaces == () and m.current == out[0].requests[0].id
 
 
 def test_walltime_end_closes():
