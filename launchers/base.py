@@ -287,7 +287,7 @@ class SelectingLauncher(Launcher):
         reached it, so the replace is refused (``started``) -- the launcher keeps that request at once."""
         if self._replacing is not None and request in self._replacing.replaces:
             self._restore(self._before_replace)
-            self._replacing, self._before_replace = None, None
+            self._replacing, self._before_replace, self._chose_while_replacing = None, None, False
             self.replace_refused += 1
 
     def on_replace_answered(self, now: float, submit: Submit, refused: str | None) -> list[Command]:
