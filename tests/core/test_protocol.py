@@ -5,10 +5,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from coorm.shared import subjects
-from coorm.shared.protocol import WIRE_MODELS, ChangeNotify, DoneMsg, RequestMsg, json_schemas
+from coorm.shared import bus, subjects
+from coorm.shared.protocol import (
+    WIRE_MODELS,
+    ChangeNotify,
+    DoneMsg,
+    HeartbeatMsg,
+    RequestMsg,
+    heartbeat_token,
+    json_schemas,
+)
 from coorm.shared.stepfn import StepFunction
 
 
@@ -49,3 +59,28 @@ def test_done_message():
 def test_subjects_are_versioned_and_per_application():
     assert subjects.app_request("a7") == "coorm.v1.app.a7.request"
     assert subjects.notify_change("a7").startswith("coorm.v1.app.a7.")
+
+
+_TOKENISH = st.one_of(
+    st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=260),
+    st.text(max_size=20),
+    st.just("t" * 256), st.just("t" * 257), st.just(""),
+)
+
+
+@given(token=_TOKENISH, head=st.sampled_from([b'{"token":"', b'{"token": "', b'{"tok":"', b'']),
+       tail=st.sampled_from([b'"}', b'" }', b'","x":1}', b'"']))
+def test_a_heartbeat_read_without_parsing_is_one_the_model_accepts_with_that_token(token, head, tail):
+    """The policy engine reads a compact heartbeat's token without parsing it (``heartbeat_token``): whatever
+    it reads so must be a heartbeat :class:`HeartbeatMsg` accepts, with the same token; what it does not read
+    goes to the model, which judges it as before."""
+    data = head + token.encode("utf-8", "surrogatepass") + tail
+    read = heartbeat_token(data)
+    try:
+        parsed = bus.decode(data, HeartbeatMsg).token.encode()
+    except (bus.WireError, UnicodeEncodeError):
+        parsed = None
+    if read is not None:
+        assert parsed == read
+    if head == b'{"token":"' and tail == b'"}' and parsed is not None and '"' not in token and "\\" not in token:
+        assert read == parsed  # a client's own form, valid: read without parsing

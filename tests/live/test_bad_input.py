@@ -124,6 +124,18 @@ def _cases(a: Session, b: Session, node_a: str) -> list[tuple[str, str, object, 
         ("views: a non-ASCII app", subjects.app_views(f"{me}.\u00e9"), {}, "bad_request"),
         ("views: an app id too long", subjects.app_views(f"{me}." + "x" * 129), {}, "bad_request"),
         ("heartbeat: '>' for an app", subjects.app_heartbeat(f"{me}.>"), {"token": ta}, "bad_request"),
+        # the engine reads a heartbeat in a client's own compact form without parsing it: the same refusals
+        ("heartbeat, compact: another session's token", subjects.app_heartbeat(a.app),
+         b'{"token":"' + tb.encode() + b'"}', "bad_token"),
+        ("heartbeat, compact: unknown app", subjects.app_heartbeat(f"{me}.ghost"), b'{"token":"' + ta.encode() + b'"}',
+         "unknown_app"),
+        ("heartbeat, compact: '*' for an app", subjects.app_heartbeat(f"{me}.*"), b'{"token":"' + ta.encode() + b'"}',
+         "bad_request"),
+        ("heartbeat, compact: a token of emoji", subjects.app_heartbeat(a.app), '{"token":"\U0001f642"}'.encode(),
+         "bad_message"),
+        ("heartbeat, compact: an escaped quote", subjects.app_heartbeat(a.app), b'{"token":"' + ta.encode() + b'\\""}',
+         "bad_token"),
+        ("heartbeat, compact: an empty token", subjects.app_heartbeat(a.app), b'{"token":""}', "bad_message"),
     ]
 
 
