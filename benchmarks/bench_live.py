@@ -13,6 +13,13 @@ separate processes), with N concurrent launchers (one process here, one NATS con
     python benchmarks/bench_live.py --n 10 100   # fewer
     python benchmarks/bench_live.py --n 100 1000 --only latency   # the latency rows alone
     python benchmarks/bench_live.py --n 100 --only latency --tap   # and the messages per subject
+    python benchmarks/bench_live.py --n 5000 --nodes 10000 --only latency --workers 4
+                                                  # the sessions spread over 4 more processes
+
+With ``--workers K`` the one-by-one latency is measured from 100 sessions of this process while the other
+N - 100 sessions are opened, heartbeat and receive their views in K worker processes (this one process
+cannot run 5,000 launchers: it was busy in 880 of 896 samples and printed nothing in 12 minutes); the
+burst is not run then. The workers' CPU is counted as the launchers'.
 
 Beside the latencies, the CPU milliseconds each process of the system (and this one, the launchers) spent
 per request over the two latency runs -- from the first request to the last, the sessions open (their
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -179,7 +187,58 @@ def cpu_by_process(up: Up) -> dict[str, float]:
         out[name] = total
     t = os.times()
     out["launchers (bench)"] = t.user + t.system
+    if _workers:
+        out["launchers (workers)"] = sum(cpu_seconds(w.pid) for w in _workers)
     return out
+
+
+MEASURING = 100  # with --workers: the sessions of this process, whose requests are timed
+_workers: list[asyncio.subprocess.Process] = []  # the worker processes holding the other sessions
+
+
+async def start_workers(settings, sessions: int, workers: int) -> None:
+    """``workers`` processes holding ``sessions`` open sessions between them (``--worker``), once each has
+    opened its share and received its views."""
+    env = {**os.environ, "COORM_BENCH_SETTINGS": settings.model_dump_json()}
+    share = [sessions // workers + (i < sessions % workers) for i in range(workers)]
+    for i, k in enumerate(share):
+        if k:
+            _workers.append(await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--worker", str(k), "--worker-name", f"w{i}.", env=env,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True))
+    for w in _workers:
+        assert w.stdout is not None
+        line = await asyncio.wait_for(w.stdout.readline(), 600)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"a worker failed to open its sessions (exit {await w.wait()})")
+
+
+async def stop_workers() -> None:
+    """Their sessions closed, the workers exit (end of their standard input); killed by group if not."""
+    for w in _workers:
+        if w.stdin is not None:
+            w.stdin.close()
+    for w in _workers:
+        try:
+            await asyncio.wait_for(w.wait(), 120)
+        except TimeoutError:
+            os.killpg(w.pid, signal.SIGKILL)
+            await w.wait()
+    _workers.clear()
+
+
+async def worker(count: int, name: str) -> None:
+    """A worker process: ``count`` open sessions, heartbeating and receiving their views, until its standard
+    input ends; then it closes them."""
+    from coorm.shared.settings import Settings
+
+    settings = Settings.model_validate_json(os.environ["COORM_BENCH_SETTINGS"])
+    sessions = await open_sessions(settings, count, name)
+    await asyncio.gather(*(s.wait_views() for s in sessions))
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await asyncio.gather(*(s.close() for s in sessions))
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -210,11 +269,16 @@ async def open_sessions(settings, n: int, name: str, at_once: int = 50) -> list[
 
 
 async def latency_idle(settings, n: int, cpu: Callable[[], dict[str, float]],
-                       cpu_of: Callable[[], dict[str, float]], samples: int = 200, rate: float = 25.0) -> dict:
+                       cpu_of: Callable[[], dict[str, float]], samples: int = 200, rate: float = 25.0,
+                       workers: int = 0) -> dict:
     """N launchers with open sessions (receiving their views); requests arrive at ``rate`` a second in all,
-    each from a random launcher, and each is done once started: the time from request to start."""
+    each from a random launcher, and each is done once started: the time from request to start. With
+    ``workers``, from a random one of this process's MEASURING sessions, the others in the workers."""
     rng = random.Random(n)
-    sessions = await open_sessions(settings, n, "idle")
+    spread = workers > 0 and n > MEASURING
+    if spread:
+        await start_workers(settings, n - MEASURING, workers)
+    sessions = await open_sessions(settings, MEASURING if spread else n, "idle")
     await asyncio.gather(*(s.wait_views() for s in sessions))
     # what N open sessions cost with no request at all (heartbeats, mostly): CPU a second, per process
     quiet0, t0 = cpu_of(), time.perf_counter()
@@ -237,6 +301,7 @@ async def latency_idle(settings, n: int, cpu: Callable[[], dict[str, float]],
     await asyncio.gather(*tasks)
     cpu1 = cpu()
     await asyncio.gather(*(s.close() for s in sessions))
+    await stop_workers()
     return {"p50_ms": 1000 * pct(lat, 50), "p99_ms": 1000 * pct(lat, 99), "requests": len(lat),
             "cpu": {k: cpu1.get(k, 0.0) - v for k, v in cpu0.items()},
             "quiet": {k: (quiet1.get(k, 0.0) - v) / dt for k, v in quiet0.items()}}
@@ -343,7 +408,8 @@ def cpu_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-async def run(ns: list[int], nodes: int, jobs: int, only: str = "all", args_tap: bool = False) -> None:
+async def run(ns: list[int], nodes: int, jobs: int, only: str = "all", args_tap: bool = False,
+              workers: int = 0) -> None:
     env = {"COORM_RESCHEDULE_INTERVAL": str(INTERVAL), "COORM_FAIR_START": "0", "COORM_LOG_LEVEL": "WARNING",
            "COORM_SESSION_TIMEOUT": "120"}
     up = Up({"c0": nodes}, env=env, write_connection=False, accounting=False)
@@ -364,11 +430,15 @@ async def run(ns: list[int], nodes: int, jobs: int, only: str = "all", args_tap:
                 tap.switch()  # (called as the requests start, and as they end)
                 return cpu_by_process(up)
 
-            idle = await latency_idle(settings, n, cpu, lambda: cpu_by_process(up))
-            lat = await latency(settings, n, cpu)
-            if only == "latency":
+            idle = await latency_idle(settings, n, cpu, lambda: cpu_by_process(up), workers=workers)
+            spread = workers > 0 and n > MEASURING
+            lat = await latency(settings, n, cpu) if not spread else {"p50_ms": float("nan"),
+                                                                        "p99_ms": float("nan"), "requests": 0,
+                                                                        "cpu": {}}
+            if only == "latency" or spread:
                 print(f"{n:>6} {idle['p50_ms']:>6.1f} {idle['p99_ms']:>6.1f} {lat['p50_ms']:>8.1f} "
-                      f"{lat['p99_ms']:>8.1f}", flush=True)
+                      f"{lat['p99_ms']:>8.1f}" + (f"  ({MEASURING} sessions timed here, {n - MEASURING} in "
+                                                  f"{workers} workers; no burst)" if spread else ""), flush=True)
             else:
                 tp = await throughput(settings, n, max(1, jobs // n))
                 ts = await throughput_in_session(settings, n, max(1, jobs // n))
@@ -386,6 +456,7 @@ async def run(ns: list[int], nodes: int, jobs: int, only: str = "all", args_tap:
             if args_tap:
                 print(tap.table(idle["requests"] + lat["requests"]), flush=True)
     finally:
+        await stop_workers()
         await tap.close()
         await asyncio.to_thread(up.stop)
 
@@ -397,6 +468,9 @@ def _sigterm(_sig, _frame):
     """A benchmark stopped with SIGTERM stops the system it started -- its servers and services run in
     sessions of their own, and were left running -- and exits 143 at once: the event loop, interrupted, waited
     for ever on a thousand sessions' tasks to end."""
+    for w in _workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(w.pid, signal.SIGKILL)
     for up in _started:
         up.stop("the benchmark was stopped")
     os._exit(128 + signal.SIGTERM)
@@ -411,9 +485,16 @@ def main() -> None:
                     help="latency: leave out the throughput runs")
     ap.add_argument("--tap", action="store_true",
                     help="count every message on the bus during the latency runs, per subject (adds its own load)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="spread all but 100 of the sessions over this many more processes (one-by-one latency only)")
+    ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)  # (a worker process: its sessions)
+    ap.add_argument("--worker-name", default="w.", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        asyncio.run(worker(args.worker, args.worker_name))
+        return
     signal.signal(signal.SIGTERM, _sigterm)
-    asyncio.run(run(args.n, max(args.nodes, max(args.n)), args.jobs, args.only, args.tap))
+    asyncio.run(run(args.n, max(args.nodes, max(args.n)), args.jobs, args.only, args.tap, args.workers))
 
 
 if __name__ == "__main__":
