@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from coorm.launchers.live import CANNOT_RUN, RunResult, process_exit_code
-from coorm.launchers.sdk import Closed, Exited, Killed, Session, Started
+from coorm.launchers.sdk import Closed, Exited, Killed, Session, SessionReaped, Started
 from coorm.services.batch.core import ENDED, JobState
 from coorm.services.batch.farm import Ask, FarmCore, Release, Run, Wake
 from coorm.shared import bus, keys
@@ -342,6 +342,8 @@ class FarmRunner:
         try:
             await self.session.request(*specs)
         except bus.WireError as e:  # the RMS refuses the farm's slots: its tasks cannot run
+            if e.code is ErrorCode.UNKNOWN_APP:  # no: the session is gone (its Closed may not have come yet)
+                raise SessionReaped(self.session.app) from None
             log.error("the RMS refused a farm's slots", farm=self.sid, error=e.message)
             for a in asks:
                 self.core.slot_ended(a.request)

@@ -45,7 +45,7 @@ from coorm.batch import jobscript
 from coorm.launchers.base import ClusterProps
 from coorm.launchers.live import LiveRunner, Resumed, RunResult
 from coorm.launchers.rigid import RigidLauncher
-from coorm.launchers.sdk import Exited, Killed, Session, Started
+from coorm.launchers.sdk import Exited, Killed, Session, SessionReaped, Started
 from coorm.services.batch.core import (
     ENDED,
     BatchCore,
@@ -78,6 +78,8 @@ from coorm.shared.protocol import (
 )
 from coorm.shared.settings import Settings
 
+_REAPED = ("its session ended while the batch service could not be heard (stopped or cut off for the session "
+           "timeout): its processes were killed")
 log = structlog.get_logger("coorm.batch")
 
 NO_PROPS = ClusterProps(nodes={})  # a rigid launcher does not read them: two requests per job spared
@@ -599,6 +601,19 @@ class BatchService:
         except bus.Unreachable:
             log.error("NATS lost for good: the farm is taken up by the next instance", farm=farm.sid)
             raise
+        except SessionReaped:
+            # this service could not be heard for the session timeout (stopped, cut off) and the RMS ended the
+            # farm's session, killing its processes: as when the service was down (_take_up), its running tasks
+            # failed with their nodes, its queued ones go to a new farm
+            log.error("the RMS ended a task farm's session unheard", farm=farm.sid)
+            self.farm_closing(farm.sid, farm)
+            mine = [self.core.jobs[t] for t in farm._mine() if t in self.core.jobs]
+            for member in mine:
+                if member.state is JobState.RUNNING:
+                    await self._end(member.id, JobState.NODE_FAIL, None, _REAPED)
+            with contextlib.suppress(Exception):
+                await self.redis.hdel(keys.BATCH_FARMS, farm.sid)
+            self.farm_again(farm.sid, [m.id for m in mine if m.state is JobState.QUEUED])
         except Exception as e:  # noqa: BLE001 - one farm's failure must not stop the others
             log.exception("a task farm failed", farm=farm.sid)
             self.farm_closing(farm.sid, farm)  # (nothing more is handed to it)
@@ -782,6 +797,9 @@ class BatchService:
         except bus.Unreachable:
             log.error("NATS lost for good: the jobs are taken up by the next instance", job=job)
             raise
+        except SessionReaped:
+            await self._end(job, JobState.NODE_FAIL, None, _REAPED)
+            return
         except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others
             log.exception("a batch job's launcher failed", job=job)
             if self.core.jobs.get(job) is not None and self.core.jobs[job].state not in ENDED:

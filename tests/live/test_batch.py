@@ -507,3 +507,36 @@ async def test_a_batch_service_killed_mid_job_loses_nothing(servers, redis_url, 
         finally:
             await bus.shutdown(conn)
             batch.stop_all()
+
+
+async def test_a_batch_service_unheard_past_the_session_timeout_fails_its_running_job_and_runs_the_queued(
+        servers, redis_url, tmp_path):
+    """The batch service stopped (SIGSTOP) for longer than the session timeout, with a job running and one
+    queued behind it: the RMS reaps the farm's session and kills the running job's processes. Continued
+    (SIGCONT), the service hears its session is gone: the running job ends node_fail at once, and the queued one
+    runs in a new farm and completes -- neither waits for ever on a session the RMS no longer has."""
+    batch = BatchProcesses(servers, tmp_path)
+    batch.settings = batch.settings.model_copy(update={"session_timeout": 2.5})
+    batch.env["COORM_SESSION_TIMEOUT"] = "2.5"
+    batch.start()
+    async with LocalStack(batch.settings, {"c0": 4}) as stack:
+        conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
+        try:
+            await _until_served(conn)
+            running = await submit(conn, tmp_path, nodes=4, cluster="c0", argv=["sleep", "1000"])
+            queued = await submit(conn, tmp_path, nodes=4, cluster="c0", argv=["sh", "-c", "exit 3"])
+            await until_state(conn, running, "running")
+            proc = batch.procs[-1]
+            os.killpg(proc.pid, signal.SIGSTOP)
+            try:
+                # reaped: the RMS ends its requests, and the nodes are free again
+                await wait_until(lambda: not stack.engine.cores.policy.apps, 30, "the unheard session reaped")
+            finally:
+                os.killpg(proc.pid, signal.SIGCONT)
+            (rec,) = await ended(conn, running)
+            assert rec.state == "node_fail", rec
+            (rec,) = await ended(conn, queued)
+            assert (rec.state, rec.exit_code) == ("failed", 3), rec
+        finally:
+            await bus.shutdown(conn)
+            batch.stop_all()
