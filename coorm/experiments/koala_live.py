@@ -29,30 +29,41 @@ JOBS, QUICK_JOBS = 12, 6
 LONG = ["sleep", "3600"]  # a job's process on each of its nodes (killed when the node goes back)
 
 
-def env(policy: str, precedence: str) -> dict[str, str]:
+PASS = 0.2  # seconds between the live passes (COORM_RESCHEDULE_INTERVAL): the simulated runs' 1 s
+GRACE = 3.0  # a mandatory shrink's (COORM_PREEMPT_GRACE)
+
+
+def env(policy: str, precedence: str, interval: float = PASS) -> dict[str, str]:
+    """The system's settings; ``interval`` above :data:`PASS`: KOALA's polling (koala-pwa-growth), one pass at
+    most in so many seconds (no burst of passes within an interval, as in the simulated runs) and a mandatory
+    shrink's grace a pass longer (as :func:`coorm.experiments.koala._grace`)."""
+    polling = interval > PASS
     return {"COORM_MALLEABLE_POLICY": policy, "COORM_PRECEDENCE": precedence,
-            "COORM_LOCAL_THRESHOLD": str(THRESHOLD), "COORM_RESCHEDULE_INTERVAL": "0.2", "COORM_FAIR_START": "0",
-            "COORM_PREEMPT_GRACE": "3", "COORM_KILL_GRACE": "1", "COORM_LOG_LEVEL": "WARNING",
-            "COORM_SESSION_TIMEOUT": "60"}
+            "COORM_LOCAL_THRESHOLD": str(THRESHOLD), "COORM_RESCHEDULE_INTERVAL": f"{interval:g}",
+            **({"COORM_PASS_BURST": "1"} if polling else {}),
+            "COORM_FAIR_START": "0", "COORM_PREEMPT_GRACE": f"{GRACE + interval if polling else GRACE:g}",
+            "COORM_KILL_GRACE": "1", "COORM_LOG_LEVEL": "WARNING", "COORM_SESSION_TIMEOUT": "60"}
 
 
 def run_live(name: str, precedence: str, interarrival: float, out: Path, quick: bool = False,
              policies: tuple[str, ...] = koala.POLICIES, workload: str = "Wmr",
-             loads: tuple[float, ...] = (0.0,)) -> list[dict]:
-    """One live run per other users' load and policy (workload ``Wmr``: malleable and rigid jobs; ``Wm``: all
-    malleable), each on a system started for it."""
+             loads: tuple[float, ...] = (0.0,), intervals: tuple[float, ...] = (PASS,)) -> list[dict]:
+    """One live run per other users' load, pass interval and policy (workload ``Wmr``: malleable and rigid
+    jobs; ``Wm``: all malleable), each on a system started for it."""
     from coorm.cli.up import Up
 
     rows = []
     for load in loads:
-        for policy in policies:
-            up = Up(CLUSTERS, env=env(policy, precedence), write_connection=False, accounting=False)
-            try:
-                settings = up.start(180)
-                rows.append(asyncio.run(_run(settings, policy, precedence, interarrival / SPEED,
-                                             QUICK_JOBS if quick else JOBS, workload=workload, background=load)))
-            finally:
-                up.stop()
+        for interval in intervals:
+            for policy in policies:
+                up = Up(CLUSTERS, env=env(policy, precedence, interval), write_connection=False, accounting=False)
+                try:
+                    settings = up.start(180)
+                    row = asyncio.run(_run(settings, policy, precedence, interarrival / SPEED,
+                                           QUICK_JOBS if quick else JOBS, workload=workload, background=load))
+                finally:
+                    up.stop()
+                rows.append(row | {"poll_s": interval})
     common.write_csv(out / f"{name}-live.csv", rows)
     return rows
 
@@ -109,6 +120,7 @@ async def _run(settings, policy: str, precedence: str, interarrival: float, jobs
         "finished": len(done), "failed": sum(1 for r in results if r.exit_code != 0),
         "exec_mean_s": statistics.fmean(j.ended - j.started for j, _ in done) if done else float("nan"),  # type: ignore[operator]
         "response_mean_s": statistics.fmean(j.ended - at for j, at in done) if done else float("nan"),  # type: ignore[operator]
+        "wait_mean_s": statistics.fmean(j.started - at for j, at in done) if done else float("nan"),  # type: ignore[operator]
         "avg_size": statistics.fmean(j.area / (j.ended - j.started) for j, _ in done) if done else 0.0,  # type: ignore[operator]
         "max_size_mean": statistics.fmean(j.max_size for j, _ in done) if done else 0.0,
         "stuck_at_min_pct": 100.0 * sum(j.max_size <= koala.MIN_NODES for j, _ in done) / max(len(done), 1),
@@ -137,3 +149,15 @@ def load_table(rows: list[dict]) -> str:
           f"{r['jobs']} ({r['malleable']})", r["finished"], r["failed"], f"{r['exec_mean_s']:.1f}",
           f"{r['response_mean_s']:.1f}", f"{r['avg_size']:.1f}", f"{r['max_size_mean']:.1f}",
           f"{r['stuck_at_min_pct']:.0f}", r["grows"], r["shrinks"]) for r in rows])
+
+
+def growth_table(rows: list[dict]) -> str:
+    """koala-pwa-growth's live rows: other users' load and the pass interval beside each policy's."""
+    return common.md_table(
+        ("other users' load (jobs)", "poll (s)", "policy", "jobs (malleable)", "finished", "failed",
+         "exec. time (s)", "response time (s)", "wait (s)", "avg size", "max size", "stuck at 2 (%)", "grows",
+         "shrinks"),
+        [(f"{100 * r['background']:.0f} % ({r['background_jobs']})", f"{r['poll_s']:g}", r["policy"].upper(),
+          f"{r['jobs']} ({r['malleable']})", r["finished"], r["failed"], f"{r['exec_mean_s']:.1f}",
+          f"{r['response_mean_s']:.1f}", f"{r['wait_mean_s']:.1f}", f"{r['avg_size']:.1f}",
+          f"{r['max_size_mean']:.1f}", f"{r['stuck_at_min_pct']:.0f}", r["grows"], r["shrinks"]) for r in rows])

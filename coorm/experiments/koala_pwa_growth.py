@@ -20,7 +20,13 @@ time is "far worse". Does either reading turn that round?
 Besides ``koala-pwa``'s metrics, each row counts the jobs stuck at their minimum per application (GADGET 2,
 FT) and the jobs whose size *averaged over their run* stays under 3 nodes (``near_min_pct``: Fig. 8(a)'s
 reading of "stuck", where ``stuck_at_min_pct`` is Fig. 8(b)'s). W'm only (the workload of every one of the
-paper's PWA statements); Wmr is left out for the budget."""
+paper's PWA statements); Wmr is left out for the budget.
+
+``--live`` runs the same launchers over ``coorm up`` at koala-pra/pwa's reduced size
+(:mod:`coorm.experiments.koala_live`), W'm, each policy with the live passes (0.2 s apart, in bursts) and
+with one pass at most every 3 s (60 s divided by the applications' speed-up of 20), without and with other
+users' rigid jobs at 90 % nominal load (koala-pwa-load's live model); ``--quick``: EGS without load, both
+intervals."""
 
 from __future__ import annotations
 
@@ -115,3 +121,26 @@ def markdown(rows: list[dict]) -> dict[str, str]:
                   f"({seeds}); DAS3's five clusters ({r0['nodes']} nodes), each job placed by worst-fit, "
                   f"{koala.THRESHOLD} nodes of each cluster kept for local users; other users' rigid jobs as in "
                   "koala-pwa-load. Utilisation counts every job.\n\n" + table + "\n\n" + checks + "\n\n" + verdict}
+
+
+def live_intervals() -> tuple[float, ...]:
+    """The live passes' intervals: the live system's own (for the 1 s passes) and the slowest poll at the
+    live speed-up (60 s / 20 = 3 s)."""
+    from coorm.experiments import koala_live
+
+    return (koala_live.PASS, max(POLLS) / koala_live.SPEED)
+
+
+def run_live(out: Path, quick: bool = False) -> list[dict]:
+    """The same launchers over ``coorm up``, at a reduced size (quick: EGS without load)."""
+    from coorm.experiments import koala_live
+
+    policies, loads = (("egs",), (0.0,)) if quick else (POLICIES, LOADS)
+    return koala_live.run_live(NAME, "waiting", INTERARRIVAL, out, quick, policies=policies, workload="Wm",
+                               loads=loads, intervals=live_intervals())
+
+
+def live_markdown(rows: list[dict]) -> str:
+    from coorm.experiments import koala_live
+
+    return koala_live.growth_table(rows)
