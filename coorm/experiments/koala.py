@@ -342,7 +342,10 @@ GRACE = 10.0  # seconds a malleable job has to give back what a mandatory shrink
 
 def _grace(poll: float) -> float:
     """The grace of a mandatory shrink: GRACE, and under polling a poll more, so that a job always hears a
-    pass's views before its deadline is enforced. Still needed after the policy core's fix of 12c6fe9 (a
+    pass's views before its deadline is enforced. The stored koala-pwa-growth table was made with it; the
+    core no longer needs it (a pending shrink is met against what it asked, ``App.shrink_to``: the run below
+    ends no job with ``grace=GRACE``), and it can go once that table is rerun. It was needed after the
+    policy core's fix of 12c6fe9 (a
     done that brings the holder within its view by the deadline meets it): that fix checks the view
     *re-shared* at the done, which under EGS can be below the view the shrink asked for, the done having
     lowered the job's want -- so a job that gave back exactly what it was told keeps the old deadline, and

@@ -174,13 +174,18 @@ def enforce(core: PolicyCore, sched: Schedule, stimulus: str) -> tuple[list[Pree
                 continue
             holding.add((app_id, cluster))
             app = core.apps[app_id]
-            if held <= view:
+            if held <= view or held <= app.shrink_to.get(cluster, -1):
+                # within its view; or it gave back what its pending shrink asked: a view lower still is a new
+                # shrink, told below with its own grace
                 app.deadlines.pop(cluster, None)
-                continue
+                app.shrink_to.pop(cluster, None)
+                if held <= view:
+                    continue
             deadline = app.deadlines.get(cluster)
             if deadline is None:
                 deadline = now + grace
                 app.deadlines[cluster] = deadline
+                app.shrink_to[cluster] = view
                 decisions.append(
                     PreemptionDeadline(
                         stimulus_id=stimulus, app=app_id, cluster=cluster, held=held, allowed=view, deadline=deadline
@@ -191,6 +196,7 @@ def enforce(core: PolicyCore, sched: Schedule, stimulus: str) -> tuple[list[Pree
     for app in core.apps.values():
         for cluster in [c for c in app.deadlines if (app.id, c) not in holding]:
             del app.deadlines[cluster]
+            app.shrink_to.pop(cluster, None)
     return decisions, violators
 
 

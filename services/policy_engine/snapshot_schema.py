@@ -57,7 +57,7 @@ from coorm.shared.negotiation import NegotiationTerms
 from coorm.shared.requests import Relation, RequestType
 from coorm.shared.stepfn import INF
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 Doc = dict[str, Any]
 
@@ -104,9 +104,19 @@ def _v4_placement(doc: Doc) -> Doc:
     return doc
 
 
+def _v5_shrink_to(doc: Doc) -> Doc:
+    """Version 5: what each pending preemption deadline allows (``shrink_to``). Version 4 did not keep it: a
+    holder's ``done`` is judged against its view worked out again, as version 4's engine judged it, until its
+    next shrink."""
+    for app in doc["policy"]["apps"]:
+        app["shrink_to"] = []
+    return doc
+
+
 # version N -> the function that turns a document of version N - 1 into one of version N. Each takes and
 # returns plain JSON (dicts, lists, str, numbers); it may assume its input is a valid document of N - 1.
-UPGRADES: dict[int, Callable[[Doc], Doc]] = {2: _v2_koala, 3: _v3_negotiation, 4: _v4_placement}
+UPGRADES: dict[int, Callable[[Doc], Doc]] = {2: _v2_koala, 3: _v3_negotiation, 4: _v4_placement,
+                                             5: _v5_shrink_to}
 
 
 def upgrade(doc: Doc, version: int, upgrades: dict[int, Callable[[Doc], Doc]] | None = None,
@@ -227,6 +237,7 @@ class AppDoc(_Model):
     requests: list[str]  # ids of live requests (policy.requests), in the application's order
     preemptible: list[str]  # the preemptible ones among them, same order
     deadlines: list[tuple[str, Num]]
+    shrink_to: list[tuple[str, int]]
     ended: list[str]
 
 
@@ -410,7 +421,7 @@ CARRIED: dict[type, dict[str, str]] = {
     },
     Request: _same("id app type cluster nodes duration related_to related_how submitted_at seq phase start end "
                    "container placed_in successor released done_at end_reason placement allowed"),
-    App: _same("id opened_at seq user name kind adapts started_at requests preemptible deadlines ended"),
+    App: _same("id opened_at seq user name kind adapts started_at requests preemptible deadlines shrink_to ended"),
     Hold: _same("cluster begin until nodes physical request awaiting"),
     Schedule: _same("epoch now policy up base log log_ids marks np_signature np_usage demands p_signature "
                     "priorities used_now threshold"),
@@ -476,7 +487,8 @@ def _dump_app(a: App) -> Doc:
         "id": a.id, "opened_at": _n(a.opened_at), "seq": a.seq, "user": a.user, "name": a.name, "kind": a.kind,
         "adapts": a.adapts, "started_at": _n(a.started_at), "requests": list(a.requests),
         "preemptible": list(a.preemptible),
-        "deadlines": [[c, _n(t)] for c, t in a.deadlines.items()], "ended": list(a.ended),
+        "deadlines": [[c, _n(t)] for c, t in a.deadlines.items()],
+        "shrink_to": [[c, n] for c, n in a.shrink_to.items()], "ended": list(a.ended),
     }
 
 
@@ -617,6 +629,7 @@ def _build_policy(p: PolicyCore, d: PolicyDoc) -> None:
         app.requests = _pick(p.requests, a.requests, f"application {a.id}")
         app.preemptible = _pick(p.requests, a.preemptible, f"application {a.id}")
         app.deadlines = dict(a.deadlines)
+        app.shrink_to = dict(a.shrink_to)
         app.ended = list(a.ended)
         p.apps[app.id] = app
     p._order = list(d.order)

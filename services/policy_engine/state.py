@@ -100,6 +100,9 @@ class App:
     started_at: float = INF
     # cluster -> time by which preemptible nodes above the preemptive view must be released
     deadlines: dict[str, float] = field(default_factory=dict)
+    # cluster -> the nodes its pending deadline allows: what giving back meets that shrink (a view worked out
+    # again later may be lower -- the wants changed -- and that is a new shrink, with a grace of its own)
+    shrink_to: dict[str, int] = field(default_factory=dict)
     # its ended requests (the core's ``ended`` entries for them go when the session does)
     ended: list[str] = field(default_factory=list)
 

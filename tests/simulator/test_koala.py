@@ -100,3 +100,12 @@ def test_worst_fit_places_each_job_on_the_cluster_with_the_most_idle_nodes():
 def test_a_trend_within_two_percent_is_no_difference():
     assert koala._cmp(10.1, 10.0) == "no difference"
     assert koala._cmp(11.0, 10.0) == "holds" and koala._cmp(9.0, 10.0) == "opposite"
+
+
+def test_a_job_that_gives_back_what_a_shrink_asked_is_not_ended_when_the_cluster_is_shared_again():
+    """EGS, passes every 30 s, a grace of 10 s, 90 % load: m157 was told to go from 4 to 3 nodes and gave
+    back 1 at once, but EGS, its want having fallen, shared the cluster again as 2 for it; judged against
+    that re-shared view, it kept the old deadline and the next pass ended it (the run stopped with a refused
+    command). A pending shrink is now met against what it asked: no job is ended, every job finishes."""
+    r = koala.simulate("egs", "waiting", "Wm", jobs=300, interarrival=30, seed=0, background=0.9, poll=30, grace=10)
+    assert (r["violators"], r["finished"]) == (0, r["malleable"]) == (0, 300)
