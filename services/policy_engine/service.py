@@ -699,13 +699,20 @@ class PolicyEngine:
     # ============================================================================================
     def _check(self, subject: str, token: str) -> str:
         app = subjects.app_of(subject)
-        session = self.sessions.get(app)
-        if session is None:
+        if self._heard(app, token.encode()):  # (bytes: any text compares)
+            return app
+        if app not in self.sessions:
             raise bus.WireError(ErrorCode.UNKNOWN_APP, f"no open session {app}")
-        if not secrets.compare_digest(session["token"].encode(), token.encode()):  # (bytes: any text compares)
-            raise bus.WireError(ErrorCode.BAD_TOKEN, f"wrong session token for {app}")
+        raise bus.WireError(ErrorCode.BAD_TOKEN, f"wrong session token for {app}")
+
+    def _heard(self, app: str, token: bytes) -> bool:
+        """Whether ``token`` is open session ``app``'s; then the session was heard of now. The one check of a
+        session's token, for every command and for the heartbeats read without parsing."""
+        session = self.sessions.get(app)
+        if session is None or not secrets.compare_digest(session["token"].encode(), token):
+            return False
         self.last_seen[app] = clock()
-        return app
+        return True
 
     @staticmethod
     def _answer(out: list) -> Ack:
@@ -807,12 +814,7 @@ class PolicyEngine:
         token = heartbeat_token(raw.data)
         if token is None:
             return None
-        app = subjects.app_of(raw.subject)
-        session = self.sessions.get(app)
-        if session is None or not secrets.compare_digest(session["token"].encode(), token):
-            return None
-        self.last_seen[app] = clock()
-        return _ACK
+        return _ACK if self._heard(subjects.app_of(raw.subject), token) else None
 
     async def _on_nodes(self, msg: NodesEvent, raw: Msg) -> Ack:
         if msg.kind == "register":
