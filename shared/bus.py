@@ -147,13 +147,23 @@ def _log_error(url: str) -> Callable[[Exception], Awaitable[None]]:
     return on_error
 
 
+async def settled(nc: NATS, timeout: float = 10.0) -> None:
+    """Until the server has taken everything written on ``nc`` so far: its subscriptions in force, its
+    publishes received. ``nc.flush()`` alone is no such barrier: nats-py (2.16) writes its PING straight to
+    the socket, ahead of the commands still in its buffer, so the PONG may come back before a subscription
+    reaches the server. That first PING's flush has the writer put the buffer on the socket before the PONG
+    can be read; a second PING follows it there, and its PONG comes after the server has everything."""
+    for _ in range(2):
+        await nc.flush(timeout=math.ceil(timeout))
+
+
 async def shutdown(nc: NATS, timeout: float = 2.0) -> None:
     """Flush what was published, then close. (Not ``drain``: a pull subscription's unread messages hold a
     drain for its whole timeout, and a drain cut short can leave the socket open.)"""
     if nc.is_closed:
         return
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(nc.flush(), timeout)
+        await settled(nc, timeout)
     with contextlib.suppress(Exception):
         await nc.close()
 
@@ -314,7 +324,7 @@ async def serve(nc: NATS, subject: str, model: type[M], handler: Handler, *, que
     sub = await nc.subscribe(subject, queue=queue, cb=on_msg)
     # in force on the server when this returns: a service that says it is ready answers the next request
     # (else a request sent at once may find no responder while the subscription is still on its way)
-    await nc.flush(timeout=10)
+    await settled(nc)
     return sub
 
 

@@ -315,7 +315,7 @@ class Up:
                                     nkeys_seed_str=service.seed, inbox_prefix=service.inbox_prefix)
             try:
                 await nc.publish(subjects.SYSTEM_STOPPING, bus.encode(SystemStopping(reason=reason)))
-                await nc.flush(timeout=1)
+                await bus.settled(nc, 1)
             finally:
                 await nc.close()
 

@@ -141,7 +141,7 @@ class AccountingService:
             with contextlib.suppress(Exception):
                 if self.sub is not None:
                     await self.sub.unsubscribe()
-                await self.nc.flush(timeout=2)
+                await bus.settled(self.nc, 2)
             await self.nc.close()
         if self.celery is not None:
             await asyncio.to_thread(self.celery.close)

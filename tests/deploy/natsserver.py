@@ -17,6 +17,7 @@ from pathlib import Path
 
 import nats
 
+from coorm.shared import bus
 from coorm.shared.credentials import CredentialStore, Identity
 from coorm.shared.endpoints import Role
 from coorm.shared.servers import _wait_port, free_port, nats_binary
@@ -161,7 +162,7 @@ class Client:
         sentinel = f"{self.SENTINEL}.{self._n}"
         assert self.nc is not None
         await self.nc.publish(sentinel, b"")
-        await self.nc.flush(timeout=int(TIMEOUT))
+        await bus.settled(self.nc, int(TIMEOUT))
 
         def index() -> int | None:
             return next((i for i, e in enumerate(self.errors) if f'"{sentinel}"' in e.lower()), None)

@@ -18,7 +18,7 @@ import sys
 import pytest
 import redis
 
-from coorm.shared import keys, subjects
+from coorm.shared import bus, keys, subjects
 from coorm.shared.credentials import new_identity
 from coorm.shared.endpoints import Role
 from coorm.shared.servers import _wait_port, free_port, valkey_binary, valkey_config
@@ -150,7 +150,7 @@ async def test_a_user_s_requests_are_answered_on_the_user_s_inbox(server):
             await msg.respond(b"pong")
 
         await service.subscribe(subjects.SESSION_OPEN_ANY, cb=answer)
-        await service.flush(timeout=int(TIMEOUT))
+        await bus.settled(service, int(TIMEOUT))
         reply = await alice.request(subjects.session_open("alice"), b"{}", timeout=TIMEOUT)
         assert reply.data == b"pong"
         assert seen and seen[0].startswith(subjects.inbox_user("alice") + "."), seen
@@ -214,7 +214,7 @@ async def test_a_request_in_flight_across_a_reload_of_the_users_is_answered(tmp_
         alice = await connect(s.url, s.identity("alice"))
         received: asyncio.Queue = asyncio.Queue()
         await service.subscribe(subjects.SESSION_OPEN_ANY, cb=received.put)
-        await service.flush(timeout=int(TIMEOUT))
+        await bus.settled(service, int(TIMEOUT))
         asking = asyncio.create_task(alice.request(subjects.session_open("alice"), b"{}", timeout=TIMEOUT))
         msg = await asyncio.wait_for(received.get(), TIMEOUT)
         s.store.add_user("carol")  # a change of users: the server re-reads every client's permissions

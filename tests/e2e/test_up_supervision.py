@@ -200,7 +200,7 @@ def test_every_connected_application_is_told_why_coorm_up_stops(up):
         nc = await nats.connect(_urls(env)["nats_url"], allow_reconnect=False, **_as_user(env))
         try:
             sub = await nc.subscribe(subjects.SYSTEM_STOPPING)
-            await nc.flush()  # subscribed before coorm up is asked to stop
+            await bus.settled(nc)  # subscribed before coorm up is asked to stop
             os.killpg(proc.pid, signal.SIGTERM)
             msg = await sub.next_msg(timeout=30)
             return bus.decode(msg.data, SystemStopping)
@@ -245,7 +245,7 @@ def test_coorm_up_exits_non_zero_when_a_child_cannot_be_repaired(up):
         nc = await nats.connect(_urls(env)["nats_url"], **_as_user(env))
         try:
             sub = await nc.subscribe(subjects.SYSTEM_STOPPING)
-            await nc.flush()
+            await bus.settled(nc)
             os.kill(_pids(work)["valkey"], signal.SIGKILL)
             msg = await sub.next_msg(timeout=90)  # the back-offs: 0.5 + 1 + 2 + 4 + 8 s
             return bus.decode(msg.data, SystemStopping)

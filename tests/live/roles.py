@@ -84,7 +84,7 @@ class Roles:
 
     async def flush(self, timeout: int = 10) -> None:
         for nc in self.ncs.values():
-            await nc.flush(timeout)
+            await bus.settled(nc, timeout)
 
     async def drain(self) -> None:
         for nc in self.ncs.values():

@@ -497,7 +497,7 @@ async def dead_letters(settings):
     nc = await bus.connect(settings.nats_url, "test-dead-letters", settings.identity(Role.SERVICE))
     letters: asyncio.Queue = asyncio.Queue()
     await nc.subscribe(subjects.deadletter(subjects.LIFECYCLE_STREAM), cb=letters.put)
-    await nc.flush()
+    await bus.settled(nc)
 
     async def next_letter() -> DeadLetter:
         return DeadLetter.model_validate_json((await asyncio.wait_for(letters.get(), DEADLINE)).data)

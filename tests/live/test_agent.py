@@ -29,7 +29,7 @@ from coorm.node_agent.containment import Cgroups
 from coorm.node_agent.nodes import default_agent_id, host_memory_mb, host_node_info, parse_nodes
 from coorm.node_agent.state import NodeBook, Refused
 from coorm.services.stack import wait_until
-from coorm.shared import subjects
+from coorm.shared import bus, subjects
 from coorm.shared.bus import WireError, call, connect, decode, encode, serve
 from coorm.shared.credentials import CredentialStore
 from coorm.shared.endpoints import Role
@@ -235,7 +235,7 @@ async def app_events(nc, app: str) -> Inbox:
 async def allocator(nc):
     fake = FakeAllocator()
     await serve(nc, subjects.AGENT_REGISTER, AgentRegister, fake.handle)
-    await nc.flush()
+    await bus.settled(nc)
     return fake
 
 
@@ -448,7 +448,7 @@ async def test_a_published_assignment_is_in_force_for_the_next_launch(nc, agent)
     exited = await Inbox(ProcessExited).subscribe(nc, subjects.app_exited(A3))
     starts = await Inbox(StartNotify).subscribe(nc, subjects.notify_start(A3))
     kills = await Inbox(KillNotify).subscribe(nc, subjects.notify_kill(A3))
-    await nc.flush()
+    await bus.settled(nc)
     msg = NodeAssign(app=A3, request="r1", nodes=[n], token_sha256=TOKEN_SHA)
     await nc.publish(subjects.node_assign(n), encode(msg))
     await nc.publish(subjects.notify_start(A3), encode(StartNotify(app=A3, request="r1", cluster="c0", nodes=[n])))

@@ -23,7 +23,7 @@ import pytest
 from coorm.launchers.sdk import Session
 from coorm.node_agent.agent import Agent
 from coorm.node_agent.nodes import host_node_info
-from coorm.shared import subjects
+from coorm.shared import bus, subjects
 from coorm.shared.bus import WireError, call, decode, serve
 from coorm.shared.endpoints import Role
 from coorm.shared.events import EndReason, ErrorCode
@@ -65,7 +65,7 @@ class World:
         self.exits = Inbox(ProcessExited)
         await self.exits.subscribe(self.nc, subjects.app_exited(A1))
         for c in self.nc.ncs.values():
-            await c.flush()
+            await bus.settled(c)
         s = self.settings.model_copy(update={"agent_heartbeat": 0.2, "kill_grace": 0.3,
                                              "agent_state_dir": self.tmp_path / "agents"})
         self.agent = Agent(s, f"agent-{self.prefix}", "c0", host_node_info(self.nodes, cores=1, memory_mb=64))
@@ -78,7 +78,7 @@ class World:
         self.session = Session(nc=self.nc.ncs[Role.LAUNCHER], reply=reply, settings=self.settings,
                                own_connection=False, with_views=False)
         await self.session._subscribe()
-        await self.nc.ncs[Role.LAUNCHER].flush()
+        await bus.settled(self.nc.ncs[Role.LAUNCHER])
         return self
 
     async def stop(self) -> None:

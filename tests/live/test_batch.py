@@ -299,7 +299,7 @@ async def test_another_user_can_neither_cancel_nor_hold_my_jobs(stack, nc, tmp_p
 async def _listen(nc, subject: str):
     """Listen where an attached job's command listens (subscribed before the job is submitted)."""
     sub = await nc.subscribe(subject)
-    await nc.flush()
+    await bus.settled(nc)
     return sub
 
 

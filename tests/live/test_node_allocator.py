@@ -66,8 +66,8 @@ async def test_a_message_that_is_no_decision_is_set_aside_and_the_next_is_acted_
     app = subjects.app_id(me.name, 1)
     user_nc = await bus.connect(nc.connected_url.geturl(), "test-user", me)
     await user_nc.subscribe(subjects.notify_kill(app), cb=kills.put)
-    await user_nc.flush()
-    await nc.flush()
+    await bus.settled(user_nc)
+    await bus.settled(nc)
     before = dead_lettered()
     poison = [b"[" * 50_000 + b"]" * 50_000, b'{"decisions": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
               b'{"decisions": []}', b"not JSON", b'{"decisions": [{"kind": "teleport"}]}']
@@ -118,7 +118,7 @@ async def test_a_handling_that_never_returns_or_is_cancelled_from_within_stops_n
     kills: asyncio.Queue = asyncio.Queue()
     user_nc = await bus.connect(nc.connected_url.geturl(), "test-user", me)
     await user_nc.subscribe(subjects.notify_kill(app), cb=kills.put)
-    await user_nc.flush()
+    await bus.settled(user_nc)
     ends = [EndRequest(stimulus_id=f"e{i}", app=app, request=f"r{i}", type=RequestType.NON_PREEMPTIBLE,
                        cluster="c0", nodes=1, started=True, reason=EndReason.DONE, at=1_700_000_000.0 + i)
             for i in (1, 2)]

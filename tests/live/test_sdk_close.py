@@ -37,7 +37,7 @@ async def _session(settings: Settings) -> tuple[Session, asyncio.Queue]:
         closes.put_nowait(msg)
 
     await engine.subscribe(subjects.app_close(APP), cb=on_close)
-    await engine.flush()
+    await bus.settled(engine)
     nc = await bus.connect_client(settings.nats_url, "app", timeout=3.0, reconnect_window=settings.reconnect_window,
                                   identity=settings.identity(Role.LAUNCHER))
     s = Session(nc=nc, reply=_reply(), settings=settings, own_connection=True, with_views=False)

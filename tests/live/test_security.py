@@ -175,7 +175,7 @@ async def test_a_user_reads_neither_another_users_replies_nor_notifications_nor_
         await victim.launch(rid, node, ["/bin/echo", "the victim's secret"], cwd="/")
         assert await _printed(victim, out, rid) == ["the victim's secret"]
         await victim.close()
-        await mallory.nc.flush()
+        await bus.settled(mallory.nc)
         assert heard == [], f"the attacker heard {heard}"
     finally:
         await mallory.close()

@@ -41,7 +41,7 @@ def test_views_lost_while_cut_from_nats_are_sent_after_the_reconnection(tmp_path
                 await msg.respond(bus.encode(ViewsEpoch(epoch=1, now=time.time(), views=dict(known), full=True)))
 
             await engine.subscribe(subjects.VIEWS_QUERY, cb=on_query)
-            await engine.flush()
+            await bus.settled(engine)
             got: asyncio.Queue = asyncio.Queue()
             app = "root.a7"
             watcher = await bus.connect(servers.nats_url, "app", service)
@@ -49,7 +49,7 @@ def test_views_lost_while_cut_from_nats_are_sent_after_the_reconnection(tmp_path
                 got.put_nowait(m)
 
             await watcher.subscribe(subjects.notify_change(app), cb=on_change)
-            await watcher.flush()
+            await bus.settled(watcher)
             try:
                 await asyncio.wait_for(publisher.ready.wait(), 10)
                 while not queries:  # its first synchronisation

@@ -36,7 +36,7 @@ def test_shared_views_are_told_to_each_application_as_its_own(tmp_path):
                 await msg.respond(bus.encode(ViewsEpoch(epoch=0, now=time.time(), full=True)))
 
             await engine.subscribe(subjects.VIEWS_QUERY, cb=on_query)
-            await engine.flush()
+            await bus.settled(engine)
             got: dict[str, asyncio.Queue] = {app: asyncio.Queue() for app in APPS}
             watcher = await bus.connect(servers.nats_url, "apps", service)
             for app in APPS:
@@ -44,11 +44,11 @@ def test_shared_views_are_told_to_each_application_as_its_own(tmp_path):
                     got[app].put_nowait(bus.decode(m.data, ChangeNotify))
 
                 await watcher.subscribe(subjects.notify_change(app), cb=on_change)
-            await watcher.flush()
+            await bus.settled(watcher)
 
             async def send(epoch: ViewsEpoch) -> None:
                 await engine.publish(subjects.SCHEDULE_EPOCH, bus.encode(epoch))
-                await engine.flush()
+                await bus.settled(engine)
 
             async def told(expected: dict[str, list[tuple[str, str, list]]]) -> None:
                 """Each application hears what is expected of it (a marker epoch to one more application
