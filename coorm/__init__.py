@@ -11,8 +11,9 @@ TYPE_CHECKING = False  # (not typing's: every coorm command imports this package
 
 __version__ = "0.1.0"
 
-__all__ = ["Closed", "ErrorCode", "Event", "Exited", "Killed", "RequestSpec", "RequestType", "Session", "Started",
-           "SyncSession", "ViewsChanged", "WireError", "__version__"]
+__all__ = ["Closed", "ErrorCode", "Event", "Exited", "Killed", "ReplaceRefused", "RequestSpec", "RequestType",
+           "RMSStopped", "Session", "SessionReaped", "Started", "SyncSession", "ViewsChanged", "WireError",
+           "__version__"]
 
 if TYPE_CHECKING:
     from typing import Any
@@ -23,9 +24,12 @@ if TYPE_CHECKING:
         Event,
         Exited,
         Killed,
+        ReplaceRefused,
         RequestSpec,
         RequestType,
+        RMSStopped,
         Session,
+        SessionReaped,
         Started,
         SyncSession,
         ViewsChanged,

@@ -2,8 +2,10 @@
 
 Everything an application needs to talk to CooRM -- :class:`Session` (asyncio) and :class:`SyncSession`,
 the events a session delivers, the request specification, a negotiation's terms (``Session.negotiate``,
-``respond``, ``accept``: the adaptive-RMS paper's offers), the error a refused message raises and the one
-a refused replace raises (``Session.replace``: a request it replaces has started). The
+``respond``, ``accept``: the adaptive-RMS paper's offers), the error a refused message raises, the one
+a refused replace raises (``Session.replace``: a request it replaces has started), and why a session ended
+that the application did not close (``Closed.error``: :class:`RMSStopped`, :class:`SessionReaped`,
+:class:`Unreachable`). The
 implementation lives in :mod:`coorm.launchers.sdk`; this module only names it."""
 
 from coorm.launchers.sdk import (
@@ -13,17 +15,19 @@ from coorm.launchers.sdk import (
     Killed,
     OfferReceived,
     ReplaceRefused,
+    RMSStopped,
     Session,
+    SessionReaped,
     Started,
     SyncSession,
     ViewsChanged,
 )
-from coorm.shared.bus import WireError
+from coorm.shared.bus import Unreachable, WireError
 from coorm.shared.events import ErrorCode
 from coorm.shared.negotiation import Answer, NegotiationTerms, pow2_sizes
 from coorm.shared.protocol import OfferMsg
 from coorm.shared.requests import RequestSpec, RequestType
 
 __all__ = ["Answer", "Closed", "ErrorCode", "Event", "Exited", "Killed", "NegotiationTerms", "OfferMsg",
-           "OfferReceived", "ReplaceRefused", "RequestSpec", "RequestType", "Session", "Started", "SyncSession",
-           "ViewsChanged", "WireError", "pow2_sizes"]
+           "OfferReceived", "ReplaceRefused", "RequestSpec", "RequestType", "RMSStopped", "Session", "SessionReaped",
+           "Started", "SyncSession", "Unreachable", "ViewsChanged", "WireError", "pow2_sizes"]
