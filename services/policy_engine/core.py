@@ -940,9 +940,12 @@ class PolicyCore:
                     pl.request.placed_in = None
                 if r.start <= now:
                     due.append(r)
+        marks, signatures = ctx.marks, ctx.np_signatures
         for app in self.priority_order():
-            ctx.marks[app.id] = len(placer.log)
-            ctx.np_signatures[app.id] = placer.signature
+            marks[app.id] = len(placer.log)
+            signatures[app.id] = placer.signature
+            if not app.requests:
+                continue  # (most of a thousand open sessions: nothing to place, and a pass is per session)
             waiting = []
             containers: dict[str, list[Container]] = {}
             for r in app.requests.values():
@@ -1151,12 +1154,15 @@ class PolicyCore:
     def _changed_views(self, schedule: Schedule) -> list[str]:
         changed = []
         new = {}
+        before = self._signatures.get
+        # Schedule.signature, inlined: a pass reads it for every open session
+        np_signature, p_signature = schedule.np_signature.get, schedule.p_signature
+        final = np_signature("\x00final", 0)
         for app in self.priority_order():
             if not app.adapts:
                 continue  # it reads no views: none is computed nor sent
-            sig = schedule.signature(app.id)
-            new[app.id] = sig
-            if self._signatures.get(app.id) != sig:
+            sig = new[app.id] = (np_signature(app.id, final), p_signature)
+            if before(app.id) != sig:
                 changed.append(app.id)
         self._signatures = new
         return changed

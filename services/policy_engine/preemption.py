@@ -194,6 +194,8 @@ def enforce(core: PolicyCore, sched: Schedule, stimulus: str) -> tuple[list[Pree
             elif deadline <= now and app_id not in violators:
                 violators.append(app_id)
     for app in core.apps.values():
+        if not app.deadlines:
+            continue
         for cluster in [c for c in app.deadlines if (app.id, c) not in holding]:
             del app.deadlines[cluster]
             app.shrink_to.pop(cluster, None)
