@@ -223,8 +223,10 @@ class FarmCore:
             s.releasing = True
             out.append(Release(rid))
         if self.per_job:  # a slot not started whose job ran elsewhere, or was withdrawn: cancelled, the newest
-            # first (it stood for that job in everyone's schedule, as the job's own request would have)
-            waiting = [rid for rid, s in self.slots.items() if not s.started and not s.releasing]
+            # first (it stood for that job in everyone's schedule, as the job's own request would have). Not
+            # one taken up with its task running, whose start the RMS has yet to tell again: released, it
+            # killed a running job, then counted as completed
+            waiting = [rid for rid, s in self.slots.items() if not s.started and not s.releasing and s.task is None]
             for rid in waiting[len(self.pending):][::-1]:
                 self.slots[rid].releasing = True
                 out.append(Release(rid))

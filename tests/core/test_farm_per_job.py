@@ -235,3 +235,17 @@ def test_separate_jobs_run_once_on_slots_that_hold_them_and_no_slot_lingers_past
     assert len(ran) == len(set(ran)), "a job ran twice"
     assert set(added) - withdrawn <= set(ran), "a job neither ran nor was withdrawn"
     assert len(d.free) == nodes
+
+
+def test_a_slot_taken_up_with_its_job_running_is_kept_until_its_start_is_told_again():
+    """After a restart the farm learns a job runs on a slot (``running``) before the RMS tells that slot's
+    start again: the slot is not a stand-in for a pending job that ran elsewhere, and is not released (it
+    was, killing the running job, which then counted as completed: CI's
+    test_a_restarted_batch_service_takes_its_running_jobs_up, one run in ten)."""
+    core = FarmCore(app="a", walltime=W, width=4, per_job=True, linger=LINGER)
+    core.running("a.1", "job-1", since=0.0)
+    assert [d for d in core.decide(1.0) if isinstance(d, Release)] == []
+    core.started("a.1", ("n0",), end=W + SLOT_MARGIN)
+    assert [d for d in core.decide(2.0) if isinstance(d, Release)] == []
+    assert core.task_ended("job-1") is None  # its processes ended: the slot is idle, and goes back
+    assert [d for d in core.decide(3.0) if isinstance(d, Release)] == [Release("a.1")]
