@@ -59,6 +59,7 @@ TRANSITIONS: dict[tuple[JobState, JobState], str] = {
     (S.QUEUED, S.CANCELLED): "cancelled while waiting in the RMS",
     (S.QUEUED, S.FAILED): "the RMS refused it, or its session was lost",
     (S.QUEUED, S.NODE_FAIL): "the RMS ended it before it started",
+    (S.QUEUED, S.ELIGIBLE): "its session was reaped before it started (the batch service unheard): it enters again",
     (S.RUNNING, S.COMPLETED): "every process exited 0",
     (S.RUNNING, S.FAILED): "a process failed",
     (S.RUNNING, S.TIMEOUT): "its walltime",
@@ -211,6 +212,12 @@ class BatchCore:
     def entered(self, job: str) -> None:
         """Its request is in the RMS."""
         self._move(self.jobs[job], JobState.QUEUED, "waiting for resources")
+
+    def requeue(self, job: str) -> list[Action]:
+        """Its session ended before it started -- the RMS reaped it while the batch service could not be heard
+        -- so nothing of it ran: it enters the RMS again (a new session, whose opening is its new priority)."""
+        self._move(self.jobs[job], JobState.ELIGIBLE, "")
+        return [Enter(job)]
 
     def started(self, job: str, now: float) -> list[Action]:
         j = self.jobs[job]

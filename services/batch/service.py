@@ -685,7 +685,8 @@ class BatchService:
             return
         task = asyncio.create_task(self._run(job, session), name=f"batch-{job}")
         self.runners[job] = task
-        task.add_done_callback(lambda _t: self.runners.pop(job, None))
+        # (only its own entry: a job sent again has a runner of its own by the time this one is done)
+        task.add_done_callback(lambda t: self.runners.pop(job) if self.runners.get(job) is t else None)
 
     def _files(self, j: Job, sub: BatchSubmit) -> tuple[str, str]:
         if sub.attach is not None:
@@ -798,7 +799,10 @@ class BatchService:
             log.error("NATS lost for good: the jobs are taken up by the next instance", job=job)
             raise
         except SessionReaped:
-            await self._end(job, JobState.NODE_FAIL, None, _REAPED)
+            if self.core.jobs[job].state is JobState.QUEUED:
+                await self._requeue(job)
+            else:
+                await self._end(job, JobState.NODE_FAIL, None, _REAPED)
             return
         except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others
             log.exception("a batch job's launcher failed", job=job)
@@ -863,6 +867,17 @@ class BatchService:
             await self._save(self._sync(job))
         elif isinstance(item, Killed):
             j.reason = item.reason
+
+    async def _requeue(self, job: str) -> None:
+        """A job whose session the RMS reaped before it started (this service unheard past the session
+        timeout): nothing of it ran, so it enters the RMS again -- as a farm's queued tasks go to a new farm
+        -- rather than fail for what was never its own fault. Called by its runner, which ends here."""
+        async with self._lock:
+            actions = self.core.requeue(job)
+            await self._persist_jobs(self.core.take_changed())
+        self.runners.pop(job, None)  # (the opener may give it a new runner at once)
+        log.warning("a job's session was ended before it started: it enters the RMS again", job=job)
+        self._act(actions)
 
     async def _end(self, job: str, state: JobState, code: int | None, reason: str, at: float | None = None) -> None:
         """``at``: when its work ended (its last process), which may be a little before its session closed."""

@@ -146,6 +146,18 @@ def test_a_change_the_table_does_not_list_is_refused():
     assert (S.HELD, S.RUNNING) not in TRANSITIONS
 
 
+def test_a_job_whose_session_was_reaped_before_it_started_enters_again():
+    core = BatchCore()
+    assert entered(core.submit([job(1)], 0.0, hold=False)) == ["1"]
+    core.entered("1")
+    assert entered(core.requeue("1")) == ["1"]
+    assert core.jobs["1"].state is S.ELIGIBLE
+    run(core, "1")  # it runs as any job does from there
+    assert core.jobs["1"].state is S.COMPLETED
+    with pytest.raises(InvalidTransition):
+        core.requeue("1")  # ended: nothing to send again
+
+
 def test_a_forgotten_job_leaves_no_trace():
     core = BatchCore()
     core.submit([job(1, task=t, array="1") for t in range(2)], 0.0, hold=False, throttle=1)
@@ -172,7 +184,8 @@ def test_load_and_settle_all_take_up_a_queue_as_it_was_written():
 # ==================================================================================================
 # invariants over random runs
 # ==================================================================================================
-ops = st.lists(st.tuples(st.sampled_from(["submit", "array", "hold", "release", "cancel", "enter", "start", "end"]),
+ops = st.lists(st.tuples(st.sampled_from(["submit", "array", "hold", "release", "cancel", "enter", "start", "end",
+                                                 "requeue"]),
                          st.integers(0, 1000), st.integers(0, 1000)), min_size=1, max_size=80)
 
 
@@ -246,6 +259,9 @@ def test_random_runs_keep_the_rules(steps):
                 in_rms.add(target)
             elif op == "start" and j.state is S.QUEUED:
                 actions = core.started(target, t)
+            elif op == "requeue" and j.state is S.QUEUED:  # its session reaped before it started
+                actions = core.requeue(target)
+                in_rms.discard(target)
             elif op == "end" and j.state in ACTIVE:
                 ends = [to for (frm, to) in TRANSITIONS if frm is j.state and to in ENDED and to is not S.CANCELLED]
                 actions = core.ended(target, ends[b % len(ends)], t, b % 2)

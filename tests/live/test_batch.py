@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from coorm.launchers.sdk import Session
 from coorm.services.stack import LocalStack, wait_until
 from coorm.shared import bus, subjects
 from coorm.shared.credentials import CredentialStore
@@ -33,6 +34,7 @@ from coorm.shared.protocol import (
     StatusQuery,
     StatusReply,
 )
+from coorm.shared.requests import RequestSpec
 from coorm.shared.settings import Settings
 from tests.live.test_security import _until_admitted
 
@@ -538,5 +540,89 @@ async def test_a_batch_service_unheard_past_the_session_timeout_fails_its_runnin
             (rec,) = await ended(conn, queued)
             assert (rec.state, rec.exit_code) == ("failed", 3), rec
         finally:
+            await bus.shutdown(conn)
+            batch.stop_all()
+
+
+async def test_a_batch_service_unheard_past_the_session_timeout_ends_every_job_of_its_farm(servers, redis_url,
+                                                                                          tmp_path):
+    """As above with several jobs in each state of one farm (one shape, one session: reaped at once): two
+    running, two queued behind them. Every running one ends node_fail, every queued one runs in the new farm
+    and exits with its own code -- none is left behind by the farm's end, none is ended twice."""
+    batch = BatchProcesses(servers, tmp_path)
+    batch.settings = batch.settings.model_copy(update={"session_timeout": 2.5})
+    batch.env["COORM_SESSION_TIMEOUT"] = "2.5"
+    batch.start()
+    async with LocalStack(batch.settings, {"c0": 4}) as stack:
+        conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
+        try:
+            await _until_served(conn)
+            running = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sleep", "1000"]) for _ in range(2)]
+            for job in running:
+                await until_state(conn, job, "running")
+            queued = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sh", "-c", f"exit {code}"])
+                      for code in (3, 5)]
+            for job in queued:
+                await until_state(conn, job, "queued")
+            proc = batch.procs[-1]
+            os.killpg(proc.pid, signal.SIGSTOP)
+            try:
+                await wait_until(lambda: not stack.engine.cores.policy.apps, 30, "the unheard session reaped")
+            finally:
+                os.killpg(proc.pid, signal.SIGCONT)
+            for job in running:
+                (rec,) = await ended(conn, job)
+                assert rec.state == "node_fail", rec
+            for job, code in zip(queued, (3, 5), strict=True):
+                (rec,) = await ended(conn, job)
+                assert (rec.state, rec.exit_code) == ("failed", code), rec
+        finally:
+            await bus.shutdown(conn)
+            batch.stop_all()
+
+
+async def test_a_job_of_its_own_session_reaped_before_it_started_enters_the_rms_again(servers, redis_url,
+                                                                                      tmp_path):
+    """Without task farms (``COORM_BATCH_FARM=0``) each job has a session of its own. The service stopped past
+    the session timeout with one job running and one queued (it needs the 2 nodes another application holds):
+    the RMS reaps both sessions. The running job ends node_fail; the queued one never ran, so it enters the
+    RMS again with a new session (it failed node_fail before), and runs once the nodes are given back."""
+    batch = BatchProcesses(servers, tmp_path)
+    batch.settings = batch.settings.model_copy(update={"session_timeout": 2.5})
+    batch.env |= {"COORM_SESSION_TIMEOUT": "2.5", "COORM_BATCH_FARM": "0"}
+    batch.start()
+    async with LocalStack(batch.settings, {"c0": 4}) as stack:
+        conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
+        holder = await Session.open(stack.settings, kind="rigid", name="holder", views=False, preemptive_views=False)
+        try:
+            await _until_served(conn)
+            (held,) = await holder.request(RequestSpec(id=holder.rid("held"), cluster="c0", nodes=2, duration=600))
+            await holder.wait_start(held)
+            running = await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sleep", "1000"])
+            await until_state(conn, running, "running")
+            queued = await submit(conn, tmp_path, nodes=4, cluster="c0", argv=["sh", "-c", "exit 3"])
+            await until_state(conn, queued, "queued")
+            (first,) = (await query(conn, jobs=[queued])).jobs
+            proc = batch.procs[-1]
+            os.killpg(proc.pid, signal.SIGSTOP)
+            try:
+                await wait_until(lambda: set(stack.engine.cores.policy.apps) == {holder.app}, 30,
+                                 "the unheard sessions reaped")
+            finally:
+                os.killpg(proc.pid, signal.SIGCONT)
+            (rec,) = await ended(conn, running)
+            assert rec.state == "node_fail", rec
+            deadline = time.monotonic() + WAIT
+            while True:  # in the RMS again, with a new session of its own
+                (now,) = (await query(conn, jobs=[queued])).jobs
+                if now.state == "queued" and now.app not in (None, first.app):
+                    break
+                assert now.state in ("queued", "eligible") and time.monotonic() < deadline, now
+                await asyncio.sleep(0.05)  # polling the queue
+            await holder.done(held)
+            (rec,) = await ended(conn, queued)
+            assert (rec.state, rec.exit_code) == ("failed", 3), rec
+        finally:
+            await holder.close()
             await bus.shutdown(conn)
             batch.stop_all()
