@@ -480,6 +480,26 @@ class BatchProcesses:
                 p.wait()
 
 
+def _unheard_batch(servers, tmp_path: Path, **env: str) -> BatchProcesses:
+    """The batch service as a process whose sessions the RMS reaps 2.5 s after it last heard it."""
+    batch = BatchProcesses(servers, tmp_path)
+    batch.settings = batch.settings.model_copy(update={"session_timeout": 2.5})
+    batch.env |= {"COORM_SESSION_TIMEOUT": "2.5", **env}
+    batch.start()
+    return batch
+
+
+async def _stopped_until_reaped(batch: BatchProcesses, stack, keep: frozenset[str] | set[str] = frozenset()) -> None:
+    """The batch service stopped (SIGSTOP) until the RMS has reaped its sessions -- every one but ``keep``'s --,
+    then continued."""
+    proc = batch.procs[-1]
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        await wait_until(lambda: set(stack.engine.cores.policy.apps) == set(keep), 30, "the unheard sessions reaped")
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+
+
 async def test_a_batch_service_killed_mid_job_loses_nothing(servers, redis_url, tmp_path):
     """The batch service as a real process, SIGKILLed (no goodbye) with a job running, one queued behind it
     and one waiting on a dependency; another process takes them up from Redis: each ends as its command
@@ -517,10 +537,7 @@ async def test_a_batch_service_unheard_past_the_session_timeout_fails_its_runnin
     queued behind it: the RMS reaps the farm's session and kills the running job's processes. Continued
     (SIGCONT), the service hears its session is gone: the running job ends node_fail at once, and the queued one
     runs in a new farm and completes -- neither waits for ever on a session the RMS no longer has."""
-    batch = BatchProcesses(servers, tmp_path)
-    batch.settings = batch.settings.model_copy(update={"session_timeout": 2.5})
-    batch.env["COORM_SESSION_TIMEOUT"] = "2.5"
-    batch.start()
+    batch = _unheard_batch(servers, tmp_path)
     async with LocalStack(batch.settings, {"c0": 4}) as stack:
         conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
         try:
@@ -528,13 +545,7 @@ async def test_a_batch_service_unheard_past_the_session_timeout_fails_its_runnin
             running = await submit(conn, tmp_path, nodes=4, cluster="c0", argv=["sleep", "1000"])
             queued = await submit(conn, tmp_path, nodes=4, cluster="c0", argv=["sh", "-c", "exit 3"])
             await until_state(conn, running, "running")
-            proc = batch.procs[-1]
-            os.killpg(proc.pid, signal.SIGSTOP)
-            try:
-                # reaped: the RMS ends its requests, and the nodes are free again
-                await wait_until(lambda: not stack.engine.cores.policy.apps, 30, "the unheard session reaped")
-            finally:
-                os.killpg(proc.pid, signal.SIGCONT)
+            await _stopped_until_reaped(batch, stack)  # the RMS ends its requests, and the nodes are free again
             (rec,) = await ended(conn, running)
             assert rec.state == "node_fail", rec
             (rec,) = await ended(conn, queued)
@@ -549,10 +560,7 @@ async def test_a_batch_service_unheard_past_the_session_timeout_ends_every_job_o
     """As above with several jobs in each state of one farm (one shape, one session: reaped at once): two
     running, two queued behind them. Every running one ends node_fail, every queued one runs in the new farm
     and exits with its own code -- none is left behind by the farm's end, none is ended twice."""
-    batch = BatchProcesses(servers, tmp_path)
-    batch.settings = batch.settings.model_copy(update={"session_timeout": 2.5})
-    batch.env["COORM_SESSION_TIMEOUT"] = "2.5"
-    batch.start()
+    batch = _unheard_batch(servers, tmp_path)
     async with LocalStack(batch.settings, {"c0": 4}) as stack:
         conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
         try:
@@ -564,12 +572,7 @@ async def test_a_batch_service_unheard_past_the_session_timeout_ends_every_job_o
                       for code in (3, 5)]
             for job in queued:
                 await until_state(conn, job, "queued")
-            proc = batch.procs[-1]
-            os.killpg(proc.pid, signal.SIGSTOP)
-            try:
-                await wait_until(lambda: not stack.engine.cores.policy.apps, 30, "the unheard session reaped")
-            finally:
-                os.killpg(proc.pid, signal.SIGCONT)
+            await _stopped_until_reaped(batch, stack)
             for job in running:
                 (rec,) = await ended(conn, job)
                 assert rec.state == "node_fail", rec
@@ -587,10 +590,7 @@ async def test_a_job_of_its_own_session_reaped_before_it_started_enters_the_rms_
     the session timeout with one job running and one queued (it needs the 2 nodes another application holds):
     the RMS reaps both sessions. The running job ends node_fail; the queued one never ran, so it enters the
     RMS again with a new session (it failed node_fail before), and runs once the nodes are given back."""
-    batch = BatchProcesses(servers, tmp_path)
-    batch.settings = batch.settings.model_copy(update={"session_timeout": 2.5})
-    batch.env |= {"COORM_SESSION_TIMEOUT": "2.5", "COORM_BATCH_FARM": "0"}
-    batch.start()
+    batch = _unheard_batch(servers, tmp_path, COORM_BATCH_FARM="0")
     async with LocalStack(batch.settings, {"c0": 4}) as stack:
         conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
         holder = await Session.open(stack.settings, kind="rigid", name="holder", views=False, preemptive_views=False)
@@ -603,13 +603,7 @@ async def test_a_job_of_its_own_session_reaped_before_it_started_enters_the_rms_
             queued = await submit(conn, tmp_path, nodes=4, cluster="c0", argv=["sh", "-c", "exit 3"])
             await until_state(conn, queued, "queued")
             (first,) = (await query(conn, jobs=[queued])).jobs
-            proc = batch.procs[-1]
-            os.killpg(proc.pid, signal.SIGSTOP)
-            try:
-                await wait_until(lambda: set(stack.engine.cores.policy.apps) == {holder.app}, 30,
-                                 "the unheard sessions reaped")
-            finally:
-                os.killpg(proc.pid, signal.SIGCONT)
+            await _stopped_until_reaped(batch, stack, keep={holder.app})
             (rec,) = await ended(conn, running)
             assert rec.state == "node_fail", rec
             deadline = time.monotonic() + WAIT
