@@ -90,3 +90,7 @@ def _indexes(core: PolicyCore) -> None:
         for app, sig in core._signatures.items():
             if sig != core.schedule.signature(app):
                 raise InvariantError(f"the views' signature kept for {app} is not its schedule's")
+    kept, order = core._by_priority, core._order
+    if kept is not None and (len(kept) != len(order)
+                             or any(app is not core.apps.get(a) for app, (_, _, a) in zip(kept, order, strict=True))):
+        raise InvariantError("the applications kept in priority order are not the order's")

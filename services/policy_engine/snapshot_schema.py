@@ -451,6 +451,7 @@ NOT_CARRIED: dict[type, dict[str, str]] = {
         "validate": "a choice of the process that restores (Snapshot.cores(validate=...))",
         "started": "an index of the requests' started ones, rebuilt from them",
         "started_per_app": "a count of those per application, rebuilt from them",
+        "_by_priority": "the applications in priority order, rebuilt from the order when first read",
         "answered_at": "when each application last answered the fair-start holds: only a shortcut past the "
                        "holds it has answered (without it, every hold is looked at)",
     },
