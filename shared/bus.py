@@ -152,9 +152,11 @@ async def settled(nc: NATS, timeout: float = 10.0) -> None:
     publishes received. ``nc.flush()`` alone is no such barrier: nats-py (2.16) writes its PING straight to
     the socket, ahead of the commands still in its buffer, so the PONG may come back before a subscription
     reaches the server. That first PING's flush has the writer put the buffer on the socket before the PONG
-    can be read; a second PING follows it there, and its PONG comes after the server has everything."""
-    for _ in range(2):
-        await nc.flush(timeout=math.ceil(timeout))
+    can be read; a second PING follows it there, and its PONG comes after the server has everything.
+    ``timeout`` bounds both (TimeoutError)."""
+    async with asyncio.timeout(timeout):  # (not wait_for: its task would hide a single flush's race)
+        for _ in range(2):
+            await nc.flush()
 
 
 async def shutdown(nc: NATS, timeout: float = 2.0) -> None:
