@@ -1160,20 +1160,12 @@ class PolicyCore:
         return succ is not None and succ.state is STARTED and succ.start == self.now
 
     def _changed_views(self, schedule: Schedule) -> list[str]:
-        changed = []
-        new = {}
+        # an application that does not adapt reads no views: none is computed nor sent
+        adapting = [app.id for app in self.priority_order() if app.adapts]
+        new = dict(zip(adapting, schedule.signatures(adapting), strict=True))
         before = self._signatures.get
-        # Schedule.signature, inlined: a pass reads it for every open session
-        np_signature, p_signature = schedule.np_signature.get, schedule.p_signature
-        final = np_signature("\x00final", 0)
-        for app in self.priority_order():
-            if not app.adapts:
-                continue  # it reads no views: none is computed nor sent
-            sig = new[app.id] = (np_signature(app.id, final), p_signature)
-            if before(app.id) != sig:
-                changed.append(app.id)
         self._signatures = new
-        return changed
+        return [app for app, sig in new.items() if before(app) != sig]
 
     def _next_timer(self, schedule: Schedule) -> float:
         now = self.now

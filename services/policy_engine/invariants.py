@@ -86,7 +86,7 @@ def _indexes(core: PolicyCore) -> None:
         late = sorted(a for a in h.awaiting if core.answered_at.get(a, -float("inf")) > h.begin)
         if late:
             raise InvariantError(f"the hold of {h.request} still awaits {', '.join(late)}, who answered since")
-    if core.schedule is not None:  # the pass reads the signatures inlined (one lookup per open session)
+    if core.schedule is not None:  # what a pass kept of each session's views is its schedule's
         for app, sig in core._signatures.items():
             if sig != core.schedule.signature(app):
                 raise InvariantError(f"the views' signature kept for {app} is not its schedule's")

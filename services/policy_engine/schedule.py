@@ -164,10 +164,13 @@ class Schedule:
         return out
 
     def signature(self, app: str) -> tuple[int, int]:
-        sig = self.np_signature.get(app)
-        if sig is None:
-            sig = self.np_signature.get("\x00final", 0)
-        return (sig, self.p_signature)
+        return self.signatures([app])[0]
+
+    def signatures(self, apps: list[str]) -> list[tuple[int, int]]:
+        """Those of ``apps``, in one loop: a pass reads one per open session, thousands of them."""
+        np_signature, p_signature = self.np_signature.get, self.p_signature
+        final = np_signature("\x00final", 0)
+        return [(np_signature(app, final), p_signature) for app in apps]
 
 
 def _demand_at(intervals: list[Interval], t: float) -> int:
