@@ -281,11 +281,11 @@ def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarr
     (:func:`background_jobs`) while KOALA's jobs arrive, 0 for none; ``poll``: at most one scheduling pass
     in so many seconds (KOALA's scheduler polls its information service; ours passes at most once a
     second), so that growth, shrinks and starts happen at polls; ``grace``: a mandatory shrink's
-    (:func:`_grace` unless given)."""
+    (:data:`GRACE` unless given)."""
     rng = random.Random(seed)
     settings = PolicySettings(preemptible=policy, precedence=precedence, local_threshold=threshold,
                               fair_start=0.0, reschedule_interval=poll,
-                              preempt_grace=_grace(poll) if grace is None else grace)
+                              preempt_grace=GRACE if grace is None else grace)
     clusters = {CLUSTER: NODES} if placement == "single" else dict(DAS3)
     where = CLUSTER if placement == "single" else placement
     nodes = sum(clusters.values())
@@ -338,24 +338,6 @@ def simulate(policy: str, precedence: str, workload: str, *, jobs: int, interarr
 
 
 GRACE = 10.0  # seconds a malleable job has to give back what a mandatory shrink takes
-
-
-def _grace(poll: float) -> float:
-    """The grace of a mandatory shrink: GRACE, and under polling a poll more, so that a job always hears a
-    pass's views before its deadline is enforced. The stored koala-pwa-growth table was made with it; the
-    core no longer needs it (a pending shrink is met against what it asked, ``App.shrink_to``: the run below
-    ends no job with ``grace=GRACE``), and it can go once that table is rerun. It was needed after the
-    policy core's fix of 12c6fe9 (a
-    done that brings the holder within its view by the deadline meets it): that fix checks the view
-    *re-shared* at the done, which under EGS can be below the view the shrink asked for, the done having
-    lowered the job's want -- so a job that gave back exactly what it was told keeps the old deadline, and
-    when its view drops again at the next poll it is ended as a violator with no grace for the new drop.
-    With ``grace=GRACE`` (``simulate(..., grace=10)``), EGS, poll 30 s, 90 % load, seed 0: m42 (the case
-    12c6fe9 fixed) is no longer ended, but m157 is -- told at the pass of 5,190 s to go from 4 to 3 nodes
-    by 5,200 s, it gave back 1 node at 5,190 s; the view re-shared at its done is 2 (its want fell from 5
-    to 3, another job's share rose from 2 to 3), so the deadline stayed, and the pass of 5,220 s (view 1)
-    ended it."""
-    return GRACE if poll <= 1.0 else GRACE + poll
 
 
 def _share(flags: list[bool]) -> float:

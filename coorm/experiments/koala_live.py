@@ -35,13 +35,13 @@ GRACE = 3.0  # a mandatory shrink's (COORM_PREEMPT_GRACE)
 
 def env(policy: str, precedence: str, interval: float = PASS) -> dict[str, str]:
     """The system's settings; ``interval`` above :data:`PASS`: KOALA's polling (koala-pwa-growth), one pass at
-    most in so many seconds (no burst of passes within an interval, as in the simulated runs) and a mandatory
-    shrink's grace a pass longer (as :func:`coorm.experiments.koala._grace`)."""
+    most in so many seconds (no burst of passes within an interval, as in the simulated runs); a mandatory
+    shrink's grace stays :data:`GRACE`, shorter than such an interval, as the simulated polls keep theirs."""
     polling = interval > PASS
     return {"COORM_MALLEABLE_POLICY": policy, "COORM_PRECEDENCE": precedence,
             "COORM_LOCAL_THRESHOLD": str(THRESHOLD), "COORM_RESCHEDULE_INTERVAL": f"{interval:g}",
             **({"COORM_PASS_BURST": "1"} if polling else {}),
-            "COORM_FAIR_START": "0", "COORM_PREEMPT_GRACE": f"{GRACE + interval if polling else GRACE:g}",
+            "COORM_FAIR_START": "0", "COORM_PREEMPT_GRACE": f"{GRACE:g}",
             "COORM_KILL_GRACE": "1", "COORM_LOG_LEVEL": "WARNING", "COORM_SESSION_TIMEOUT": "60"}
 
 

@@ -4,9 +4,9 @@ applications, W'm, 30 s between arrivals, DAS3 with worst-fit), FPSMA against EG
 * **polling** (``poll``): KOALA's scheduler "periodically polls the KOALA information service" to trigger job
   management (§V-B), where our policy core runs a pass on every event (at most one a second). Here at most
   one pass in ``poll`` seconds (:class:`PolicySettings` ``reschedule_interval``), so that growth -- and
-  shrinks and starts -- happen at polls and idle nodes pile up between them (a mandatory shrink's grace a
-  poll longer, :func:`coorm.experiments.koala._grace`: the policy core can still end a job that obeyed when
-  passes are rarer than the grace);
+  shrinks and starts -- happen at polls and idle nodes pile up between them (a mandatory shrink's grace
+  stays 10 s, shorter than the poll: the core meets a pending shrink against what it asked, so a job that
+  obeys is never ended for a view that dropped again meanwhile);
 * **Fig. 5's offers** (``egs-offer``, :mod:`coorm.services.policy_engine.shares`): EQUI GROW as the paper's
   pseudo-code writes it -- the idle nodes offered in equal parts to the running malleable jobs, whatever
   each can use, a part a job cannot take (at its maximum; FT, which takes powers of two only) left idle
