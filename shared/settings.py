@@ -183,3 +183,18 @@ class Settings(BaseSettings):
                 "credentials_dir": str(self.credentials_dir) if self.credentials_dir else None}
         return write_secret(path or connection_file(), json.dumps({k: v for k, v in data.items() if v}) + "\n",
                             uid=uid, gid=gid)
+
+
+def explain(err: Exception) -> list[str] | None:
+    """A :class:`Settings` that could not be read, as one line per variable (its name, the value given, what
+    it must be) for a command to print instead of a traceback; None for any other error."""
+    from pydantic import ValidationError
+
+    if not (isinstance(err, ValidationError) and err.title == Settings.__name__):
+        return None
+    lines = []
+    for e in err.errors():
+        name = str(e["loc"][0]) if e["loc"] else ""
+        var = name if name.upper().startswith("COORM_") else f"COORM_{name.upper()}"
+        lines.append(f"{var}={e.get('input')!r}: {e['msg']}")
+    return lines

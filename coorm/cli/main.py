@@ -50,7 +50,7 @@ def simulate(
     arrivals: str | None = typer.Option(None, "--arrivals", help="a trace's jobs arrive at its submit times "
                                         "('trace') or SECONDS apart ('spaced:SECONDS'); default: the scenario's "
                                         "arrival_interval if it sets one, else 'trace'"),
-    oversize: str = typer.Option("skip", "--oversize", help="trace jobs larger than the platform: skip (with a "
+    oversize: str = typer.Option("skip", "--oversize", help="trace jobs larger than the biggest cluster: skip (with a "
                                  "warning), cap (to the biggest cluster, with a warning) or refuse (the RMS "
                                  "refuses them, too_large)"),
     warmup: str = typer.Option("0", "--warmup", help="leave out of the metrics the first N jobs, or the jobs "
@@ -129,7 +129,8 @@ def _simulate_report(console: Console, scenario: Path, summary: dict | None, doc
         how = doc["replay"]["oversize"]
         done = {"skip": "skipped", "cap": "capped to the biggest cluster", "refuse": "refused by the RMS"}[how]
         Console(stderr=True).print(f"[yellow]warning:[/yellow] {first['oversize']:,} of {first['jobs']:,} jobs are "
-                                   f"larger than the platform: {done} (--oversize skip|cap|refuse)")
+                                   f"larger than the biggest cluster (a job runs on one): {done} "
+                                   "(--oversize skip|cap|refuse)")
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -614,18 +615,26 @@ _EXTRA_OF = {"redis": "server", "yaml": "server", "celery": "server", "prometheu
 
 
 def main() -> None:
-    """The ``coorm`` script: the commands, and one line instead of a traceback when a command needs an
-    extra that this install does not have (``pip install coorm`` is the SDK and the client commands)."""
+    """The ``coorm`` script: the commands, and lines instead of a traceback when a command needs an extra
+    that this install does not have (``pip install coorm`` is the SDK and the client commands) or a ``COORM_*``
+    variable cannot be read."""
     import sys
 
     try:
         app()
-    except ModuleNotFoundError as e:
-        top = (e.name or "").split(".")[0]
-        if top not in _EXTRA_OF:
+    except Exception as e:  # noqa: BLE001 - two kinds are said in a line; any other keeps its traceback
+        from coorm.shared.settings import explain
+
+        lines = explain(e)
+        if lines is None and isinstance(e, ModuleNotFoundError):
+            top = (e.name or "").split(".")[0]
+            if top in _EXTRA_OF:
+                lines = [f"this command needs {top}, which comes with the '{_EXTRA_OF[top]}' extra: "
+                         f"pip install 'coorm[{_EXTRA_OF[top]}]'"]
+        if lines is None:
             raise
-        sys.stderr.write(f"coorm: this command needs {top}, which comes with the '{_EXTRA_OF[top]}' extra: "
-                         f"pip install 'coorm[{_EXTRA_OF[top]}]'\n")
+        for line in lines:
+            sys.stderr.write(f"coorm: {line}\n")
         raise SystemExit(2) from None
 
 

@@ -96,3 +96,18 @@ def test_launch_takes_its_options_after_the_kind_and_the_command_after_the_doubl
     good = subprocess.run([*_coorm(), "launch", "psa", "--set", "task_duration=60", "--", "sh", "-c", "true"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert good.returncode == 3 and "cannot reach CooRM" in good.stderr, good.stderr
+
+
+@pytest.mark.parametrize("argv, env, line", [
+    # an engine started with a threshold it cannot keep: it says which variable, and does not start
+    (["service", "policy-engine"], {"COORM_LOCAL_THRESHOLD": "-1"},
+     "coorm: COORM_LOCAL_THRESHOLD='-1': Input should be greater than or equal to 0"),
+    (["status"], {"COORM_SESSION_TIMEOUT": "soon"},
+     "coorm: COORM_SESSION_TIMEOUT='soon': Input should be a valid number"),
+])
+def test_a_variable_that_cannot_be_read_is_named_in_a_line_and_nothing_starts(argv, env, line):
+    run = subprocess.run(_coorm() + argv, capture_output=True, text=True, timeout=60,
+                         env=os.environ | {"COORM_NATS_URL": "nats://127.0.0.1:1"} | env)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith(line), run.stderr
+    assert "Traceback" not in run.stderr and len(run.stderr.splitlines()) == 1
