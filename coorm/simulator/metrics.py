@@ -108,36 +108,55 @@ def mean(values: Iterable[float]) -> float | None:
     return math.fsum(xs) / len(xs) if xs else None
 
 
-def usage(segments: Iterable[tuple[float, float, int]], start: float, end: float) -> tuple[int, int, float]:
-    """The fewest and most nodes a job held at once between ``start`` and ``end``, and its node-seconds
-    there. Pieces that end when another starts hand over: both are counted at that instant only once."""
+def steps(segments: Iterable[tuple[float, float, int]], start: float, end: float) -> list[tuple[float, int]]:
+    """The nodes a job held between ``start`` and ``end`` as a step function: (time, nodes from then on) at
+    each change, the last at ``end`` with 0. Pieces that end when another starts hand over: no step there."""
     deltas: dict[float, int] = {}
-    node_seconds = []
     for s, e, n in segments:
         s, e = max(s, start), min(e, end)
-        if e <= s:
-            continue
-        deltas[s] = deltas.get(s, 0) + n
-        deltas[e] = deltas.get(e, 0) - n
-        node_seconds.append((e - s) * n)
+        if e > s:
+            deltas[s] = deltas.get(s, 0) + n
+            deltas[e] = deltas.get(e, 0) - n
     if end <= start:
+        return []
+    out: list[tuple[float, int]] = []
+    level = 0
+    for t in sorted({start, end, *deltas}):
+        level += deltas.get(t, 0)
+        if t >= end:
+            break
+        if not out or out[-1][1] != level:
+            out.append((t, level))
+    out.append((end, 0))
+    return out
+
+
+def usage(segments: Iterable[tuple[float, float, int]], start: float, end: float) -> tuple[int, int, float]:
+    """The fewest and most nodes a job held at once between ``start`` and ``end``, and its node-seconds
+    there (:func:`steps`)."""
+    segments = list(segments)
+    levels = [n for _, n in steps(segments, start, end)[:-1]]
+    if not levels:
         return 0, 0, 0.0
-    times = sorted({start, end, *deltas})
-    level, lows, highs = 0, [], []
-    for t0, t1 in zip(times, times[1:], strict=False):
-        level += deltas.get(t0, 0)
-        if t1 > t0:
-            lows.append(level)
-            highs.append(level)
-    return (min(lows) if lows else 0), (max(highs) if highs else 0), math.fsum(node_seconds)
+    node_seconds = math.fsum((min(e, end) - max(s, start)) * n for s, e, n in segments if min(e, end) > max(s, start))
+    return min(levels), max(levels), node_seconds
 
 
 def job_usage(job: JobRecord) -> tuple[int, int, float]:
     """:func:`usage` over the job's run (its first start to its end); all zero if it never started."""
     if job.start is None:
         return 0, 0, 0.0
-    end = job.end if job.end is not None else max((e for _, e, _ in job.segments), default=job.start)
-    return usage(job.segments, job.start, end)
+    return usage(job.segments, job.start, _run_end(job))
+
+
+def job_steps(job: JobRecord) -> list[tuple[float, int]]:
+    """:func:`steps` over the job's run; empty if it never started."""
+    return [] if job.start is None else steps(job.segments, job.start, _run_end(job))
+
+
+def _run_end(job: JobRecord) -> float:
+    assert job.start is not None
+    return job.end if job.end is not None else max((e for _, e, _ in job.segments), default=job.start)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ LABELS = {
     "measured": "jobs measured",
     "warmup_excluded": "excluded as warm-up",
     "unfinished": "not finished",
-    "oversize": "larger than the platform",
+    "oversize": "larger than any cluster",
     "wait_mean": "wait, mean (s)",
     "wait_median": "wait, median (s)",
     "wait_p95": "wait, 95th percentile (s)",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coorm.simulator.engine import Result
-from coorm.simulator.metrics import JobRecord, job_usage
+from coorm.simulator.metrics import JobRecord, job_steps, job_usage
 
 if TYPE_CHECKING:
     from coorm.simulator.replay import Planned
@@ -135,8 +135,8 @@ def job_records(result: Result, planned: Sequence[Planned]) -> list[JobRecord]:
 
 
 CSV_COLUMNS = ("seed", "app", "job", "user", "kind", "submit", "start", "end", "wait", "run_time", "turnaround",
-               "nodes_requested", "nodes_min", "nodes_max", "node_seconds", "bounded_slowdown", "state",
-               "oversize", "measured")
+               "nodes_requested", "nodes_min", "nodes_max", "node_seconds", "nodes_over_time", "bounded_slowdown",
+               "state", "oversize", "measured")
 
 
 def _num(x: float | int | None) -> str:
@@ -160,7 +160,9 @@ def job_rows(records: Sequence[JobRecord], seed: int, measured: set[str]) -> lis
             "run_time": _num(j.run_time), "turnaround": _num(j.turnaround),
             "nodes_requested": _num(j.nodes_requested),
             "nodes_min": _num(lo) if started else "", "nodes_max": _num(hi) if started else "",
-            "node_seconds": _num(ns) if started else "", "bounded_slowdown": _num(j.bounded_slowdown),
+            "node_seconds": _num(ns) if started else "",
+            "nodes_over_time": " ".join(f"{_num(t)}:{n}" for t, n in job_steps(j)),
+            "bounded_slowdown": _num(j.bounded_slowdown),
             "state": j.state, "oversize": j.oversize, "measured": "1" if j.app in measured else "0",
         })
     return rows

@@ -39,7 +39,7 @@ def test_simulate_writes_the_jobs_csv_and_prints_the_metrics_as_json(tmp_path):
     assert (m["measured"], m["warmup_excluded"], m["capped"], m["wait_mean"]) == (4, 1, 1, 60.0)
     assert doc["replay"] == {"arrivals": "trace", "oversize": "cap", "malleable_fraction": 0.0,
                              "evolving_fraction": 0.0}
-    assert "1 of 5 jobs are larger than the platform: capped" in " ".join(run.stderr.split())
+    assert "1 of 5 jobs are larger than the biggest cluster (a job runs on one): capped" in " ".join(run.stderr.split())
     with (tmp_path / "jobs.csv").open() as f:
         assert [(r["job"], r["oversize"], r["nodes_max"]) for r in csv.DictReader(f)][2] == ("3", "capped", "4")
     assert (tmp_path / "out" / "utilisation.png").read_bytes()[:4] == b"\x89PNG"

@@ -15,6 +15,7 @@ from coorm.simulator.metrics import (
     compute,
     confidence,
     quantile,
+    steps,
     t975,
     usage,
 )
@@ -121,6 +122,12 @@ def test_nodes_over_time_of_an_evolving_and_a_malleable_job():
     # two overlapping pieces: 2 nodes, then 5, then 3
     assert usage([(0, 10, 2), (5, 15, 3)], 0, 15) == (2, 5, 50.0)
     assert usage([(0, 10, 2)], 5, 5) == (0, 0, 0.0)
+    # the same as steps (the jobs CSV's nodes_over_time): a hand-over is no step, a gap is one to 0
+    assert steps([(0, 10, 4), (10, 20, 12), (20, 30, 2)], 0, 30) == [(0, 4), (10, 12), (20, 2), (30, 0)]
+    assert steps([(0, 10, 2), (20, 30, 3)], 0, 30) == [(0, 2), (10, 0), (20, 3), (30, 0)]
+    assert steps([(0, 10, 2), (5, 15, 3)], 0, 15) == [(0, 2), (5, 5), (10, 3), (15, 0)]
+    assert steps([(0, 10, 4), (10, 20, 4)], 0, 20) == [(0, 4), (20, 0)]
+    assert steps([(0, 10, 2)], 5, 5) == []
 
 
 def test_the_confidence_interval_of_three_runs():

@@ -132,6 +132,7 @@ def test_the_jobs_csv_and_the_json_files(tmp_path):
         == {"user": "8", "submit": "30", "start": "100", "end": "150", "wait": "70", "run_time": "50",
             "turnaround": "120", "nodes_requested": "4", "nodes_min": "4", "nodes_max": "4", "node_seconds": "200",
             "bounded_slowdown": "2.4", "state": "completed", "measured": "1"}
+    assert two["nodes_over_time"] == "100:4 150:0"
     assert table[0]["measured"] == "0"  # the warm-up job
     assert table[2]["state"] == "skipped" and table[2]["start"] == "" and table[2]["oversize"] == "skipped"
     assert summary["metrics"]["wait_mean"] == pytest.approx(110 / 3)  # 70, 40, 0
