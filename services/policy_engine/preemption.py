@@ -145,17 +145,24 @@ def within_view(core: PolicyCore, sched: Schedule, app_id: str, cluster: str) ->
 
 
 def due_preemptible(core: PolicyCore, sched: Schedule, free: dict[str, int]) -> list[Request]:
-    """The waiting preemptible requests that start now: each fits in its application's preemptive view
-    and in the nodes still free (taken from ``free``), in rank order."""
+    """The waiting preemptible requests that start now: each fits in its application's preemptive view,
+    in the nodes still free (taken from ``free``) and, with a threshold, in what preemptible work may hold
+    on the cluster at all, in rank order. (Under ``filling`` and ``strict`` a view counts on the shrinks it
+    causes: without the last check a request would start on the threshold's idle nodes while the holders
+    above their views still had their grace.)"""
     starts: list[Request] = []
     for cluster in sched.demands:
-        for app_id, held, view in _views_now(core, sched, cluster):
+        views = _views_now(core, sched, cluster)
+        room = _capacity_now(core, sched, cluster) - sched.threshold - sum(held for _, held, _ in views) \
+            if sched.threshold else INF
+        for app_id, held, view in views:
             for r in list(core.apps[app_id].requests.values()):
                 if not (r.preemptible and r.state is WAITING and r.cluster == cluster and r.start <= core.now):
                     continue
-                if held + r.nodes > view or r.nodes > free[cluster]:
+                if held + r.nodes > view or r.nodes > free[cluster] or r.nodes > room:
                     break
                 held += r.nodes
+                room -= r.nodes
                 free[cluster] -= r.nodes
                 starts.append(r)
     return starts

@@ -224,6 +224,41 @@ def test_under_the_whole_set_policies_the_threshold_is_taken_off_the_capacity():
     assert d.started("L1") and _deadlines(d) == {"M": (8, 6)}
 
 
+@pytest.mark.parametrize("policy", ["filling", "strict"])
+def test_a_start_waits_for_the_shrink_it_causes_rather_than_take_the_threshold(policy):
+    """Found by the property below (filling, waiting, threshold 1): B's view counts on A's shrink, but
+    the cluster's one idle node is the one kept for local users; B starts once A has given its node back."""
+    d = Scenario({"c0": 2}, preemptible=policy, precedence="waiting", local_threshold=1, preempt_grace=5.0)
+    d.open(0.0, "B")  # (first in rank: the share of 1 node is B's)
+    d.open(0.0, "A")
+    d.submit(0.0, "A", rq("A1", "c0", 1, None, type="preemptible"))
+    assert d.started("A1")
+    d.submit(1.0, "B", rq("B1", "c0", 1, None, type="preemptible"))
+    assert _deadlines(d) == {"A": (1, 0)}
+    assert not d.started("B1")
+    d.done(2.0, "A", "A1")
+    assert d.started("B1")
+
+
+def test_a_drop_announced_for_later_is_a_voluntary_shrink_and_becomes_mandatory_when_it_comes():
+    """KOALA's two shrinks: M's view shows R's start at 100 as a drop to come, with no deadline (M may give
+    its nodes back early, or not); at 100 the drop is there and M has its grace to give them back."""
+    d = Scenario({"c0": 10}, preemptible="egs", precedence="waiting", preempt_grace=5.0)
+    for app in "XMR":
+        d.open(0.0, app)
+    d.submit(0.0, "X", rq("X1", "c0", 4, 100))
+    d.submit(1.0, "M", rq("M1", "c0", 6, None, type="preemptible"))
+    d.submit(2.0, "R", rq("R1", "c0", 10, 50))
+    assert d.started("M1") and not d.started("R1")
+    view = d.p_view("M", "c0")
+    assert (view.value_at(2.0), view.value_at(100.0)) == (6, 0)  # announced
+    assert _deadlines(d) == {}
+    d.done(100.0, "X", "X1")
+    assert _deadlines(d) == {"M": (6, 0)} and not d.started("R1")  # now mandatory
+    d.done(101.0, "M", "M1")
+    assert d.started("R1")
+
+
 # ==================================================================================================
 # the core's invariants over random runs
 # ==================================================================================================
