@@ -178,11 +178,8 @@ class FarmRunner:
         except bus.WireError as e:
             if e.code not in (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN):
                 raise
-            for j in running:
-                await svc._end(j.id, JobState.NODE_FAIL, None, "its session ended while the batch service was "
-                                                             "down (its processes were killed)")
-            await svc.redis.hdel(keys.BATCH_FARMS, self.sid)
-            svc.farm_again(self.sid, [j.id for j in mine if j.state is JobState.QUEUED])
+            await svc.farm_lost(self.sid, mine, "its session ended while the batch service was down (its "
+                                                "processes were killed)")
             return False
         relaunch = []
         for j in running:

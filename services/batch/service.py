@@ -607,13 +607,7 @@ class BatchService:
             # failed with their nodes, its queued ones go to a new farm
             log.error("the RMS ended a task farm's session unheard", farm=farm.sid)
             self.farm_closing(farm.sid, farm)
-            mine = [self.core.jobs[t] for t in farm._mine() if t in self.core.jobs]
-            for member in mine:
-                if member.state is JobState.RUNNING:
-                    await self._end(member.id, JobState.NODE_FAIL, None, _REAPED)
-            with contextlib.suppress(Exception):
-                await self.redis.hdel(keys.BATCH_FARMS, farm.sid)
-            self.farm_again(farm.sid, [m.id for m in mine if m.state is JobState.QUEUED])
+            await self.farm_lost(farm.sid, [self.core.jobs[t] for t in farm._mine() if t in self.core.jobs], _REAPED)
         except Exception as e:  # noqa: BLE001 - one farm's failure must not stop the others
             log.exception("a task farm failed", farm=farm.sid)
             self.farm_closing(farm.sid, farm)  # (nothing more is handed to it)
@@ -648,6 +642,18 @@ class BatchService:
                     fids.remove(sid)
                 if not fids:
                     self.shapes.pop(farm.shape(), None)
+
+    async def farm_lost(self, sid: str, members: list[Job], why: str) -> None:
+        """A farm whose session the RMS ended, killing its processes: its running tasks failed with their nodes
+        (``node_fail``, ``why``), its record goes, its queued tasks run in a new farm. (A record left by a Redis
+        error is found unknown again by the next instance, which repeats this: the running tasks have ended,
+        the queued ones belong to their new farm.)"""
+        for member in members:
+            if member.state is JobState.RUNNING:
+                await self._end(member.id, JobState.NODE_FAIL, None, why)
+        with contextlib.suppress(Exception):
+            await self.redis.hdel(keys.BATCH_FARMS, sid)
+        self.farm_again(sid, [m.id for m in members if m.state is JobState.QUEUED])
 
     def farm_again(self, sid: str, tasks: list[str]) -> None:
         """Queued tasks whose farm's session was lost: a new farm runs them (an array's: its own again; separate

@@ -584,6 +584,38 @@ async def test_a_batch_service_unheard_past_the_session_timeout_ends_every_job_o
             batch.stop_all()
 
 
+async def test_a_farm_reaped_while_its_service_was_dead_is_ended_by_the_next_instance(servers, redis_url, tmp_path):
+    """The batch service SIGKILLed with a farm of two running jobs and two queued; the RMS reaps the farm's
+    session (nothing heartbeats it) and kills its processes. The next instance finds the farm's session
+    unknown when it takes it up: the running jobs end node_fail, saying the service was down, and the queued
+    ones run in a new farm with their own codes."""
+    batch = _unheard_batch(servers, tmp_path)
+    async with LocalStack(batch.settings, {"c0": 4}) as stack:
+        conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
+        try:
+            await _until_served(conn)
+            running = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sleep", "1000"]) for _ in range(2)]
+            for job in running:
+                await until_state(conn, job, "running")
+            queued = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sh", "-c", f"exit {code}"])
+                      for code in (3, 5)]
+            for job in queued:
+                await until_state(conn, job, "queued")
+            batch.sigkill()
+            await wait_until(lambda: not stack.engine.cores.policy.apps, 30, "the dead service's farm reaped")
+            batch.start()
+            await _until_served(conn)
+            for job in running:
+                (rec,) = await ended(conn, job)
+                assert rec.state == "node_fail" and "batch service was down" in rec.reason, rec
+            for job, code in zip(queued, (3, 5), strict=True):
+                (rec,) = await ended(conn, job)
+                assert (rec.state, rec.exit_code) == ("failed", code), rec
+        finally:
+            await bus.shutdown(conn)
+            batch.stop_all()
+
+
 async def test_a_job_of_its_own_session_reaped_before_it_started_enters_the_rms_again(servers, redis_url,
                                                                                       tmp_path):
     """Without task farms (``COORM_BATCH_FARM=0``) each job has a session of its own. The service stopped past
