@@ -174,6 +174,7 @@ EXPERIMENTS += ("twin_cem_share",)  # issue 17's: CooRM Fig. 8 across the share 
 EXPERIMENTS += ("coormv2_fig9_plateau",)  # issue 17's: where Fig. 9's plateau starts, per profile
 EXPERIMENTS += ("koala_pwa_load",)  # issue 15's: KOALA's Fig. 8 under other users' rigid jobs
 EXPERIMENTS += ("koala_pwa_growth",)  # issue 15's: KOALA's Fig. 8 with polling and Fig. 5's EGS offers
+EXPERIMENTS += ("koala_pra_load",)  # issue 15's: KOALA's Fig. 7 on a busier platform
 
 
 def _experiments() -> dict:
