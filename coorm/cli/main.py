@@ -203,8 +203,8 @@ def experiment(
                                            "(experiments/NAME.json) and rewrite its generated tables"),
     stored: bool = typer.Option(False, "--stored", help="do not run: render the rows stored next to --update-doc"),
     live: bool = typer.Option(False, "--live", help="run it live over coorm up, at a reduced size (koala-pra, "
-                              "koala-pwa, koala-pwa-load, koala-pwa-growth, malleable-fraction; negotiation is "
-                              "live already)"),
+                              "koala-pra-load, koala-pwa, koala-pwa-load, koala-pwa-growth, malleable-fraction; "
+                              "negotiation is live already)"),
     malleable_model: str = typer.Option("psa", "--malleable-model", help="malleable-fraction --live: what its "
                                         "malleable jobs are, psa or negotiating"),
 ) -> None:
@@ -236,8 +236,8 @@ def experiment(
             typer.echo(known[n].live_markdown(rows))
             continue
         if live and n != "negotiation":
-            typer.echo(f"{n} has no live form (--live: koala-pra, koala-pwa, koala-pwa-load, koala-pwa-growth, "
-                       "malleable-fraction, negotiation)", err=True)
+            live_ones = ", ".join(sorted(k for k, m in known.items() if hasattr(m, "run_live")))
+            typer.echo(f"{n} has no live form (--live: {live_ones}, negotiation)", err=True)
             raise typer.Exit(2)
         documented = hasattr(known[n], "markdown")  # renders its tables for EXPERIMENTS.md
         if (markdown or update_doc is not None) and not documented:

@@ -1,7 +1,8 @@
 """KOALA Fig. 7 on a busier platform: ``koala-pra`` (FPSMA against EGS, precedence to running applications,
 W'm and W'mr, DAS3 with worst-fit) at the paper's 2 min between arrivals and at koala-pwa's 30 s, each with
 and without other users' rigid jobs (:func:`coorm.experiments.koala.background_jobs`, as in
-``koala-pwa-load``).
+``koala-pwa-load``). ``--live`` runs the busier set-up (W'm 30 s apart, without and with other users' jobs at
+90 %) over ``coorm up`` at koala-pra/pwa's reduced size (:mod:`coorm.experiments.koala_live`).
 
 Why: at the paper's set-up ``koala-pra`` finds FPSMA and EGS the same to the last digit -- a malleable job
 runs about 160 s and one arrives every 120 s, so worst-fit finds each a cluster of its own, where it grows
@@ -41,3 +42,23 @@ def markdown(rows: list[dict]) -> dict[str, str]:
                   "cluster kept for local users; jobs 120 s apart (the paper's) or 30 s apart, other users' rigid "
                   "jobs on every cluster at the nominal load shown (in brackets: what the drawn jobs offer). "
                   "Utilisation counts every job, other users' too.\n\n" + table + "\n\n" + checks}
+
+
+LIVE_INTERARRIVAL = 30.0  # the busier of the two: where the policies differ
+LIVE_LOADS = (0.0, 0.9)
+
+
+def run_live(out: Path, quick: bool = False) -> list[dict]:
+    """The same launchers over ``coorm up`` at koala-pra/pwa's reduced size, W'm 30 s apart (divided by the
+    speed-up), without and with other users' jobs (quick: EGS only)."""
+    from coorm.experiments import koala_live
+
+    policies = ("egs",) if quick else koala.POLICIES
+    return koala_live.run_live(NAME, "running", LIVE_INTERARRIVAL, out, quick, policies=policies, workload="Wm",
+                               loads=LIVE_LOADS)
+
+
+def live_markdown(rows: list[dict]) -> str:
+    from coorm.experiments import koala_live
+
+    return koala_live.load_table(rows)
