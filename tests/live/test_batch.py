@@ -500,6 +500,29 @@ async def _stopped_until_reaped(batch: BatchProcesses, stack, keep: frozenset[st
         os.killpg(proc.pid, signal.SIGCONT)
 
 
+async def _two_running_two_queued(conn, tmp_path: Path) -> tuple[list[str], list[str]]:
+    """One farm (one shape) on 4 nodes: two jobs running, two queued behind them that exit 3 and 5."""
+    running = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sleep", "1000"]) for _ in range(2)]
+    for job in running:
+        await until_state(conn, job, "running")
+    queued = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sh", "-c", f"exit {code}"])
+              for code in (3, 5)]
+    for job in queued:
+        await until_state(conn, job, "queued")
+    return running, queued
+
+
+async def _ended_as_lost(conn, running: list[str], queued: list[str], why: str) -> None:
+    """The farm's session was lost: each running job ended node_fail saying ``why``, each queued one ran in a
+    new farm and exited with its own code."""
+    for job in running:
+        (rec,) = await ended(conn, job)
+        assert rec.state == "node_fail" and why in rec.reason, rec
+    for job, code in zip(queued, (3, 5), strict=True):
+        (rec,) = await ended(conn, job)
+        assert (rec.state, rec.exit_code) == ("failed", code), rec
+
+
 async def test_a_batch_service_killed_mid_job_loses_nothing(servers, redis_url, tmp_path):
     """The batch service as a real process, SIGKILLed (no goodbye) with a job running, one queued behind it
     and one waiting on a dependency; another process takes them up from Redis: each ends as its command
@@ -565,20 +588,9 @@ async def test_a_batch_service_unheard_past_the_session_timeout_ends_every_job_o
         conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
         try:
             await _until_served(conn)
-            running = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sleep", "1000"]) for _ in range(2)]
-            for job in running:
-                await until_state(conn, job, "running")
-            queued = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sh", "-c", f"exit {code}"])
-                      for code in (3, 5)]
-            for job in queued:
-                await until_state(conn, job, "queued")
+            running, queued = await _two_running_two_queued(conn, tmp_path)
             await _stopped_until_reaped(batch, stack)
-            for job in running:
-                (rec,) = await ended(conn, job)
-                assert rec.state == "node_fail", rec
-            for job, code in zip(queued, (3, 5), strict=True):
-                (rec,) = await ended(conn, job)
-                assert (rec.state, rec.exit_code) == ("failed", code), rec
+            await _ended_as_lost(conn, running, queued, "could not be heard")
         finally:
             await bus.shutdown(conn)
             batch.stop_all()
@@ -594,23 +606,12 @@ async def test_a_farm_reaped_while_its_service_was_dead_is_ended_by_the_next_ins
         conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
         try:
             await _until_served(conn)
-            running = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sleep", "1000"]) for _ in range(2)]
-            for job in running:
-                await until_state(conn, job, "running")
-            queued = [await submit(conn, tmp_path, nodes=2, cluster="c0", argv=["sh", "-c", f"exit {code}"])
-                      for code in (3, 5)]
-            for job in queued:
-                await until_state(conn, job, "queued")
+            running, queued = await _two_running_two_queued(conn, tmp_path)
             batch.sigkill()
             await wait_until(lambda: not stack.engine.cores.policy.apps, 30, "the dead service's farm reaped")
             batch.start()
             await _until_served(conn)
-            for job in running:
-                (rec,) = await ended(conn, job)
-                assert rec.state == "node_fail" and "batch service was down" in rec.reason, rec
-            for job, code in zip(queued, (3, 5), strict=True):
-                (rec,) = await ended(conn, job)
-                assert (rec.state, rec.exit_code) == ("failed", code), rec
+            await _ended_as_lost(conn, running, queued, "batch service was down")
         finally:
             await bus.shutdown(conn)
             batch.stop_all()
