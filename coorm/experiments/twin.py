@@ -90,19 +90,24 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"n": len(v), "median": statistics.median(v), "p95": p95, "max": v[-1]}
 
 
-def run(out: Path, quick: bool = False, *, spaced: bool = False, name: str = NAME) -> list[dict]:
+def run(out: Path, quick: bool = False, *, spaced: bool = False, name: str = NAME,
+        count: int | None = None) -> list[dict]:
     """The quick run: one live run. The full one: two, the second to measure how far the live system is from
-    itself (the noise floor of any comparison) and to check the calibration on a run it was not taken from."""
+    itself (the noise floor of any comparison) and to check the calibration on a run it was not taken from.
+    ``count``: applications besides the PSAs (:func:`~.twin_workload.workload`; None: the mode's)."""
     from coorm.experiments import twin_live
 
     clusters = QUICK_CLUSTERS if quick else CLUSTERS
-    specs = workload(quick, spaced=spaced)
-    runs = [twin_live.run(specs, clusters, ENV, limit=120.0 if quick else 900.0) for _ in range(1 if quick else 2)]
+    specs = workload(quick, spaced=spaced, count=count)
+    # the live run's limit: the arrivals' span, with room for the tail of a loaded machine
+    limit = 120.0 if quick else max(900.0, 3 * specs[-1].at)
+    runs = [twin_live.run(specs, clusters, ENV, limit=limit) for _ in range(1 if quick else 2)]
     # the live runs as measured (the rows are derived from them): to compare again without running them
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}-live.pickle").write_bytes(pickle.dumps(runs))
     rows = compare(specs, clusters, runs[0], runs[1] if len(runs) > 1 else None)
     rows[0]["spaced"] = spaced
+    rows[0]["count"] = count
     common.write_csv(out / f"{name}.csv", [r for r in rows if r["row"] == "app"])
     plot(rows, out / f"{name}.png")
     return rows

@@ -38,7 +38,7 @@ def resimulate(rows: list[dict], start_lags: tuple[float, ...], views_apart: boo
     run = next(r for r in rows if r["row"] == "run")
     apps = [dict(a) for a in rows if a["row"] == "app"]
     quick = run["apps"] < 100
-    specs = workload(quick, spaced=bool(run.get("spaced")))
+    specs = workload(quick, spaced=bool(run.get("spaced")), count=run.get("count"))
     if [s.name for s in specs] != [a["name"] for a in apps]:
         raise ValueError("the stored applications are not the twin workload's")
     samples = {r["delay"]: r["values"] for r in rows if r["row"] == "samples"}

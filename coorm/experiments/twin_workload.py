@@ -88,16 +88,19 @@ def props(clusters: dict[str, int]) -> ClusterProps:
 
 
 def workload(quick: bool = False, seed: int = 17, *, spaced: bool = False,
-             cem_share: float | None = None) -> list[TwinApp]:
+             cem_share: float | None = None, count: int | None = None) -> list[TwinApp]:
     """A mixed stream of applications arriving over the run: mostly rigid jobs of a few seconds and 1-8
     nodes, some moldable, a few CEM, AMR (evolving) and NEXT chains, and a PSA per cluster from the start
     (malleable: it takes what no one else uses, and gives it back within the preemption grace).
 
     ``spaced``: the same applications (the same draws), each arriving at least :data:`MIN_GAP` after the one
     before, the mean gap unchanged (``MIN_GAP`` plus an exponential of the rest): no two arrivals race to
-    the policy core. ``cem_share``: that share of the applications are CEMs (:func:`with_cems`)."""
+    the policy core. ``cem_share``: that share of the applications are CEMs (:func:`with_cems`). ``count``:
+    that many applications besides the PSAs, instead of the mode's; the first ones are the same whatever the
+    count (one stream of draws), so a longer scenario extends a shorter one."""
     rng = random.Random(seed)
     n, gap, size = (14, 0.8, 4) if quick else (120, 1.3, 8)
+    n = n if count is None else count
     apps = [TwinApp("psa-c0", "psa", 0.0, "c0", {"task_duration": 3.0}),
             TwinApp("psa-c1", "psa", 0.5, "c1", {"task_duration": 3.0})]
     t = 2.0

@@ -265,3 +265,16 @@ def test_with_the_views_apart_a_launcher_is_shown_its_start_before_it_hears_it(v
         assert all(heard == pytest.approx(round_ + view_notify) for round_, heard in m.shown)
     else:
         assert all(heard == pytest.approx(round_ + 0.3) for round_, heard in m.shown)
+
+
+def test_the_large_scenario_extends_the_twins_with_the_same_load():
+    """twin-large's applications begin with the twin's, drawn alike, and arrive as often."""
+    from coorm.experiments.twin_large import COUNT
+
+    plain, large = workload(), workload(count=COUNT)
+    assert len(large) == COUNT + 2 > len(plain)
+    assert large[: len(plain)] == plain
+    later = large[len(plain):]
+    assert {a.kind for a in later} >= {"rigid", "moldable", "cem", "amr", "next"}
+    mean = (large[-1].at - large[2].at) / (len(large) - 3)
+    assert 0.8 * 1.3 < mean < 1.2 * 1.3
