@@ -131,27 +131,29 @@ def steps(segments: Iterable[tuple[float, float, int]], start: float, end: float
     return out
 
 
-def usage(segments: Iterable[tuple[float, float, int]], start: float, end: float) -> tuple[int, int, float]:
-    """The fewest and most nodes a job held at once between ``start`` and ``end``, and its node-seconds
-    there (:func:`steps`)."""
-    segments = list(segments)
-    levels = [n for _, n in steps(segments, start, end)[:-1]]
-    if not levels:
-        return 0, 0, 0.0
-    node_seconds = math.fsum((min(e, end) - max(s, start)) * n for s, e, n in segments if min(e, end) > max(s, start))
-    return min(levels), max(levels), node_seconds
+def node_seconds(segments: Iterable[tuple[float, float, int]], start: float, end: float) -> float:
+    """The node-seconds a job held between ``start`` and ``end``."""
+    return math.fsum((min(e, end) - max(s, start)) * n for s, e, n in segments if min(e, end) > max(s, start))
 
 
-def job_usage(job: JobRecord) -> tuple[int, int, float]:
-    """:func:`usage` over the job's run (its first start to its end); all zero if it never started."""
+def extremes(held: list[tuple[float, int]]) -> tuple[int, int]:
+    """The fewest and most nodes of :func:`steps`' output (its closing 0 left out); 0, 0 if it is empty."""
+    levels = [n for _, n in held[:-1]]
+    return (min(levels), max(levels)) if levels else (0, 0)
+
+
+def job_usage(job: JobRecord) -> tuple[list[tuple[float, int]], float]:
+    """The job's :func:`steps` and :func:`node_seconds` over its run (its first start to its end); empty and 0 if it
+    never started. One call gives the jobs CSV both."""
     if job.start is None:
-        return 0, 0, 0.0
-    return usage(job.segments, job.start, _run_end(job))
+        return [], 0.0
+    end = _run_end(job)
+    return steps(job.segments, job.start, end), node_seconds(job.segments, job.start, end)
 
 
-def job_steps(job: JobRecord) -> list[tuple[float, int]]:
-    """:func:`steps` over the job's run; empty if it never started."""
-    return [] if job.start is None else steps(job.segments, job.start, _run_end(job))
+def job_node_seconds(job: JobRecord) -> float:
+    """:func:`job_usage`'s node-seconds alone: what a sum over jobs needs, without their steps."""
+    return 0.0 if job.start is None else node_seconds(job.segments, job.start, _run_end(job))
 
 
 def _run_end(job: JobRecord) -> float:
@@ -268,7 +270,7 @@ def compute(jobs: Sequence[JobRecord], capacity: int, warmup: Warmup = Warmup())
     for j in measured:
         users.setdefault(j.user or "-", []).append(j)
     out["per_user"] = {
-        user: {"jobs": len(js), **_figures(js), "node_seconds": math.fsum(job_usage(j)[2] for j in js)}
+        user: {"jobs": len(js), **_figures(js), "node_seconds": math.fsum(job_node_seconds(j) for j in js)}
         for user, js in sorted(users.items(), key=lambda kv: _user_key(kv[0]))
     }
     return out

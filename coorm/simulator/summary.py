@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coorm.simulator.engine import Result
-from coorm.simulator.metrics import JobRecord, job_steps, job_usage
+from coorm.simulator.metrics import JobRecord, extremes, job_usage
 
 if TYPE_CHECKING:
     from coorm.simulator.replay import Planned
@@ -152,7 +152,8 @@ def job_rows(records: Sequence[JobRecord], seed: int, measured: set[str]) -> lis
     what does not apply (a job that never started has no wait)."""
     rows = []
     for j in records:
-        lo, hi, ns = job_usage(j)
+        held, ns = job_usage(j)
+        lo, hi = extremes(held)
         started = j.start is not None
         rows.append({
             "seed": str(seed), "app": j.app, "job": j.job, "user": j.user, "kind": j.kind,
@@ -161,7 +162,7 @@ def job_rows(records: Sequence[JobRecord], seed: int, measured: set[str]) -> lis
             "nodes_requested": _num(j.nodes_requested),
             "nodes_min": _num(lo) if started else "", "nodes_max": _num(hi) if started else "",
             "node_seconds": _num(ns) if started else "",
-            "nodes_over_time": " ".join(f"{_num(t)}:{n}" for t, n in job_steps(j)),
+            "nodes_over_time": " ".join(f"{_num(t)}:{n}" for t, n in held),
             "bounded_slowdown": _num(j.bounded_slowdown),
             "state": j.state, "oversize": j.oversize, "measured": "1" if j.app in measured else "0",
         })

@@ -14,10 +14,12 @@ from coorm.simulator.metrics import (
     bounded_slowdown,
     compute,
     confidence,
+    extremes,
+    job_usage,
+    node_seconds,
     quantile,
     steps,
     t975,
-    usage,
 )
 
 
@@ -114,6 +116,11 @@ def test_skipped_refused_and_unfinished_jobs_are_counted_not_measured():
     assert m["utilisation"] == pytest.approx((710 + 50) / 800)  # H's 50 node-seconds count
 
 
+def usage(segments: list[tuple[float, float, int]], start: float, end: float) -> tuple[int, int, float]:
+    """The fewest and most nodes held at once, and the node-seconds: what the jobs CSV writes of them."""
+    return (*extremes(steps(segments, start, end)), node_seconds(segments, start, end))
+
+
 def test_nodes_over_time_of_an_evolving_and_a_malleable_job():
     # three NEXT phases handing over: 4, 12, then 2 nodes, 10 s each
     assert usage([(0, 10, 4), (10, 20, 12), (20, 30, 2)], 0, 30) == (2, 12, 180.0)
@@ -128,6 +135,12 @@ def test_nodes_over_time_of_an_evolving_and_a_malleable_job():
     assert steps([(0, 10, 2), (5, 15, 3)], 0, 15) == [(0, 2), (5, 5), (10, 3), (15, 0)]
     assert steps([(0, 10, 4), (10, 20, 4)], 0, 20) == [(0, 4), (20, 0)]
     assert steps([(0, 10, 2)], 5, 5) == []
+    # a job's run: from its first start to its end; nothing if it never started
+    malleable = JobRecord(app="m", seq=1, submit=0, start=5, end=30, segments=((5, 10, 2), (20, 30, 3)),
+                          nodes_requested=2)
+    assert job_usage(malleable) == (
+        [(5, 2), (10, 0), (20, 3), (30, 0)], 40.0)
+    assert job_usage(job("w", 1, 0, None, None, 2)) == ([], 0.0)
 
 
 def test_the_confidence_interval_of_three_runs():
