@@ -103,7 +103,7 @@ def work_overheads(rows: list[dict], specs: list) -> dict[str, list[float]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("name", help="a stored twin run: twin, twin-spaced")
+    ap.add_argument("name", help="a stored twin run: twin, twin-spaced, twin-large")
     ap.add_argument("--start-lag", type=float, default=None, help="the live launchers' (default: stored)")
     ap.add_argument("--doc", type=Path, default=DOC, help="the doc the run is stored next to")
     ap.add_argument("--views", choices=("stored", "apart", "in-order"), default="stored",
