@@ -176,6 +176,7 @@ EXPERIMENTS += ("koala_pwa_load",)  # issue 15's: KOALA's Fig. 8 under other use
 EXPERIMENTS += ("koala_pwa_growth",)  # issue 15's: KOALA's Fig. 8 with polling and Fig. 5's EGS offers
 EXPERIMENTS += ("koala_pra_load",)  # issue 15's: KOALA's Fig. 7 on a busier platform
 EXPERIMENTS += ("twin_large",)  # issue 17's: the twin at a few hundred applications
+EXPERIMENTS += ("coorm_fig6_w2",)  # issue 17's: where Fig. 6's W2 bytes go, per application
 
 
 def _experiments() -> dict:
