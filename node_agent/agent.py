@@ -222,7 +222,6 @@ class Agent:
         self.cgroups: Cgroups | None = None
         self.state_file: Path = settings.agent_state_path(agent_id)
         self.leftovers_reaped = 0  # processes a predecessor left that this agent killed and reported
-        self.moves = 0  # moves off a NATS server cut from its cluster
         self._assigns_seen: dict[str, int] = {}  # assignments received per node (see _sync)
         self._recent_exits: dict[str, collections.deque[tuple[ProcessExited, str]]] = {}
         self._launches: dict[tuple[str, str, str | None], list[int]] = {}  # (node, app, launch id) -> pids
@@ -463,7 +462,6 @@ class Agent:
                 return True  # answered here meanwhile (the look raced a take-over): this server reaches it
             self._log.warning("the allocator answers through another NATS server, not through this one: moving "
                               "there", cut=f"{here[0]}:{here[1]}", to=redact(url))
-            self.moves += 1
             await move_to(nc, there.hostname, there.port)
             return True
         return False
