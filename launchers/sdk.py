@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-import nats
 from nats.errors import ConnectionClosedError
 
 from coorm.launchers.base import ClusterProps, Views
@@ -845,33 +844,13 @@ class Session:
 
     async def _answered_through(self, url: str) -> bool:
         """A heartbeat sent over a connection of its own to ``url``: answered, the session is kept alive too."""
-        async def quiet(e: Exception) -> None:
-            """(nats-py would log a traceback for a server this look does not reach)"""
-
-        try:
-            nc = await asyncio.wait_for(nats.connect([url], name=f"launcher-look-{self.app}", connect_timeout=1,
-                                                     allow_reconnect=False, error_cb=quiet,
-                                                     **bus._auth(self.settings.identity(Role.LAUNCHER))),
-                                        LOOK_TIMEOUT)
-        except Exception:  # noqa: BLE001 - not reached either: nothing to move to there
-            return False
-        try:
-            await bus.call(nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
-                           timeout=heartbeat_timeout(self.reply))
-            return True
-        except Exception:  # noqa: BLE001 - no answer there either: the RMS itself is not answering
-            return False
-        finally:
-            await _quietly(nc.close())
+        return await bus.answered_through(url, f"launcher-look-{self.app}", self.settings.identity(Role.LAUNCHER),
+                                          self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
+                                          timeout=heartbeat_timeout(self.reply), reach=LOOK_TIMEOUT)
 
 
-async def _move_to(nc: NATS, host: str | None, port: int | None) -> None:
-    """Reconnect ``nc`` to the server at ``host:port`` of its pool. nats-py's ``force_reconnect`` takes the
-    next server of its pool, shuffled first: the pool is put in order, that server first, and kept in order
-    (round robin, from then on)."""
-    nc.options["dont_randomize"] = True
-    nc._server_pool.sort(key=lambda srv: (srv.uri.hostname, srv.uri.port) != (host, port))  # (a stable sort)
-    await nc.force_reconnect()
+# (the node agent moves off a cut server too: the move is the bus's; tests reach it here)
+_move_to = bus.move_to
 
 
 def _cancelling() -> bool:

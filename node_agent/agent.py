@@ -4,7 +4,9 @@ The I/O shell around :class:`coorm.node_agent.state.NodeBook`:
 
 * registers its nodes on ``AGENT_REGISTER`` (request/reply, retried until the node allocator answers
   ``Ack``), again whenever anything arrives on ``AGENT_HELLO`` and after each NATS reconnection (what was
-  sent to it while cut is lost: the answer says whom each node belongs to now); heartbeats on ``AGENT_HEARTBEAT``;
+  sent to it while cut is lost: the answer says whom each node belongs to now); heartbeats on ``AGENT_HEARTBEAT``
+  (request/reply: unanswered while its connection lives, its NATS server may be cut from the cluster, and the
+  agent moves to another server of its list through which the allocator answers);
 * ``node_assign(node)``: the allocator says which request owns the node until when (and which token may
   launch); ``Ack`` if a reply is asked for. Obeyed only when signed with the services' key (as is a kill):
   NATS lets only the services publish them, and the agent checks that they did;
@@ -47,6 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import nats.errors
 import structlog
@@ -59,7 +62,8 @@ from coorm.node_agent.nodes import default_agent_id, host_node_info, parse_nodes
 from coorm.node_agent.spawn_client import Spawner, SpawnerGone, SpawnFailed
 from coorm.node_agent.state import NodeBook, ProcessRecord, Refused, token_hash
 from coorm.shared import metrics, subjects
-from coorm.shared.bus import WireError, call, connect, decode, encode, shutdown
+from coorm.shared.bus import WireError, answered_through, call, connect, decode, encode, move_to, shutdown
+from coorm.shared.connection import nats_servers, redact
 from coorm.shared.credentials import signed_by
 from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
@@ -97,6 +101,8 @@ USER_CACHE = 30.0
 RECENT_LAUNCHES = 4096  # launch ids remembered (a retried launch is answered, not started again)
 RECENT_EXITS = 256  # exits kept per node for launchers that missed them (a reconnection)
 STOP_WAIT = 5.0  # on stop, how long (beyond the kill grace) to wait for exits to be published
+LOOK_TIMEOUT = 2.0  # seconds to reach another server of the list, looking for the allocator there
+MAX_LOOK_EVERY = 8  # unanswered heartbeats between two looks elsewhere, at most
 
 
 class _Pipes(asyncio.SubprocessProtocol):
@@ -393,16 +399,72 @@ class Agent:
         self._register_task = asyncio.create_task(self._register(release))
 
     async def _heartbeat_loop(self) -> None:
+        # Each beat is a request the allocator answers: the cheapest sign that this connection's server is
+        # cut from the cluster (alive, so nats-py stays with it, but nothing beyond it hears), since the beat
+        # goes out anyway and its answer is one small message. Unanswered while the connection lives, the
+        # agent looks for the allocator through the other servers of its list, as an SDK session does, after
+        # 1, 2, 4, 8 unanswered beats: a take-over, when no server answers, costs every agent a few looks,
+        # no more. Only once a beat was answered: an allocator older than the answer never answers, and its
+        # agents must not look every few beats. A beat waits a period for its answer at most, and the look's
+        # beat, answered through another server, is heard by the allocator: by default (1 s beats) it is heard
+        # about 2 s after the last beat that got through, at most 5 s (the next beat, its wait, reaching the
+        # other server, its answer), within the 5 s agent timeout.
         nodes = list(self.book.nodes)
+        period = self.settings.agent_heartbeat
+        look_every, unanswered, heard = 1, 0, False
         while True:
-            try:
-                hb = AgentHeartbeat(agent=self.agent_id, nodes=nodes, processes=self.book.process_count)
-                await self.nc.publish(subjects.AGENT_HEARTBEAT, encode(hb))
-                metrics.agent_heartbeats.labels(self.agent_id, self.cluster).inc()
-                metrics.agent_processes.labels(self.agent_id, self.cluster).set(hb.processes)
-            except nats.errors.Error as e:
-                self._log.warning("heartbeat not sent", error=str(e))
-            await asyncio.sleep(self.settings.agent_heartbeat)  # the heartbeat period
+            began = time.monotonic()
+            hb = AgentHeartbeat(agent=self.agent_id, nodes=nodes, processes=self.book.process_count)
+            metrics.agent_processes.labels(self.agent_id, self.cluster).set(hb.processes)
+            if await self._beat(hb, timeout=period):
+                look_every, unanswered, heard = 1, 0, True
+            elif heard:
+                unanswered += 1
+                if unanswered >= look_every:
+                    unanswered = 0
+                    look_every = 1 if await self._leave_if_cut_off(hb) else min(2 * look_every, MAX_LOOK_EVERY)
+            await asyncio.sleep(max(0.0, began + period - time.monotonic()))  # the heartbeat period
+
+    async def _beat(self, hb: AgentHeartbeat, timeout: float) -> bool:
+        """Whether the allocator answered the heartbeat (a refusal is an answer: it was heard)."""
+        answered = True
+        try:
+            await call(self.nc, subjects.AGENT_HEARTBEAT, hb, Ack, timeout=timeout)
+        except WireError as e:
+            self._log.warning("heartbeat refused", code=e.code.value, reason=e.message)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            answered = False
+        except Exception as e:  # noqa: BLE001 - the loop must go on beating, whatever one beat met
+            self._log.warning("heartbeat not sent", error=f"{type(e).__name__}: {e}")
+            return False
+        metrics.agent_heartbeats.labels(self.agent_id, self.cluster).inc()
+        return answered
+
+    async def _leave_if_cut_off(self, hb: AgentHeartbeat) -> bool:
+        """Whether the allocator answered a heartbeat through another server of the agent's URL list (then the
+        connection moves there, and the agent registers again, as after any reconnection)."""
+        nc = self.nc
+        if nc is None or not nc.is_connected or nc.connected_url is None:
+            return False  # reconnecting already: nats-py looks for a server itself
+        here = (nc.connected_url.hostname, nc.connected_url.port)
+        timeout = self.settings.agent_heartbeat
+        self._log.info("heartbeats unanswered: looking for the allocator through the other NATS servers of the list",
+                       here=f"{here[0]}:{here[1]}")
+        for url in nats_servers(self.settings.nats_url):
+            there = urlsplit(url)
+            if (there.hostname, there.port) == here:
+                continue
+            if not await answered_through(url, f"coorm-agent-look-{self.agent_id}", self.settings.identity(Role.AGENT),
+                                          subjects.AGENT_HEARTBEAT, hb, Ack, timeout=timeout, reach=LOOK_TIMEOUT):
+                self._log.debug("the allocator does not answer there either", server=redact(url))
+                continue
+            if await self._beat(hb, timeout=timeout):
+                return True  # answered here meanwhile (the look raced a take-over): this server reaches it
+            self._log.warning("the allocator answers through another NATS server, not through this one: moving "
+                              "there", cut=f"{here[0]}:{here[1]}", to=redact(url))
+            await move_to(nc, there.hostname, there.port)
+            return True
+        return False
 
     # -- end of allocations -------------------------------------------------------------------------
     async def _expiry_loop(self) -> None:

@@ -56,6 +56,7 @@ class WireError(Exception):
 
 
 RECONNECT_WAIT = 0.5  # seconds between two attempts to reach a lost server
+LOOK_RETRY = 0.1  # seconds between two attempts to reach a server a look asks through
 
 
 class Unreachable(Exception):
@@ -138,6 +139,51 @@ async def connect_client(url: str, name: str, *, timeout: float, reconnect_windo
             raise Refused(url, identity) from e
         raise Unreachable(url, source, timeout) from e
     return nc
+
+
+async def move_to(nc: NATS, host: str | None, port: int | None) -> None:
+    """Reconnect ``nc`` to the server at ``host:port`` of its pool. nats-py's ``force_reconnect`` takes the
+    next server of its pool, shuffled first: the pool is put in order, that server first, and kept in order
+    (round robin, from then on)."""
+    nc.options["dont_randomize"] = True
+    nc._server_pool.sort(key=lambda srv: (srv.uri.hostname, srv.uri.port) != (host, port))  # (a stable sort)
+    await nc.force_reconnect()
+
+
+async def answered_through(url: str, name: str, identity: Identity | None, subject: str, message: BaseModel,
+                           reply: type[BaseModel], *, timeout: float, reach: float) -> bool:
+    """Whether ``message``, sent on ``subject`` over a connection of its own to the server at ``url`` (reached
+    within ``reach`` seconds), is answered with ``reply`` within ``timeout``: how a client whose server may be
+    cut from the cluster (alive, reaching nothing) finds out whether another server of its list does better."""
+    async def quiet(e: Exception) -> None:
+        """(nats-py would log a traceback for a server this look does not reach)"""
+
+    try:
+        # nats-py tries a server it failed to reach again within the same connect, after reconnect_time_wait
+        # (2 s by default: the whole look's window); a failure that passes at once (seen in the partition
+        # test: *no route to host* once, just after a link came up or went down) is retried within ``reach``
+        nc = await asyncio.wait_for(nats.connect([url], name=name, connect_timeout=1, allow_reconnect=False,
+                                                 reconnect_time_wait=LOOK_RETRY,
+                                                 error_cb=quiet, **_auth(identity)),
+                                    reach)
+    except Exception:  # noqa: BLE001 - not reached either: nothing to move to there
+        return False
+    try:
+        await call(nc, subject, message, reply, timeout=timeout)
+        return True
+    except Exception:  # noqa: BLE001 - no answer there either: the RMS itself is not answering
+        return False
+    finally:
+        try:
+            await nc.close()
+        except asyncio.CancelledError:
+            # nats-py raises it from a connection the server reset (it cancels what waited on it): only the
+            # caller's own cancellation goes on
+            task = asyncio.current_task()
+            if task is not None and task.cancelling() > 0:
+                raise
+        except Exception:  # noqa: BLE001, S110 - a look's connection: nothing to do about a failed close
+            pass
 
 
 def _log_error(url: str) -> Callable[[Exception], Awaitable[None]]:

@@ -669,15 +669,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "previous": None}]},
     ),
     Endpoint(
-        subject=subjects.AGENT_HEARTBEAT, names=("AGENT_HEARTBEAT",), part=Part.AGENTS, kind=Kind.PUBLISH,
-        request=AgentHeartbeat, reply=None, publishers=(Role.AGENT,), subscribers=(Role.SERVICE,),
-        sent_by="node agents", served_by="node allocator", errors=(),
+        subject=subjects.AGENT_HEARTBEAT, names=("AGENT_HEARTBEAT",), part=Part.AGENTS, kind=Kind.REQUEST,
+        request=AgentHeartbeat, reply=Ack, publishers=(Role.AGENT,), subscribers=(Role.SERVICE,),
+        sent_by="node agents", served_by="node allocator", errors=_BUS,
         description=(
-            "The agent is alive, with its nodes and how many processes it runs. An agent silent for the "
-            "allocator's ``agent_timeout`` has its nodes marked down (their requests end with "
-            "``node_failure``); a heartbeat from an agent the allocator does not know (or knows as down) "
-            "makes it publish ``agent.hello``."),
+            "The agent is alive, with its nodes and how many processes it runs, every ``agent_heartbeat`` "
+            "seconds. An agent silent for the allocator's ``agent_timeout`` has its nodes marked down (their "
+            "requests end with ``node_failure``); a heartbeat from an agent the allocator does not know (or knows "
+            "as down) makes it publish ``agent.hello``. Answered ``Ack`` when it asks for a reply: a heartbeat "
+            "unanswered while the agent's connection lives says its NATS server may be cut from the cluster, "
+            "and the agent sends one through each other server of its URL list, moving to one through which "
+            "it is answered. A heartbeat published without a reply subject (an agent older than the answer) "
+            "is heard the same."),
         example={"agent": "agent-c0", "nodes": ["c0n0", "c0n1"], "processes": 2},
+        reply_example={"ok": True, "requests": []},
     ),
     Endpoint(
         subject=subjects.AGENT_EXITED, names=("AGENT_EXITED",), part=Part.AGENTS, kind=Kind.PUBLISH,

@@ -399,14 +399,18 @@ class NodeAllocatorService:
                                   token_sha256=await self._digest(app), end=json.loads(alloc.get("end", "null"))))
         return out
 
-    async def _on_heartbeat(self, msg: AgentHeartbeat, raw: Msg) -> None:
+    async def _on_heartbeat(self, msg: AgentHeartbeat, raw: Msg) -> Ack | None:
+        # answered when a reply is asked for: an agent whose beats go unanswered while its connection lives
+        # is on a server cut from the cluster, and looks for one that reaches the allocator (an older agent
+        # publishes its beats, and is heard the same)
+        ack = Ack() if raw.reply else None
         a = self.agents.get(msg.agent)
         if a is None or not a["up"]:
             await self.nc.publish(subjects.AGENT_HELLO, b"{}")  # heard of again: register
-            return None
+            return ack
         a["last_seen"] = clock()
         a["processes"] = msg.processes
-        return None
+        return ack
 
     async def _watch_agents(self) -> None:
         timeout = self.settings.agent_timeout

@@ -234,6 +234,7 @@ HANDLERS: list[tuple[str, list[Callable[..., object]]]] = [
                                PolicyCore._app, PolicyCore._close]),
     (subjects.app_heartbeat(APP), [PolicyEngine._on_heartbeat, PolicyEngine._check]),
     (subjects.AGENT_REGISTER, [NodeAllocatorService._on_register]),
+    (subjects.AGENT_HEARTBEAT, [NodeAllocatorService._on_heartbeat]),
     (subjects.node_launch(NODE, USER), [Agent._on_launch, NodeBook.check_launch, runas.resolve, runas.launch_env,
                                         runas.check_cwd]),
     (subjects.node_exits(NODE, USER), [Agent._on_exits]),

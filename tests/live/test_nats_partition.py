@@ -6,12 +6,14 @@ reach no one -- its nodes go down and their owner is told -- while the majority 
 replicas still has 2). Healed, the server rejoins the cluster, the agent is heard of again, kills what ran
 under the allocation that ended meanwhile, and its nodes take new work. The third host has a second link
 (:class:`tests.hosts.Hosts` ``links=2``) that the cut leaves up: a client on the machine still reaches the
-cut server -- the partial partition where an application stays with a live server that reaches nothing.
+cut server -- the partial partition where an application stays with a live server that reaches nothing --
+and an agent on the third host, whose list names a majority server too, reaches that one over it.
 Skipped where network namespaces cannot be made (not root, no ``ip``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -26,11 +28,14 @@ import pytest
 
 from coorm.launchers.sdk import Closed, Exited, Killed, Session, SessionReaped, _move_to
 from coorm.services.stack import LocalStack, wait_until
+from coorm.shared import bus, subjects
+from coorm.shared.bus import decode
 from coorm.shared.credentials import CredentialStore, write_secret
 from coorm.shared.endpoints import Role
+from coorm.shared.protocol import AgentHeartbeat, AgentRegister, NodesEvent
 from coorm.shared.servers import free_port, nats_binary
 from tests.hosts import Hosts, unavailable
-from tests.live.test_agent import group_gone
+from tests.live.test_agent import Inbox, group_gone
 from tests.live.test_hosts import NODES, _nodes_up
 from tests.live.test_system import _settings, next_of, rq
 
@@ -53,7 +58,8 @@ def _wait_listening(addr: str, port: int, proc: subprocess.Popen) -> None:
 @pytest.fixture
 def cluster(servers, tmp_path):
     """The three servers: ``(urls, hosts, far)``, ``urls[i]`` the i-th server's (the third's on host ``far``,
-    its routes on the first link), ``far`` the third's URL on the second link (the cut leaves it up)."""
+    its routes on the first link), ``far`` the third's URL on the second link (the cut leaves it up). The first
+    two are reached on the second link's gateway too (``hosts.gateways[1]``, their ports)."""
     with Hosts([FAR, NEAR], links=2) as hosts:
         store = CredentialStore(servers.credentials)
         secret = os.urandom(12).hex()
@@ -70,8 +76,10 @@ def cluster(servers, tmp_path):
                     f"server_name: part-{i}\n"
                     f"cluster {{\n  name: part\n  listen: {addr}:{routes[i]}\n"
                     f'  authorization {{ user: route, password: "{secret}" }}\n  routes: [{urls}]\n}}\n'))
-                # (the third listens for clients on both its links; the routes on the first only)
-                argv = [nats_binary(), "-c", str(conf), "-a", "0.0.0.0" if i == 2 else addr, "-p", str(ports[i]),
+                # (each listens for clients on every address: the third on both its links, the first two on
+                # the second link's gateway too, which the far host still reaches once its first link is cut;
+                # the routes on the first link only)
+                argv = [nats_binary(), "-c", str(conf), "-a", "0.0.0.0", "-p", str(ports[i]),
                         "-js", "-sd", str(work / "js")]
                 if i == 2:
                     argv = hosts.command(FAR, argv)
@@ -86,6 +94,24 @@ def cluster(servers, tmp_path):
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
+
+
+def _reaches(hosts: Hosts, host: str, url: str) -> None:
+    """Until ``host`` reaches ``url``'s server. (The first connection over a link healed after a connection
+    through it failed may fail too, *no route to host*, seen here; the next goes through.)"""
+    there = urlsplit(url)
+    code = ("import socket, sys, time\n"
+            "deadline = time.monotonic() + 15\n"
+            "while True:\n"
+            "    try:\n"
+            f"        socket.create_connection(({there.hostname!r}, {there.port}), timeout=1).close()\n"
+            "        sys.exit(0)\n"
+            "    except OSError:\n"
+            "        if time.monotonic() > deadline:\n"
+            "            sys.exit(1)\n"
+            "        time.sleep(0.05)  # polling a link coming up\n")
+    assert subprocess.run(hosts.command(host, [sys.executable, "-c", code]), timeout=30).returncode == 0, \
+        f"{host} does not reach {url}"
 
 
 async def _jetstream_ready(urls: list[str], settings) -> None:
@@ -169,6 +195,78 @@ async def test_a_nats_server_cut_from_its_cluster(servers, redis_url, cluster, t
                     except subprocess.TimeoutExpired:
                         os.killpg(a.pid, signal.SIGKILL)
                         a.wait()
+
+
+async def test_an_agent_on_a_server_cut_from_its_cluster_moves_to_another(servers, redis_url, cluster, tmp_path):
+    """An agent on the far host whose URL list names the third server, and the first one as the far host
+    reaches it over its second link, connected to the third, a job running on its nodes. The far host's first
+    link is cut (the third server is alone; the agent still reaches it, and the first over the second link):
+    its heartbeats go unanswered while its connection lives, it finds the allocator through the first server
+    and moves there before the agent timeout. Its nodes never go down (the allocator tells the engine nothing
+    of the kind), the job is not killed and its processes run on; the agent, registered again from the first
+    server, launches under the job's assignment there."""
+    urls, hosts, _ = cluster
+    majority = ",".join(urls[:2])
+    settings = _settings(servers, nats_url=majority, agent_heartbeat=0.5, agent_timeout=4.0, kill_grace=0.3,
+                         stream_replicas=3)
+    second = f"nats://{hosts.gateways[1]}:{urlsplit(urls[0]).port}"  # the first server, over the second link
+    await _jetstream_ready(urls[:2], settings)
+    me = settings.identity(Role.SERVICE)
+    tap = await nats.connect(urls[:2], nkeys_seed_str=me.seed, inbox_prefix=me.inbox_prefix, connect_timeout=2)
+    async with contextlib.AsyncExitStack() as closing:
+        closing.push_async_callback(tap.close)
+        stack = await closing.enter_async_context(LocalStack(settings, {}))
+        # nats-py takes the servers of a list in random order: with the second link down, the agent can
+        # only reach the third (its own host's), and starts there
+        hosts.cut(FAR, 1)
+        agent = _agent(hosts, FAR, f"{urls[2]},{second}", settings, tmp_path)
+        try:
+            await _nodes_up(stack, "c0", NODES)
+            hosts.heal(FAR, 1)
+            _reaches(hosts, FAR, second)
+            downs = await Inbox(NodesEvent).subscribe(tap, subjects.NODES_EVENT)
+            registered = await Inbox(AgentRegister).subscribe(tap, subjects.AGENT_REGISTER)
+            beats = await Inbox(AgentHeartbeat).subscribe(tap, subjects.AGENT_HEARTBEAT)
+            await bus.settled(tap)
+            async with await Session.open(settings, kind="rigid") as app:
+                (rid,) = await app.request(rq("stays", "c0", NODES, 60))
+                start = await app.wait_start(rid, 20)
+                pids = [p for n in start.nodes for p in await app.launch(rid, n, ["sleep", "1000"])]
+                cut_at = time.monotonic()
+                hosts.cut(FAR)  # the third server is alone; the agent still reaches it, and the first
+                await registered.until(lambda m: m.agent == "agent-far", settings.agent_timeout)
+                moved = time.monotonic() - cut_at
+                # heard through the majority past the time its nodes would have gone down (the allocator
+                # scans every second at most)
+                await beats.until(lambda m: m.agent == "agent-far"
+                                  and time.monotonic() > cut_at + settings.agent_timeout + 1.5, 20)
+                seen = []
+                while not downs.queue.empty():
+                    seen.append(decode(downs.queue.get_nowait()[1], NodesEvent))
+                assert not [e for e in seen if e.kind == "down"], seen
+                await _nodes_up(stack, "c0", NODES, timeout=0)
+                assert not any(group_gone(p) for p in pids)
+                (pid,) = await app.launch(rid, start.nodes[0], ["sh", "-c", "exit 3"])
+                told = []
+                while True:
+                    ev = await app.next_event(20)
+                    told.append(ev)
+                    if isinstance(ev, Exited) and ev.pid == pid:
+                        break
+                assert ev.code == 3 and not ev.killed
+                assert not any(isinstance(e, Killed) for e in told), told
+                await app.done(rid)  # still running: not ended meanwhile
+            log = (tmp_path / "agent-far.log").read_text()
+            assert log.count("moving there") == 1, log
+            print(f"the agent moved (registered through the first server) {moved:.2f} s after the cut")
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGTERM)
+                try:
+                    agent.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(agent.pid, signal.SIGKILL)
+                    agent.wait()
 
 
 def _on(session: Session, url: str) -> bool:

@@ -1,7 +1,7 @@
 """The node allocator's decision stream under poison: a message it cannot act on is set aside -- a
 ``DeadLetter`` on ``deadletter.COORM_DECISIONS``, counted, never delivered again -- and it goes on acting on the
 next decisions. (Deep nesting once raised a RecursionError in the consumer's callback: the message was never
-acknowledged, and came back for ever.)"""
+acknowledged, and came back for ever.) And agents' heartbeats: answered when they ask, heard either way."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from prometheus_client import REGISTRY
 
 from coorm.services.node_allocator.service import NodeAllocatorService
 from coorm.services.runtime import ensure_streams
+from coorm.services.stack import wait_until
 from coorm.shared import bus, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.events import EndReason, EndRequest
-from coorm.shared.protocol import AllocatorDecisions, DeadLetter, KillNotify
+from coorm.shared.protocol import Ack, AgentHeartbeat, AllocatorDecisions, DeadLetter, KillNotify
 from coorm.shared.requests import RequestType
 from coorm.shared.settings import Settings
 
@@ -145,3 +146,25 @@ async def until(condition, what: str):
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)  # poll interval of a deadline loop (the server's state has no event)
     return value
+
+
+async def test_a_heartbeat_is_answered_when_it_asks_and_heard_either_way(allocator, servers):
+    """A heartbeat with a reply subject is answered ``Ack`` -- an agent's sign that its NATS server reaches
+    the allocator -- whether the allocator knows the agent or not (then it asks it to register); one
+    published without, as an agent older than the answer sends it, is heard the same."""
+    _, _, service = allocator
+    agent = await bus.connect(servers.nats_url, "test-agent", Settings().identity(Role.AGENT))
+    try:
+        hello = await agent.subscribe(subjects.AGENT_HELLO)
+        await bus.settled(agent)
+        hb = AgentHeartbeat(agent="agent-t", nodes=["tn0"], processes=3)
+        assert await bus.call(agent, subjects.AGENT_HEARTBEAT, hb, Ack, timeout=DEADLINE) == Ack()
+        await hello.next_msg(DEADLINE)  # not known: asked to register
+        service.agents["agent-t"] = {"cluster": "c0", "nodes": ["tn0"], "last_seen": 0.0, "up": True}
+        assert await bus.call(agent, subjects.AGENT_HEARTBEAT, hb, Ack, timeout=DEADLINE) == Ack()
+        assert service.agents["agent-t"]["processes"] == 3 and service.agents["agent-t"]["last_seen"] > 0
+        await agent.publish(subjects.AGENT_HEARTBEAT, bus.encode(hb.model_copy(update={"processes": 4})))
+        await wait_until(lambda: service.agents["agent-t"].get("processes") == 4, DEADLINE,
+                         "a heartbeat published without a reply subject heard")
+    finally:
+        await bus.shutdown(agent)
