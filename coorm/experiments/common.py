@@ -167,9 +167,12 @@ def store_live(doc: Path, name: str, command: str, run: Callable[[], list[dict]]
     return data | {"rows": rows}
 
 
+CODE = ("coorm", "launchers", "shared", "services", "node_agent", "pyproject.toml")  # what a run executes
+
+
 def code_revision() -> str | None:
-    """The short git revision of the code that runs, with ``+changes`` when files other than the doc and
-    its stored runs differ from it (those change as the runs are stored); None outside a git checkout."""
+    """The short git revision of the code that runs, with ``+changes`` when that code differs from it (not
+    the doc, nor the stored runs, which change as the runs are stored); None outside a git checkout."""
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
@@ -177,8 +180,7 @@ def code_revision() -> str | None:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=True).stdout.strip()
         changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
-                                  ".", ":!EXPERIMENTS.md", ":!experiments"], capture_output=True, text=True,
-                                 check=True).stdout.strip()
+                                  *CODE], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return rev + ("+changes" if changed else "")
@@ -186,11 +188,11 @@ def code_revision() -> str | None:
 
 def live_blocks(data: dict, render: Callable[[list[dict]], str]) -> dict[str, str]:
     """A stored live run's block: a generated line saying how it was made, then ``render``'s table."""
-    rev = f"`{data['revision']}`" if data.get("revision") else "an unknown revision"
+    rev = f"`{data['revision']}`" if data.get("revision") else "unknown"
     load = (f"load average {data['load_start'][0]:.2f} at its start and {data['load_end'][0]:.2f} at its end"
             if data.get("load_start") and data.get("load_end") else "load average not recorded")
-    header = (f"*`{data['command']}`: run on {data['date_utc']} UTC on {rev}, {data['wall_s']:.1f} s, {load} "
-              f"(stored in `experiments/{data['name']}.json`).*")
+    header = (f"*Generated from `experiments/{data['name']}.json`: `{data['command']}`, run {data['date_utc']} UTC "
+              f"on revision {rev}, {data['wall_s']:.1f} s, {load}.*")
     return {data["name"]: header + "\n\n" + render(data["rows"])}
 
 
