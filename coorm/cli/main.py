@@ -206,7 +206,8 @@ def experiment(
     stored: bool = typer.Option(False, "--stored", help="do not run: render the rows stored next to --update-doc"),
     live: bool = typer.Option(False, "--live", help="run it live over coorm up, at a reduced size (koala-pra, "
                               "koala-pra-load, koala-pwa, koala-pwa-load, koala-pwa-growth, malleable-fraction; "
-                              "negotiation is live already)"),
+                              "negotiation is live already); with --update-doc its rows are stored as "
+                              "experiments/NAME-live.json and its NAME-live table rewritten"),
     malleable_model: str = typer.Option("psa", "--malleable-model", help="malleable-fraction --live: what its "
                                         "malleable jobs are, psa or negotiating"),
 ) -> None:
@@ -227,15 +228,10 @@ def experiment(
             typer.echo(f"unknown experiment {n}; known: {', '.join(sorted(known))}", err=True)
             raise typer.Exit(2)
         if live and hasattr(known[n], "run_live"):
-            if update_doc is not None or stored:
-                raise typer.BadParameter("the doc shows the simulated runs: no --update-doc or --stored with --live")
-            t0 = time.perf_counter()
             modelled = "model" in inspect.signature(known[n].run_live).parameters
             if malleable_model != "psa" and not modelled:
                 raise typer.BadParameter(f"{n} --live has no --malleable-model (malleable-fraction has)")
-            rows = known[n].run_live(out, quick=quick, **({"model": malleable_model} if modelled else {}))
-            typer.echo(f"{n} live: {len(rows)} runs in {time.perf_counter() - t0:.1f} s -> {out / (n + '-live.csv')}")
-            typer.echo(known[n].live_markdown(rows))
+            _live(known[n], n, out, quick, markdown, update_doc, stored, malleable_model if modelled else None)
             continue
         if live and n != "negotiation":
             live_ones = ", ".join(sorted(k for k, m in known.items() if hasattr(m, "run_live")))
@@ -246,9 +242,7 @@ def experiment(
             typer.echo(f"{n} renders no tables (--markdown, --update-doc)", err=True)
             raise typer.Exit(2)
         if stored:
-            if update_doc is None:
-                raise typer.BadParameter("--stored renders what is stored next to --update-doc")
-            rows = common.load(update_doc, n)["rows"]
+            rows = _stored(update_doc, n)["rows"]
         else:
             t0 = time.perf_counter()
             sized = instances is not None and "instances" in inspect.signature(known[n].run).parameters
@@ -263,12 +257,69 @@ def experiment(
         if markdown:
             typer.echo("\n\n".join(blocks.values()))
         if update_doc is not None:
-            try:
-                update_doc.write_text(common.with_blocks(update_doc.read_text(), blocks))
-            except KeyError as e:
-                typer.echo(f"{update_doc}: {e.args[0]}", err=True)
-                raise typer.Exit(1) from None
-            typer.echo(f"{n}: rewrote {', '.join(blocks)} in {update_doc}", err=markdown)
+            _rewrite(update_doc, n, blocks, markdown)
+
+
+def _stored(doc: Path | None, name: str) -> dict:
+    from coorm.experiments import common
+
+    if doc is None:
+        raise typer.BadParameter("--stored renders what is stored next to --update-doc")
+    try:
+        return common.load(doc, name)
+    except common.NotStored as e:
+        typer.echo(f"{name}: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _rewrite(doc: Path, name: str, blocks: dict[str, str], quiet: bool) -> None:
+    from coorm.experiments import common
+
+    try:
+        doc.write_text(common.with_blocks(doc.read_text(), blocks))
+    except KeyError as e:
+        typer.echo(f"{doc}: {e.args[0]}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{name}: rewrote {', '.join(blocks)} in {doc}", err=quiet)
+
+
+def _live(mod, name: str, out: Path, quick: bool, markdown: bool, doc: Path | None, stored: bool,
+          model: str | None) -> None:
+    """An experiment's live form: run it (and with ``doc``, store its rows as ``NAME-live``, or the model's
+    ``NAME-live-MODEL`` when not the default), or render what is stored; the doc's block is the table under a
+    line saying when, on which revision, how long and under what load the run was made."""
+    from coorm.experiments import common
+
+    variant = model if model != "psa" else None  # (the default model's run keeps the plain name)
+    stored_as = common.live_name(name, variant)
+    if stored:
+        data = _stored(doc, stored_as)
+    else:
+        if doc is not None and quick:
+            raise typer.BadParameter("the doc shows the full runs: no --quick with --update-doc")
+        command = f"coorm experiment {name} --live" + (f" --malleable-model {variant}" if variant else "")
+
+        def run() -> list[dict]:
+            rows: list[dict] = mod.run_live(out, quick=quick, **({"model": model} if model else {}))
+            return rows
+
+        if doc is not None:
+            data = common.store_live(doc, stored_as, command, run, experiment=name,
+                                     **({"model": model} if model else {}))
+        else:
+            import time
+
+            t0 = time.perf_counter()
+            data = {"rows": run(), "wall_s": round(time.perf_counter() - t0, 1)}
+        typer.echo(f"{name} live: {len(data['rows'])} runs in {data['wall_s']:.1f} s -> "
+                   f"{out / (stored_as + '.csv')}", err=markdown)
+    if doc is None:
+        typer.echo(mod.live_markdown(data["rows"]))
+        return
+    blocks = common.live_blocks(data, mod.live_markdown)
+    if markdown:
+        typer.echo("\n\n".join(blocks.values()))
+    _rewrite(doc, name, blocks, markdown)
 
 
 @protocol.command("schema")

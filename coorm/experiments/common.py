@@ -128,8 +128,72 @@ def store(doc: Path, name: str, rows: list[dict], **meta: object) -> Path:
 def load(doc: Path, name: str) -> dict:
     import json
 
-    data: dict = json.loads(results_path(doc, name).read_text())
+    path = results_path(doc, name)
+    if not path.exists():
+        raise NotStored(f"nothing stored in {path}: run it with --update-doc first")
+    data: dict = json.loads(path.read_text())
     return data
+
+
+class NotStored(LookupError):
+    """``--stored`` asked for a run that was never stored next to the doc."""
+
+
+# A live run's figures are the machine's as much as the code's: its stored rows carry when, on which
+# revision, how long and under what load they were made, and its block says so above the table, so that
+# the prose need not carry (and let go stale) those numbers.
+def live_name(name: str, variant: str | None = None) -> str:
+    """The stored run's and the doc block's name of an experiment's live form (a variant, such as
+    malleable-fraction's negotiating model, is a run of its own)."""
+    return f"{name}-live" + (f"-{variant}" if variant else "")
+
+
+def store_live(doc: Path, name: str, command: str, run: Callable[[], list[dict]], **meta: object) -> dict:
+    """Run ``run`` (a live form) and store its rows as ``name`` with the run's circumstances; returns what
+    was stored."""
+    import datetime
+    import os
+    import time
+
+    load_start = os.getloadavg()
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    revision = code_revision()
+    t0 = time.perf_counter()
+    rows = run()
+    data = {"name": name, "live": True, "command": command, **meta, "wall_s": round(time.perf_counter() - t0, 1),
+            "revision": revision, "date_utc": date, "load_start": [round(v, 2) for v in load_start],
+            "load_end": [round(v, 2) for v in os.getloadavg()]}
+    store(doc, name, rows, **{k: v for k, v in data.items() if k != "name"})
+    return data | {"rows": rows}
+
+
+CODE = ("coorm", "launchers", "shared", "services", "node_agent", "pyproject.toml")  # what a run executes
+
+
+def code_revision() -> str | None:
+    """The short git revision of the code that runs, with ``+changes`` when that code differs from it (not
+    the doc, nor the stored runs, which change as the runs are stored); None outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                  *CODE], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev + ("+changes" if changed else "")
+
+
+def live_blocks(data: dict, render: Callable[[list[dict]], str]) -> dict[str, str]:
+    """A stored live run's block: a generated line saying how it was made, then ``render``'s table."""
+    rev = f"`{data['revision']}`" if data.get("revision") else "unknown"
+    load = (f"load average {data['load_start'][0]:.2f} at its start and {data['load_end'][0]:.2f} at its end"
+            if data.get("load_start") and data.get("load_end") else "load average not recorded")
+    header = (f"*Generated from `experiments/{data['name']}.json`: `{data['command']}`, run {data['date_utc']} UTC "
+              f"on revision {rev}, {data['wall_s']:.1f} s, {load}.*")
+    return {data["name"]: header + "\n\n" + render(data["rows"])}
 
 
 def _markers(block: str) -> tuple[str, str]:
