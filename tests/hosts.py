@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 
@@ -115,3 +116,16 @@ class Hosts:
 def _nth(k: int) -> str:
     """A link's suffix in interface names: none for the first (the names of one link as before), then x1..."""
     return f"x{k}" if k else ""
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a process a test started in a session of its own (an agent on a host), and whatever it started:
+    SIGTERM to its group (an agent kills its launches first), SIGKILL if it is not gone within 10 s."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

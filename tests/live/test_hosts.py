@@ -20,7 +20,7 @@ from coorm.shared import bus, subjects
 from coorm.shared.credentials import CredentialStore
 from coorm.shared.protocol import StatusQuery, StatusReply
 from coorm.shared.servers import free_port, nats_binary, nats_config
-from tests.hosts import Hosts, unavailable
+from tests.hosts import Hosts, stop, unavailable
 from tests.live.test_agent import group_gone
 from tests.live.test_system import _settings, next_of, rq
 
@@ -71,13 +71,7 @@ async def stack(servers, redis_url, bridge_nats, hosts, tmp_path):
             yield s
         finally:
             for a in agents:
-                if a.poll() is None:
-                    os.killpg(a.pid, signal.SIGTERM)
-                    try:
-                        a.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(a.pid, signal.SIGKILL)
-                        a.wait()
+                stop(a)
 
 
 def _agent(hosts: Hosts, host: str, settings, tmp_path: Path) -> subprocess.Popen:

@@ -34,7 +34,7 @@ from coorm.shared.credentials import CredentialStore, write_secret
 from coorm.shared.endpoints import Role
 from coorm.shared.protocol import AgentHeartbeat, AgentRegister, NodesEvent
 from coorm.shared.servers import free_port, nats_binary
-from tests.hosts import Hosts, unavailable
+from tests.hosts import Hosts, stop, unavailable
 from tests.live.test_agent import Inbox, group_gone
 from tests.live.test_hosts import NODES, _nodes_up
 from tests.live.test_system import _settings, next_of, rq
@@ -188,13 +188,7 @@ async def test_a_nats_server_cut_from_its_cluster(servers, redis_url, cluster, t
                 assert len(ran) == 2 * NODES
         finally:
             for a in agents:
-                if a.poll() is None:
-                    os.killpg(a.pid, signal.SIGTERM)
-                    try:
-                        a.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(a.pid, signal.SIGKILL)
-                        a.wait()
+                stop(a)
 
 
 async def test_an_agent_on_a_server_cut_from_its_cluster_moves_to_another(servers, redis_url, cluster, tmp_path):
@@ -260,13 +254,7 @@ async def test_an_agent_on_a_server_cut_from_its_cluster_moves_to_another(server
             assert log.count("moving there") == 1, log
             print(f"the agent moved (registered through the first server) {moved:.2f} s after the cut")
         finally:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGTERM)
-                try:
-                    agent.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(agent.pid, signal.SIGKILL)
-                    agent.wait()
+            stop(agent)
 
 
 def _on(session: Session, url: str) -> bool:
