@@ -853,22 +853,8 @@ class Session:
 _move_to = bus.move_to
 
 
-def _cancelling() -> bool:
-    """Whether the running task is being cancelled (by its caller: a CancelledError that is its own)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-async def _quietly(aw) -> None:
-    """Await ``aw`` for a step of closing, whatever it raises -- a CancelledError too, that nats-py raises from a
-    connection the server reset (it cancels what waited on it) -- but a cancellation of the caller itself."""
-    try:
-        await aw
-    except asyncio.CancelledError:
-        if _cancelling():
-            raise
-    except Exception:  # noqa: BLE001, S110 - closing goes on: the session ends either way
-        pass
+# (closing steps that must not fail a session's end: the bus's, shared with the node agent's looks)
+_quietly = bus.quietly
 
 
 def heartbeat_timeout(reply: SessionOpenReply) -> float:

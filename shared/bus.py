@@ -174,16 +174,20 @@ async def answered_through(url: str, name: str, identity: Identity | None, subje
     except Exception:  # noqa: BLE001 - no answer there either: the RMS itself is not answering
         return False
     finally:
-        try:
-            await nc.close()
-        except asyncio.CancelledError:
-            # nats-py raises it from a connection the server reset (it cancels what waited on it): only the
-            # caller's own cancellation goes on
-            task = asyncio.current_task()
-            if task is not None and task.cancelling() > 0:
-                raise
-        except Exception:  # noqa: BLE001, S110 - a look's connection: nothing to do about a failed close
-            pass
+        await quietly(nc.close())
+
+
+async def quietly(aw: Awaitable[object]) -> None:
+    """Await ``aw`` for a step of closing, whatever it raises -- a CancelledError too, that nats-py raises from a
+    connection the server reset (it cancels what waited on it) -- but a cancellation of the caller itself."""
+    try:
+        await aw
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling() > 0:
+            raise
+    except Exception:  # noqa: BLE001, S110 - closing goes on: what it closes ends either way
+        pass
 
 
 def _log_error(url: str) -> Callable[[Exception], Awaitable[None]]:
