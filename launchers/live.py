@@ -10,7 +10,6 @@ when every process it started has exited, and the runner's exit code is the firs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -42,7 +41,7 @@ from coorm.launchers.sdk import (
     Started,
     ViewsChanged,
 )
-from coorm.shared import bus
+from coorm.shared import bus, tasks
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import RELEASE_KILL_REASONS, OfferMsg, ProcessOutput
 
@@ -175,13 +174,7 @@ class LiveRunner:
             cancelled = True
             raise
         finally:
-            for t in [pump, outs, *self._timers]:
-                if t is not None:
-                    t.cancel()
-            for t in [pump, outs, *self._timers]:
-                if t is not None:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
+            await tasks.cancelled(*(t for t in [pump, outs, *self._timers] if t is not None))
             if outs is not None and self.on_output is not None:  # what came with the last exit is shown too
                 q = self.s.all_output()
                 while not q.empty():

@@ -32,6 +32,7 @@ from coorm.shared import bus, keys
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import RELEASE_KILL_REASONS, BatchSubmit, SessionOpenReply
 from coorm.shared.requests import RequestSpec
+from coorm.shared.tasks import cancelled
 
 if TYPE_CHECKING:
     from coorm.services.batch.service import BatchService, Record
@@ -146,9 +147,7 @@ class FarmRunner:
             try:
                 await self._loop()
             finally:
-                pump.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pump
+                await cancelled(pump)
         except asyncio.CancelledError:
             if self.session is not None:
                 await self.session.detach()  # the service stops: the next instance takes the farm up

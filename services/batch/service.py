@@ -77,6 +77,7 @@ from coorm.shared.protocol import (
     StatusReply,
 )
 from coorm.shared.settings import Settings
+from coorm.shared.tasks import cancelled
 
 _REAPED = ("its session ended while the batch service could not be heard (stopped or cut off for the session "
            "timeout): its processes were killed")
@@ -212,11 +213,8 @@ class BatchService:
             # the jobs go on: their sessions are taken up by the next instance (within the session timeout)
             for a in self._attached.values():
                 a.close()
-            for t in [*self.runners.values(), *self._farm_runs]:
-                t.cancel()
-            for t in [*self.runners.values(), *self._farm_runs]:
-                with contextlib.suppress(BaseException):
-                    await t
+            with contextlib.suppress(Exception):  # (a job runner that failed: the next instance takes its job up)
+                await cancelled(*self.runners.values(), *self._farm_runs)
             await bus.shutdown(self.nc)
             await self.redis.aclose()
 

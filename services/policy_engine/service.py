@@ -100,6 +100,7 @@ from coorm.shared.protocol import (
 )
 from coorm.shared.requests import RequestSpec
 from coorm.shared.settings import Settings
+from coorm.shared.tasks import cancelled
 
 log = structlog.get_logger("coorm.policy_engine")
 
@@ -233,17 +234,6 @@ def decision_messages(decisions: list, limit: int) -> list[bytes]:
     return decision_messages(decisions[:half], limit) + decision_messages(decisions[half:], limit)
 
 
-async def _cancelled(task: asyncio.Task) -> None:
-    """Cancel ``task`` and wait until it ended. Cancelled again while it goes on: nats-py swallows a
-    CancelledError that hits it while it flushes a publish, and a term's end that awaited such a task once
-    waited for ever (its subscriptions still answering "changing leader" to every request)."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=0.5)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 async def _first(*events: asyncio.Event) -> None:
     """Until one of ``events`` is set."""
     waiters = [asyncio.create_task(e.wait()) for e in events]
@@ -362,7 +352,7 @@ class PolicyEngine:
             try:
                 await asyncio.wait({lease, ended}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                await _cancelled(ended)
+                await cancelled(ended)
             if self._resign.is_set():
                 log.warning("an event could not be logged or applied: back to standby, to rebuild the state "
                             "from the log", instance=self.instance)
@@ -379,7 +369,7 @@ class PolicyEngine:
             self._fail_pending(_changing_leader())
             for t in [lease, *tasks]:
                 try:
-                    await _cancelled(t)
+                    await cancelled(t)
                 except Exception as e:  # noqa: BLE001 - the term ends all the same
                     log.warning("a task of the term had failed", instance=self.instance, error=repr(e))
             observe.clear()

@@ -41,6 +41,7 @@ from coorm.shared.protocol import (
 )
 from coorm.shared.settings import Settings
 from coorm.shared.stepfn import StepFunction
+from coorm.shared.tasks import cancelled
 
 log = structlog.get_logger("coorm.view_publisher")
 
@@ -117,9 +118,7 @@ class ViewPublisher:
         try:
             await stop.wait()
         finally:
-            self._syncing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._syncing
+            await cancelled(self._syncing)
             for s in subs:
                 with contextlib.suppress(Exception):
                     await s.unsubscribe()
