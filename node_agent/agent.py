@@ -84,6 +84,7 @@ from coorm.shared.protocol import (
     ProcessOutput,
 )
 from coorm.shared.settings import Settings
+from coorm.shared.tasks import cancelled
 
 log = structlog.get_logger("coorm.agent")
 
@@ -213,6 +214,7 @@ class Agent:
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._register_task: asyncio.Task | None = None
+        self._looking = asyncio.Lock()  # one look elsewhere at a time (the registration's or the heartbeats')
         self._releasing = True  # whether the registration under way ends what its answer does not name
         self._rearm = asyncio.Event()
         self._stopping = False
@@ -289,10 +291,8 @@ class Agent:
             return
         self._stopping = True
         try:
-            background = [*self._loops, *([self._register_task] if self._register_task else [])]
-            for t in background:
-                t.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            with contextlib.suppress(Exception):  # (a loop that had failed: the agent stops all the same)
+                await cancelled(*self._loops, *([self._register_task] if self._register_task else []))
             pids = self.book.kill_all("agent_stopping")
             if pids:
                 self._log.info("stopping: killing processes", pids=pids)
@@ -329,6 +329,7 @@ class Agent:
         """``release`` False (after a reconnection): learn the assignments sent meanwhile, but end nothing the
         answer does not name (see :meth:`_sync`)."""
         pause = REGISTER_BACKOFF[0]
+        look_every, unanswered = 1, 0
         while True:
             seen = dict(self._assigns_seen)
             try:
@@ -338,6 +339,14 @@ class Agent:
                 self._log.warning("registration refused", code=e.code.value, reason=e.message)
             except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
                 self._log.debug("no node allocator answered registration yet")
+                # an agent started on a server already cut from its cluster has no answered heartbeat to miss:
+                # its registration's silence is the sign, looked into after 1, 2, 4, 8 attempts (an allocator
+                # not started yet costs a few looks); moved, the reconnection registers again
+                unanswered += 1
+                if unanswered >= look_every:
+                    unanswered, look_every = 0, min(2 * look_every, MAX_LOOK_EVERY)
+                    if await self._leave_if_cut_off(self._heartbeat_msg()):
+                        continue
             except nats.errors.Error as e:
                 self._log.warning("registration failed", error=str(e))
             else:
@@ -414,7 +423,7 @@ class Agent:
         look_every, unanswered, heard = 1, 0, False
         while True:
             began = time.monotonic()
-            hb = AgentHeartbeat(agent=self.agent_id, nodes=nodes, processes=self.book.process_count)
+            hb = self._heartbeat_msg(nodes)
             metrics.agent_processes.labels(self.agent_id, self.cluster).set(hb.processes)
             if await self._beat(hb, timeout=period):
                 look_every, unanswered, heard = 1, 0, True
@@ -424,6 +433,10 @@ class Agent:
                     unanswered = 0
                     look_every = 1 if await self._leave_if_cut_off(hb) else min(2 * look_every, MAX_LOOK_EVERY)
             await asyncio.sleep(max(0.0, began + period - time.monotonic()))  # the heartbeat period
+
+    def _heartbeat_msg(self, nodes: list[str] | None = None) -> AgentHeartbeat:
+        return AgentHeartbeat(agent=self.agent_id, nodes=list(self.book.nodes) if nodes is None else nodes,
+                              processes=self.book.process_count)
 
     async def _beat(self, hb: AgentHeartbeat, timeout: float) -> bool:
         """Whether the allocator answered the heartbeat (a refusal is an answer: it was heard)."""
@@ -447,24 +460,28 @@ class Agent:
         if nc is None or not nc.is_connected or nc.connected_url is None:
             return False  # reconnecting already: nats-py looks for a server itself
         here = (nc.connected_url.hostname, nc.connected_url.port)
-        timeout = self.settings.agent_heartbeat
-        self._log.info("heartbeats unanswered: looking for the allocator through the other NATS servers of the list",
-                       here=f"{here[0]}:{here[1]}")
-        for url in nats_servers(self.settings.nats_url):
-            there = urlsplit(url)
-            if (there.hostname, there.port) == here:
-                continue
-            if not await answered_through(url, f"coorm-agent-look-{self.agent_id}", self.settings.identity(Role.AGENT),
-                                          subjects.AGENT_HEARTBEAT, hb, Ack, timeout=timeout, reach=LOOK_TIMEOUT):
-                self._log.debug("the allocator does not answer there either", server=redact(url))
-                continue
-            if await self._beat(hb, timeout=timeout):
-                return True  # answered here meanwhile (the look raced a take-over): this server reaches it
-            self._log.warning("the allocator answers through another NATS server, not through this one: moving "
-                              "there", cut=f"{here[0]}:{here[1]}", to=redact(url))
-            await move_to(nc, there.hostname, there.port)
-            return True
-        return False
+        others = [url for url in nats_servers(self.settings.nats_url)
+                  if (urlsplit(url).hostname, urlsplit(url).port) != here]
+        if not others or self._looking.locked():
+            return False
+        async with self._looking:
+            timeout = self.settings.agent_heartbeat
+            self._log.info("the allocator does not answer: looking for it through the other NATS servers of the "
+                           "list", here=f"{here[0]}:{here[1]}")
+            for url in others:
+                there = urlsplit(url)
+                if not await answered_through(url, f"coorm-agent-look-{self.agent_id}",
+                                              self.settings.identity(Role.AGENT), subjects.AGENT_HEARTBEAT, hb, Ack,
+                                              timeout=timeout, reach=LOOK_TIMEOUT):
+                    self._log.debug("the allocator does not answer there either", server=redact(url))
+                    continue
+                if await self._beat(hb, timeout=timeout):
+                    return True  # answered here meanwhile (the look raced a take-over): this server reaches it
+                self._log.warning("the allocator answers through another NATS server, not through this one: moving "
+                                  "there", cut=f"{here[0]}:{here[1]}", to=redact(url))
+                await move_to(nc, there.hostname, there.port)
+                return True
+            return False
 
     # -- end of allocations -------------------------------------------------------------------------
     async def _expiry_loop(self) -> None:

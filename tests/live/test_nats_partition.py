@@ -257,6 +257,44 @@ async def test_an_agent_on_a_server_cut_from_its_cluster_moves_to_another(server
             stop(agent)
 
 
+async def _logged(path: Path, line: str, proc: subprocess.Popen) -> None:
+    """Until ``line`` is in the log at ``path`` of the running ``proc``."""
+    deadline = time.monotonic() + 30
+    while line not in path.read_text():
+        assert proc.poll() is None, path.read_text()
+        assert time.monotonic() < deadline, f"not logged: {line}\n{path.read_text()}"
+        await asyncio.sleep(0.05)  # polling a log file: nothing to wait on
+
+
+async def test_an_agent_that_starts_on_a_server_already_cut_off_moves_to_another(servers, redis_url, cluster,
+                                                                                 tmp_path):
+    """The third server is cut from its cluster before the far host's agent starts, and the agent can reach
+    that server only, so it connects there: no heartbeat of its was ever answered, and its registration goes
+    unanswered. Once the far host reaches the first server again (over its second link), the agent finds the
+    allocator through it, moves there and registers: its nodes come up."""
+    urls, hosts, _ = cluster
+    majority = ",".join(urls[:2])
+    settings = _settings(servers, nats_url=majority, agent_heartbeat=0.5, agent_timeout=4.0, kill_grace=0.3,
+                         stream_replicas=3)
+    second = f"nats://{hosts.gateways[1]}:{urlsplit(urls[0]).port}"  # the first server, over the second link
+    await _jetstream_ready(urls[:2], settings)
+    async with LocalStack(settings, {}) as stack:
+        hosts.cut(FAR)  # the third server is alone
+        hosts.cut(FAR, 1)  # and the far host reaches nothing else
+        agent = _agent(hosts, FAR, f"{urls[2]},{second}", settings, tmp_path)
+        log = tmp_path / "agent-far.log"
+        try:
+            await _logged(log, "agent started", agent)
+            hosts.heal(FAR, 1)
+            _reaches(hosts, FAR, second)
+            healed = time.monotonic()
+            await _nodes_up(stack, "c0", NODES)
+            assert log.read_text().count("moving there") == 1, log.read_text()
+            print(f"registered through the first server {time.monotonic() - healed:.2f} s after it was reachable")
+        finally:
+            stop(agent)
+
+
 def _on(session: Session, url: str) -> bool:
     here, there = session.nc.connected_url, urlsplit(url)
     return session.nc.is_connected and here is not None and (here.hostname, here.port) == (there.hostname, there.port)
