@@ -30,7 +30,6 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
-from urllib.parse import urlsplit
 
 from nats.errors import ConnectionClosedError
 
@@ -318,12 +317,12 @@ class Session:
             # was told, and the session held its nodes until it was reaped)
             await asyncio.wait([self._heartbeat])
         # (what goes wrong now changes nothing for the caller: the RMS reaps a session it did not hear close)
-        await _quietly(self._call(self.reply.subjects.close, CloseMsg(token=self.token), Ack))
+        await bus.quietly(self._call(self.reply.subjects.close, CloseMsg(token=self.token), Ack))
         if self.own_connection:  # closing the connection ends its subscriptions
-            await _quietly(self.nc.close())
+            await bus.quietly(self.nc.close())
             return
         for sub in self._subs:
-            await _quietly(sub.unsubscribe())
+            await bus.quietly(sub.unsubscribe())
 
     async def detach(self) -> None:
         """Stop following the session without ending it (no heartbeat, no subscriptions): another process
@@ -818,21 +817,16 @@ class Session:
         """Whether the RMS answered this session's heartbeat through another server of its URL list (then the
         connection moves there, and the session asks what it missed, as after any reconnection). Only a
         connection the session made: a shared one (``nc`` given) is its owner's to move."""
-        if not self.own_connection or not self.nc.is_connected or self.nc.connected_url is None:
+        if not self.own_connection:
             return False
-        here = (self.nc.connected_url.hostname, self.nc.connected_url.port)
-        for url in nats_servers(self.settings.nats_url):
-            there = urlsplit(url)
-            if (there.hostname, there.port) == here or not await self._answered_through(url):
-                continue
-            if await self._answered_here():
-                return True  # a leader came meanwhile (the look raced a take-over): this server reaches it
+
+        def moving(here: str, url: str) -> None:
             _log().warning("the RMS answers through another NATS server, not through this one: moving there",
-                           app=self.app, cut=f"{here[0]}:{here[1]}", to=redact(url))
+                           app=self.app, cut=here, to=redact(url))
             self.stats.moves += 1
-            await _move_to(self.nc, there.hostname, there.port)
-            return True
-        return False
+
+        return await bus.leave_if_cut_off(self.nc, nats_servers(self.settings.nats_url), self._answered_through,
+                                          self._answered_here, moving)
 
     async def _answered_here(self) -> bool:
         try:
@@ -844,17 +838,10 @@ class Session:
 
     async def _answered_through(self, url: str) -> bool:
         """A heartbeat sent over a connection of its own to ``url``: answered, the session is kept alive too."""
-        return await bus.answered_through(url, f"launcher-look-{self.app}", self.settings.identity(Role.LAUNCHER),
-                                          self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
-                                          timeout=heartbeat_timeout(self.reply), reach=LOOK_TIMEOUT)
-
-
-# (the node agent moves off a cut server too: the move is the bus's; tests reach it here)
-_move_to = bus.move_to
-
-
-# (closing steps that must not fail a session's end: the bus's, shared with the node agent's looks)
-_quietly = bus.quietly
+        return await bus.answered_through(
+            url, f"launcher-look-{self.app}", self.settings.identity(Role.LAUNCHER),
+            bus.asking(self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
+                       timeout=heartbeat_timeout(self.reply)), reach=LOOK_TIMEOUT)
 
 
 def heartbeat_timeout(reply: SessionOpenReply) -> float:

@@ -5,8 +5,9 @@ The I/O shell around :class:`coorm.node_agent.state.NodeBook`:
 * registers its nodes on ``AGENT_REGISTER`` (request/reply, retried until the node allocator answers
   ``Ack``), again whenever anything arrives on ``AGENT_HELLO`` and after each NATS reconnection (what was
   sent to it while cut is lost: the answer says whom each node belongs to now); heartbeats on ``AGENT_HEARTBEAT``
-  (request/reply: unanswered while its connection lives, its NATS server may be cut from the cluster, and the
-  agent moves to another server of its list through which the allocator answers);
+  (request/reply: unanswered while its connection lives -- or the registration unanswered, for an agent that
+  started there -- its NATS server may be cut from the cluster, and the agent moves to another server of its
+  list through which the allocator answers);
 * ``node_assign(node)``: the allocator says which request owns the node until when (and which token may
   launch); ``Ack`` if a reply is asked for. Obeyed only when signed with the services' key (as is a kill):
   NATS lets only the services publish them, and the agent checks that they did;
@@ -49,7 +50,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import nats.errors
 import structlog
@@ -62,7 +62,17 @@ from coorm.node_agent.nodes import default_agent_id, host_node_info, parse_nodes
 from coorm.node_agent.spawn_client import Spawner, SpawnerGone, SpawnFailed
 from coorm.node_agent.state import NodeBook, ProcessRecord, Refused, token_hash
 from coorm.shared import metrics, subjects
-from coorm.shared.bus import WireError, answered_through, call, connect, decode, encode, move_to, shutdown
+from coorm.shared.bus import (
+    WireError,
+    answered_through,
+    asking,
+    call,
+    connect,
+    decode,
+    encode,
+    leave_if_cut_off,
+    shutdown,
+)
 from coorm.shared.connection import nats_servers, redact
 from coorm.shared.credentials import signed_by
 from coorm.shared.endpoints import Role
@@ -104,6 +114,7 @@ RECENT_EXITS = 256  # exits kept per node for launchers that missed them (a reco
 STOP_WAIT = 5.0  # on stop, how long (beyond the kill grace) to wait for exits to be published
 LOOK_TIMEOUT = 2.0  # seconds to reach another server of the list, looking for the allocator there
 MAX_LOOK_EVERY = 8  # unanswered heartbeats between two looks elsewhere, at most
+MAX_LOOK_GAP = 8.0  # s between two looks of an unanswered registration, at most (8 beats at the default 1 s)
 
 
 class _Pipes(asyncio.SubprocessProtocol):
@@ -329,7 +340,7 @@ class Agent:
         """``release`` False (after a reconnection): learn the assignments sent meanwhile, but end nothing the
         answer does not name (see :meth:`_sync`)."""
         pause = REGISTER_BACKOFF[0]
-        look_every, unanswered = 1, 0
+        look_gap, next_look = 1.0, time.monotonic()
         while True:
             seen = dict(self._assigns_seen)
             try:
@@ -340,13 +351,13 @@ class Agent:
             except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
                 self._log.debug("no node allocator answered registration yet")
                 # an agent started on a server already cut from its cluster has no answered heartbeat to miss:
-                # its registration's silence is the sign, looked into after 1, 2, 4, 8 attempts (an allocator
-                # not started yet costs a few looks); moved, the reconnection registers again
-                unanswered += 1
-                if unanswered >= look_every:
-                    unanswered, look_every = 0, min(2 * look_every, MAX_LOOK_EVERY)
+                # its registration's silence is the sign, looked into at once, then 1, 2, 4, 8 s apart at most
+                # as the heartbeats' looks are (an allocator not started yet costs a few looks); moved, the
+                # reconnection registers again
+                if time.monotonic() >= next_look:
                     if await self._leave_if_cut_off(self._heartbeat_msg()):
                         continue
+                    next_look, look_gap = time.monotonic() + look_gap, min(2 * look_gap, MAX_LOOK_GAP)
             except nats.errors.Error as e:
                 self._log.warning("registration failed", error=str(e))
             else:
@@ -456,32 +467,27 @@ class Agent:
     async def _leave_if_cut_off(self, hb: AgentHeartbeat) -> bool:
         """Whether the allocator answered a heartbeat through another server of the agent's URL list (then the
         connection moves there, and the agent registers again, as after any reconnection)."""
-        nc = self.nc
-        if nc is None or not nc.is_connected or nc.connected_url is None:
-            return False  # reconnecting already: nats-py looks for a server itself
-        here = (nc.connected_url.hostname, nc.connected_url.port)
-        others = [url for url in nats_servers(self.settings.nats_url)
-                  if (urlsplit(url).hostname, urlsplit(url).port) != here]
-        if not others or self._looking.locked():
+        urls = nats_servers(self.settings.nats_url)
+        if self.nc is None or len(urls) < 2 or self._looking.locked():
             return False
-        async with self._looking:
-            timeout = self.settings.agent_heartbeat
-            self._log.info("the allocator does not answer: looking for it through the other NATS servers of the "
-                           "list", here=f"{here[0]}:{here[1]}")
-            for url in others:
-                there = urlsplit(url)
-                if not await answered_through(url, f"coorm-agent-look-{self.agent_id}",
-                                              self.settings.identity(Role.AGENT), subjects.AGENT_HEARTBEAT, hb, Ack,
-                                              timeout=timeout, reach=LOOK_TIMEOUT):
-                    self._log.debug("the allocator does not answer there either", server=redact(url))
-                    continue
-                if await self._beat(hb, timeout=timeout):
-                    return True  # answered here meanwhile (the look raced a take-over): this server reaches it
-                self._log.warning("the allocator answers through another NATS server, not through this one: moving "
-                                  "there", cut=f"{here[0]}:{here[1]}", to=redact(url))
-                await move_to(nc, there.hostname, there.port)
+        timeout = self.settings.agent_heartbeat
+
+        async def there_answers(url: str) -> bool:
+            if await answered_through(url, f"coorm-agent-look-{self.agent_id}", self.settings.identity(Role.AGENT),
+                                      asking(subjects.AGENT_HEARTBEAT, hb, Ack, timeout=timeout), reach=LOOK_TIMEOUT):
                 return True
+            self._log.debug("the allocator does not answer there either", server=redact(url))
             return False
+
+        def moving(here: str, url: str) -> None:
+            self._log.warning("the allocator answers through another NATS server, not through this one: moving "
+                              "there", cut=here, to=redact(url))
+
+        async with self._looking:
+            self._log.info("the allocator does not answer: looking for it through the other NATS servers of the "
+                           "list")
+            return await leave_if_cut_off(self.nc, urls, there_answers, lambda: self._beat(hb, timeout=timeout),
+                                          moving)
 
     # -- end of allocations -------------------------------------------------------------------------
     async def _expiry_loop(self) -> None:

@@ -1,5 +1,6 @@
 """What every service shell shares: the wall clock (the only one: cores get time passed in), the Redis
-client, the JetStream streams, structlog, and a stop signal."""
+client, the JetStream streams, structlog, a stop signal, and the watch that takes a service off a NATS server
+cut from its cluster."""
 
 from __future__ import annotations
 
@@ -8,14 +9,21 @@ import logging
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 import structlog
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
-from coorm.shared import subjects, valkey
+from coorm.shared import bus, subjects, valkey
+from coorm.shared.connection import nats_servers, redact
+from coorm.shared.endpoints import Role
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from coorm.shared.settings import Settings
 
 
 def clock() -> float:
@@ -94,3 +102,62 @@ def stop_on_signals() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+MAX_LOOK_EVERY = 8  # unanswered probes between two looks elsewhere, at most
+LOOK_TIMEOUT = 2.0  # s to reach another server of the list
+
+
+async def decisions_stream_answers(nc: NATS, timeout: float) -> None:
+    """Ask JetStream about the decision stream through ``nc``'s server; raises unless JetStream answered (its
+    "no such stream" is an answer). A server cut from its cluster cannot: the stream's leader and the
+    cluster's meta leader are on the other side (a stream of 3 replicas has its quorum there), so this tells
+    it -- whatever CooRM service runs or does not, and the policy engine included."""
+    try:
+        await nc.jetstream(timeout=timeout).stream_info(subjects.DECISIONS_STREAM)
+    except NotFoundError:
+        return
+
+
+async def stay_in_the_cluster(nc: NATS, settings: Settings, name: str) -> None:
+    """Until cancelled: every ``settings.service_probe`` seconds, ask JetStream about the decision stream
+    through ``nc``'s server (:func:`decisions_stream_answers`). Unanswered while the connection lives, the
+    server may be cut from its cluster -- alive, so nats-py stays with it, but nothing beyond it hears: agents
+    and applications that moved away would find no engine, no allocator, no views, no batch queue. The service
+    then asks through each other server of its URL list, after 1, 2, 4, 8 unanswered probes (a stream
+    electing its leader, when no server answers, costs a few looks), and moves to one that answers
+    (``bus.leave_if_cut_off``), as agents and SDK sessions do. With a one-server list there is nowhere to go:
+    nothing is asked."""
+    urls = nats_servers(settings.nats_url)
+    if len(urls) < 2:
+        return
+    period, identity = settings.service_probe, settings.identity(Role.SERVICE)
+    log = structlog.get_logger("coorm.runtime").bind(service=name)
+
+    async def answered_here() -> bool:
+        try:
+            await decisions_stream_answers(nc, period)
+        except Exception:  # noqa: BLE001 - unanswered, refused, or the connection in trouble: not reached
+            return False
+        return True
+
+    async def answered_there(url: str) -> bool:
+        return await bus.answered_through(url, f"{name}-look", identity,
+                                          lambda there: decisions_stream_answers(there, period), reach=LOOK_TIMEOUT)
+
+    def moving(here: str, url: str) -> None:
+        log.warning("JetStream answers through another NATS server, not through this one: moving there", cut=here,
+                    to=redact(url))
+
+    look_every, unanswered = 1, 0
+    while True:
+        began = time.monotonic()
+        if await answered_here():
+            look_every, unanswered = 1, 0
+        elif nc.is_connected:
+            unanswered += 1
+            if unanswered >= look_every:
+                unanswered = 0
+                moved = await bus.leave_if_cut_off(nc, urls, answered_there, answered_here, moving)
+                look_every = 1 if moved else min(2 * look_every, MAX_LOOK_EVERY)
+        await asyncio.sleep(max(0.0, began + period - time.monotonic()))  # the probe's period

@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import nats
 import structlog
@@ -150,11 +151,40 @@ async def move_to(nc: NATS, host: str | None, port: int | None) -> None:
     await nc.force_reconnect()
 
 
-async def answered_through(url: str, name: str, identity: Identity | None, subject: str, message: BaseModel,
-                           reply: type[BaseModel], *, timeout: float, reach: float) -> bool:
-    """Whether ``message``, sent on ``subject`` over a connection of its own to the server at ``url`` (reached
-    within ``reach`` seconds), is answered with ``reply`` within ``timeout``: how a client whose server may be
-    cut from the cluster (alive, reaching nothing) finds out whether another server of its list does better."""
+async def leave_if_cut_off(nc: NATS, urls: list[str], there_answers: Callable[[str], Awaitable[bool]],
+                           here_answers: Callable[[], Awaitable[bool]],
+                           moving: Callable[[str, str], None]) -> bool:
+    """Whether the other end (the RMS, the allocator) answered through another server of ``urls`` -- asked by
+    ``there_answers(url)`` over a connection of its own -- while still not through ``nc``'s (``here_answers``
+    asked again, as the look may have raced a take-over): then ``moving(here, url)`` is told and ``nc`` moves
+    there. How a client whose server is cut from the cluster (alive, so nats-py stays with it, but nothing
+    beyond it hears) leaves it."""
+    if not nc.is_connected or nc.connected_url is None:
+        return False  # reconnecting already: nats-py looks for a server itself
+    here = (nc.connected_url.hostname, nc.connected_url.port)
+    for url in urls:
+        there = urlsplit(url)
+        if (there.hostname, there.port) == here or not await there_answers(url):
+            continue
+        if await here_answers():
+            return True  # answered here meanwhile: this server reaches it
+        moving(f"{here[0]}:{here[1]}", url)
+        await move_to(nc, there.hostname, there.port)
+        return True
+    return False
+
+
+def asking(subject: str, message: BaseModel, reply: type[BaseModel], *,
+           timeout: float) -> Callable[[NATS], Awaitable[object]]:
+    """What :func:`answered_through` asks: ``message`` on ``subject``, answered ``reply`` within ``timeout``."""
+    return lambda nc: call(nc, subject, message, reply, timeout=timeout)
+
+
+async def answered_through(url: str, name: str, identity: Identity | None, ask: Callable[[NATS], Awaitable[object]],
+                           *, reach: float) -> bool:
+    """Whether ``ask``, over a connection of its own to the server at ``url`` (reached within ``reach``
+    seconds), returns rather than raises: how a client whose server may be cut from the cluster (alive,
+    reaching nothing) finds out whether another server of its list does better."""
     async def quiet(e: Exception) -> None:
         """(nats-py would log a traceback for a server this look does not reach)"""
 
@@ -169,9 +199,9 @@ async def answered_through(url: str, name: str, identity: Identity | None, subje
     except Exception:  # noqa: BLE001 - not reached either: nothing to move to there
         return False
     try:
-        await call(nc, subject, message, reply, timeout=timeout)
+        await ask(nc)
         return True
-    except Exception:  # noqa: BLE001 - no answer there either: the RMS itself is not answering
+    except Exception:  # noqa: BLE001 - no answer there either: what is asked is not answering
         return False
     finally:
         await quietly(nc.close())

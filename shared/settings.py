@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     session_timeout: float = Field(default=10.0, gt=0, description="a silent launcher's session is reaped")
     agent_heartbeat: float = Field(default=1.0, gt=0)
     agent_timeout: float = Field(default=5.0, gt=0, description="a silent agent's nodes go down")
+    service_probe: float = Field(default=2.0, gt=0, description="how often a service asks JetStream through its "
+                                 "NATS server, to leave one cut from its cluster")
     kill_grace: float = Field(default=5.0, ge=0, description="TERM, then KILL after this many seconds")
     # where an agent records the processes it runs, for a successor to find should it be killed
     agent_state_dir: Path | None = Field(default=None, description="default: $XDG_STATE_HOME/coorm/agents")

@@ -37,11 +37,12 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from coorm.services.accounting.core import Malformed, PreemptionRecord, check, event_id, marker, request_fields
 from coorm.services.accounting.tasks import ROLLUP_PREEMPTION, ROLLUP_REQUESTS, make_celery
-from coorm.services.runtime import clock, ensure_streams, redis_client
+from coorm.services.runtime import clock, ensure_streams, redis_client, stay_in_the_cluster
 from coorm.shared import bus, keys, metrics, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.protocol import Lifecycle, LifecycleKind
 from coorm.shared.settings import Settings
+from coorm.shared.tasks import cancelled
 
 log = structlog.get_logger("coorm.accounting")
 
@@ -102,9 +103,12 @@ class AccountingService:
     # ============================================================================================
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
+        assert self.nc is not None
+        watch = asyncio.create_task(stay_in_the_cluster(self.nc, self.settings, self.name))
         try:
             await self.serve(stop)
         finally:
+            await cancelled(watch)
             await self.close()
 
     async def start(self) -> None:

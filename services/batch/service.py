@@ -57,7 +57,7 @@ from coorm.services.batch.core import (
     Withdraw,
 )
 from coorm.services.batch.farm_runner import FarmRunner
-from coorm.services.runtime import clock, redis_client
+from coorm.services.runtime import clock, redis_client, stay_in_the_cluster
 from coorm.shared import bus, keys, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
@@ -198,6 +198,7 @@ class BatchService:
             ]
             sweeper = asyncio.create_task(self._sweep(stop))
             opener = asyncio.create_task(self._opener())
+            watch = asyncio.create_task(stay_in_the_cluster(self.nc, self.settings, "batch"))
             self.ready.set()
             log.info("batch service ready", jobs=len(self.records))
             done, _ = await asyncio.wait({asyncio.create_task(stop.wait()), opener},
@@ -206,6 +207,7 @@ class BatchService:
                 opener.result()  # (NATS lost for good: the service ends, its supervisor starts another)
             sweeper.cancel()
             opener.cancel()
+            await cancelled(watch)
             for sub in subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()

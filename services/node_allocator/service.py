@@ -28,7 +28,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from coorm.launchers.delivery import notice
-from coorm.services.runtime import await_chain, clock, ensure_streams, redis_client
+from coorm.services.runtime import await_chain, clock, ensure_streams, redis_client, stay_in_the_cluster
 from coorm.shared import bus, keys, metrics, subjects
 from coorm.shared.credentials import Identity, signature_headers
 from coorm.shared.endpoints import Role
@@ -130,7 +130,8 @@ class NodeAllocatorService:
         )
         await self.nc.publish(subjects.AGENT_HELLO, b"{}")  # agents that registered before we ran
         self.ready.set()
-        tasks = [asyncio.create_task(self._watch_agents())]
+        tasks = [asyncio.create_task(self._watch_agents()),
+                 asyncio.create_task(stay_in_the_cluster(self.nc, self.settings, self.name))]
         try:
             await stop.wait()
         finally:

@@ -45,7 +45,7 @@ from coorm.services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
 from coorm.services.policy_engine.snapshot import Snapshot, SnapshotError
 from coorm.services.policy_engine.status import counts_of
 from coorm.services.policy_engine.view_pacing import ViewPacer
-from coorm.services.runtime import clock, ensure_streams, redis_client
+from coorm.services.runtime import clock, ensure_streams, redis_client, stay_in_the_cluster
 from coorm.shared import bus, keys, metrics, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.events import (
@@ -272,6 +272,9 @@ class PolicyEngine:
         self.nc = await bus.connect(self.settings.nats_url, self.instance, self.settings.identity(Role.SERVICE))
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
+        # (a leader or standby on a NATS server cut from its cluster moves to one that is not: it would lead
+        # where no application and no agent hears it)
+        watch = asyncio.create_task(stay_in_the_cluster(self.nc, self.settings, self.instance))
         try:
             while not stop.is_set():
                 try:
@@ -285,6 +288,7 @@ class PolicyEngine:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.settings.leader_lease / 3)
         finally:
+            await cancelled(watch)
             await self._release()
             await bus.shutdown(self.nc)
             await self.redis.aclose()

@@ -23,7 +23,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, ConfigDict, Field
 
 from coorm.launchers.delivery import ViewDeliverer
-from coorm.services.runtime import redis_client
+from coorm.services.runtime import redis_client, stay_in_the_cluster
 from coorm.shared import bus, keys, metrics, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.protocol import (
@@ -114,11 +114,12 @@ class ViewPublisher:
             await bus.serve(self.nc, subjects.APP_VIEWS_ANY, InfoQuery, self._on_refresh),
         ]
         self._syncing = asyncio.create_task(self._sync())
+        watch = asyncio.create_task(stay_in_the_cluster(self.nc, self.settings, self.name))
         self.ready.set()
         try:
             await stop.wait()
         finally:
-            await cancelled(self._syncing)
+            await cancelled(self._syncing, watch)
             for s in subs:
                 with contextlib.suppress(Exception):
                     await s.unsubscribe()

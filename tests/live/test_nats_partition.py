@@ -26,7 +26,8 @@ from urllib.parse import urlsplit
 import nats
 import pytest
 
-from coorm.launchers.sdk import Closed, Exited, Killed, Session, SessionReaped, _move_to
+from coorm.launchers.sdk import Closed, Exited, Killed, Session, SessionReaped
+from coorm.services.batch.service import BatchService
 from coorm.services.stack import LocalStack, wait_until
 from coorm.shared import bus, subjects
 from coorm.shared.bus import decode
@@ -36,6 +37,7 @@ from coorm.shared.protocol import AgentHeartbeat, AgentRegister, NodesEvent
 from coorm.shared.servers import free_port, nats_binary
 from tests.hosts import Hosts, stop, unavailable
 from tests.live.test_agent import Inbox, group_gone
+from tests.live.test_batch import ended, submit, until_state
 from tests.live.test_hosts import NODES, _nodes_up
 from tests.live.test_system import _settings, next_of, rq
 
@@ -296,8 +298,12 @@ async def test_an_agent_that_starts_on_a_server_already_cut_off_moves_to_another
 
 
 def _on(session: Session, url: str) -> bool:
-    here, there = session.nc.connected_url, urlsplit(url)
-    return session.nc.is_connected and here is not None and (here.hostname, here.port) == (there.hostname, there.port)
+    return _connected_to(session.nc, url)
+
+
+def _connected_to(nc, url: str) -> bool:
+    here, there = nc.connected_url, urlsplit(url)
+    return nc.is_connected and here is not None and (here.hostname, here.port) == (there.hostname, there.port)
 
 
 async def test_a_session_on_a_server_cut_from_its_cluster_moves_to_another(servers, redis_url, cluster):
@@ -314,7 +320,7 @@ async def test_a_session_on_a_server_cut_from_its_cluster_moves_to_another(serve
         app_settings = _settings(servers, nats_url=f"{far},{majority}", stream_replicas=3)
         async with await Session.open(app_settings, kind="rigid") as app:
             if not _on(app, far):  # (nats-py picks a server of the list at random: put it on the third)
-                await _move_to(app.nc, urlsplit(far).hostname, urlsplit(far).port)
+                await bus.move_to(app.nc, urlsplit(far).hostname, urlsplit(far).port)
                 await wait_until(lambda: _on(app, far), 10, "the session on the third server")
             (rid,) = await app.request(rq("cut", "c0", 2, 60))
             start = await app.wait_start(rid, 20)
@@ -371,3 +377,94 @@ async def test_a_session_reaped_while_cut_off_is_told_when_heard_again(servers, 
                 await app.request(rq("after", "c0", 1, 60))
         finally:
             await app.close()
+
+
+async def _ended_once_heard(nc, job: str):
+    """``ended``, asked again when a query goes unanswered: one sent as the service moves may still be routed
+    to the cut server (the others drop the subscriptions it had only once they see the route dead)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await ended(nc, job)
+        except nats.errors.TimeoutError:
+            assert time.monotonic() < deadline, "the batch service never answered once moved"
+
+
+async def test_a_batch_service_on_a_server_cut_from_its_cluster_moves_to_another(servers, redis_url, cluster,
+                                                                                 tmp_path):
+    """The batch service connected to the third server, which is then cut from the other two (the service still
+    reaches it; the rest of the RMS is on the first two): its probe of JetStream goes unanswered while its
+    connection lives, it finds JetStream through the first server and moves there, its jobs' sessions with it.
+    A job that ran across the cut ends with its own exit code, not killed (its session was not reaped); a job
+    submitted through the majority once the service moved runs."""
+    urls, hosts, far = cluster
+    majority = ",".join(urls[:2])
+    settings = _settings(servers, nats_url=majority, stream_replicas=3, service_probe=0.5)
+    await _jetstream_ready(urls[:2], settings)
+    async with contextlib.AsyncExitStack() as closing:
+        await closing.enter_async_context(LocalStack(settings, {"c0": 4}))
+        svc, stopping = BatchService(settings.model_copy(update={"nats_url": f"{far},{majority}"})), asyncio.Event()
+        running = asyncio.create_task(svc.run(stopping))
+
+        async def stop_service() -> None:
+            stopping.set()
+            await asyncio.wait_for(running, 30)
+
+        closing.push_async_callback(stop_service)
+        await asyncio.wait_for(svc.ready.wait(), 30)
+        if not _connected_to(svc.nc, far):  # (nats-py picks a server of the list at random: put it on the third)
+            await bus.move_to(svc.nc, urlsplit(far).hostname, urlsplit(far).port)
+            await wait_until(lambda: _connected_to(svc.nc, far), 10, "the batch service on the third server")
+        nc = await bus.connect(majority, "test-user", settings.identity(Role.LAUNCHER))
+        closing.push_async_callback(bus.shutdown, nc)
+        across = await submit(nc, tmp_path, argv=["sh", "-c", "sleep 2; exit 3"], cluster="c0")
+        await until_state(nc, across, "running")
+        hosts.cut(FAR)  # the routes' link: the third server is alone, the batch service still reaches it
+        cut_at = time.monotonic()
+        await wait_until(lambda: any(_connected_to(svc.nc, u) for u in urls[:2]), 20, "the batch service moved")
+        moved = time.monotonic() - cut_at
+        (rec,) = await _ended_once_heard(nc, across)
+        assert (rec.state, rec.exit_code) == ("failed", 3), rec
+        after = await submit(nc, tmp_path, argv=["sh", "-c", "exit 0"], cluster="c0")
+        (rec,) = await ended(nc, after)
+        assert (rec.state, rec.exit_code) == ("completed", 0), rec
+        print(f"the batch service moved {moved:.2f} s after the cut")
+
+
+async def test_every_service_on_a_server_cut_from_its_cluster_moves_to_another(servers, redis_url, cluster):
+    """The whole RMS -- policy engine, node allocator, view publisher, batch service and an agent -- connected
+    to the third server, which is then cut from the other two (each still reaches it): each one's probe of
+    JetStream goes unanswered, each finds it through the first server and moves there. An application that
+    knows only the first two servers then opens a session, gets nodes, and hears its process's exit code."""
+    urls, hosts, far = cluster
+    majority = ",".join(urls[:2])
+    settings = _settings(servers, nats_url=f"{far},{majority}", stream_replicas=3, service_probe=0.5,
+                         agent_heartbeat=0.5, agent_timeout=4.0)
+    await _jetstream_ready(urls[:2], settings)
+    async with LocalStack(settings, {"c0": 2}, with_batch=True) as stack:
+        parts = {"policy engine": stack.engine, "node allocator": stack.allocator, "view publisher": stack.publisher,
+                 "batch service": stack.batch, "agent": stack.agents["c0"]}
+        for part in parts.values():  # (nats-py picks a server of the list at random: put them on the third)
+            if not _connected_to(part.nc, far):
+                await bus.move_to(part.nc, urlsplit(far).hostname, urlsplit(far).port)
+        for what, part in parts.items():
+            await wait_until(lambda part=part: _connected_to(part.nc, far), 10, f"the {what} on the third server")
+        await stack.wait_nodes_up()
+        hosts.cut(FAR)  # the routes' link: the third server is alone, every part of the RMS still reaches it
+        cut_at = time.monotonic()
+        for what, part in parts.items():
+            await wait_until(lambda part=part: any(_connected_to(part.nc, u) for u in urls[:2]), 20,
+                             f"the {what} moved")
+        moved = time.monotonic() - cut_at
+        app_settings = _settings(servers, nats_url=majority, stream_replicas=3)
+        async with await Session.open(app_settings, kind="rigid") as app:
+            (rid,) = await app.request(rq("after-the-cut", "c0", 2, 60))
+            start = await app.wait_start(rid, 20)
+            (pid,) = await app.launch(rid, start.nodes[0], ["sh", "-c", "exit 3"])
+            while True:
+                ev = await app.next_event(20)
+                if isinstance(ev, Exited) and ev.pid == pid:
+                    break
+            assert ev.code == 3 and not ev.killed
+        print(f"every part of the RMS moved within {moved:.2f} s of the cut")
+
