@@ -661,9 +661,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "allocations ended meanwhile, and kills their processes). ``bad_request``: a node is already "
             "registered in another cluster; ``unavailable``: no policy engine leader yet (the agent registers "
             "again, with back-off, until it is answered). Unanswered (no responders, or no reply in time), at "
-            "once and then 1, 2, 4, 8 s apart at most, an agent whose URL list names other NATS servers sends a heartbeat through each over "
-            "a connection of its own, and moves to one where it is answered: its own server may be cut from the "
-            "cluster."),
+            "once and then 1, 2, 4, 8 s apart at most, an agent whose URL list names other NATS servers sends "
+            "a heartbeat through each over a connection of its own, and moves to one where it is answered: "
+            "its own server may be cut from the cluster."),
         example={"agent": "agent-c0", "cluster": "c0", "nodes": [{"id": "c0n0", "cores": 32, "memory_mb": 131072},
                                                                  {"id": "c0n1", "cores": 32, "memory_mb": 131072}]},
         reply_example={"ok": True, "assignments": [

@@ -108,7 +108,8 @@ class AccountingService:
         try:
             await self.serve(stop)
         finally:
-            await cancelled(watch)
+            with contextlib.suppress(Exception):  # (closed whatever the watch met)
+                await cancelled(watch)
             await self.close()
 
     async def start(self) -> None:

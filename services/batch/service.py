@@ -182,6 +182,7 @@ class BatchService:
         self.redis = redis_client(self.settings.redis_url, ride_over=self.settings.reconnect_window)
         self.nc = await bus.connect(self.settings.nats_url, "batch", self.settings.identity(Role.SERVICE),
                                     reconnected_cb=self._reconnected)
+        background: list[asyncio.Task] = []
         try:
             # (a copy of the operators' drains, which the policy engine serves: a farm's slot on a drained
             # node must not start the farm's next job there)
@@ -198,20 +199,19 @@ class BatchService:
             ]
             sweeper = asyncio.create_task(self._sweep(stop))
             opener = asyncio.create_task(self._opener())
-            watch = asyncio.create_task(stay_in_the_cluster(self.nc, self.settings, "batch"))
+            background = [sweeper, opener, asyncio.create_task(stay_in_the_cluster(self.nc, self.settings, "batch"))]
             self.ready.set()
             log.info("batch service ready", jobs=len(self.records))
             done, _ = await asyncio.wait({asyncio.create_task(stop.wait()), opener},
                                          return_when=asyncio.FIRST_COMPLETED)
             if opener in done:
                 opener.result()  # (NATS lost for good: the service ends, its supervisor starts another)
-            sweeper.cancel()
-            opener.cancel()
-            await cancelled(watch)
             for sub in subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
         finally:
+            with contextlib.suppress(Exception):  # (what failed was raised above, or is the next instance's)
+                await cancelled(*background)
             # the jobs go on: their sessions are taken up by the next instance (within the session timeout)
             for a in self._attached.values():
                 a.close()

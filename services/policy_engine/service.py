@@ -288,7 +288,8 @@ class PolicyEngine:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.settings.leader_lease / 3)
         finally:
-            await cancelled(watch)
+            with contextlib.suppress(Exception):  # (the lease is released and NATS left whatever the watch met)
+                await cancelled(watch)
             await self._release()
             await bus.shutdown(self.nc)
             await self.redis.aclose()

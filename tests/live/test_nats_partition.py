@@ -133,6 +133,15 @@ async def _jetstream_ready(urls: list[str], settings) -> None:
         await nc.close()
 
 
+async def _agents_beside_the_majority(servers, urls: list[str], hosts: Hosts):
+    """The services' settings on the first two servers (JetStream up there), agents beating every 0.5 s;
+    and the first server's URL over the far host's second link, which a cut of the first leaves up."""
+    settings = _settings(servers, nats_url=",".join(urls[:2]), agent_heartbeat=0.5, agent_timeout=4.0,
+                         kill_grace=0.3, stream_replicas=3)
+    await _jetstream_ready(urls[:2], settings)
+    return settings, f"nats://{hosts.gateways[1]}:{urlsplit(urls[0]).port}"
+
+
 def _agent(hosts: Hosts, host: str, nats_url: str, settings, tmp_path: Path) -> subprocess.Popen:
     env = {**os.environ, "COORM_NATS_URL": nats_url, "COORM_KILL_GRACE": str(settings.kill_grace),
            "COORM_AGENT_HEARTBEAT": str(settings.agent_heartbeat), "COORM_CONNECTION_FILE": str(tmp_path / "none"),
@@ -202,11 +211,7 @@ async def test_an_agent_on_a_server_cut_from_its_cluster_moves_to_another(server
     of the kind), the job is not killed and its processes run on; the agent, registered again from the first
     server, launches under the job's assignment there."""
     urls, hosts, _ = cluster
-    majority = ",".join(urls[:2])
-    settings = _settings(servers, nats_url=majority, agent_heartbeat=0.5, agent_timeout=4.0, kill_grace=0.3,
-                         stream_replicas=3)
-    second = f"nats://{hosts.gateways[1]}:{urlsplit(urls[0]).port}"  # the first server, over the second link
-    await _jetstream_ready(urls[:2], settings)
+    settings, second = await _agents_beside_the_majority(servers, urls, hosts)
     me = settings.identity(Role.SERVICE)
     tap = await nats.connect(urls[:2], nkeys_seed_str=me.seed, inbox_prefix=me.inbox_prefix, connect_timeout=2)
     async with contextlib.AsyncExitStack() as closing:
@@ -275,11 +280,7 @@ async def test_an_agent_that_starts_on_a_server_already_cut_off_moves_to_another
     unanswered. Once the far host reaches the first server again (over its second link), the agent finds the
     allocator through it, moves there and registers: its nodes come up."""
     urls, hosts, _ = cluster
-    majority = ",".join(urls[:2])
-    settings = _settings(servers, nats_url=majority, agent_heartbeat=0.5, agent_timeout=4.0, kill_grace=0.3,
-                         stream_replicas=3)
-    second = f"nats://{hosts.gateways[1]}:{urlsplit(urls[0]).port}"  # the first server, over the second link
-    await _jetstream_ready(urls[:2], settings)
+    settings, second = await _agents_beside_the_majority(servers, urls, hosts)
     async with LocalStack(settings, {}) as stack:
         hosts.cut(FAR)  # the third server is alone
         hosts.cut(FAR, 1)  # and the far host reaches nothing else
