@@ -13,7 +13,7 @@ from coorm.launchers.live import LiveRunner
 from coorm.launchers.psa import PSALauncher
 from coorm.launchers.sdk import Closed, Exited, Killed, Session, Started, ViewsChanged
 from coorm.services.stack import LocalStack, wait_until
-from coorm.shared import bus, subjects
+from coorm.shared import bus, subjects, tasks
 from coorm.shared.protocol import StatusQuery, StatusReply
 from coorm.shared.requests import RequestSpec
 from coorm.shared.settings import Settings
@@ -254,7 +254,7 @@ async def test_a_launcher_that_vanished_is_reaped_and_its_processes_killed(stack
     start = await gone.wait_start(rid, 10)
     pids = [(await gone.launch(rid, n, ["sleep", "1000"]))[0] for n in start.nodes]
     watcher = await Session.open(settings, kind="rigid", name="watcher")
-    gone._heartbeat.cancel()  # the launcher stops talking (as if its host died)
+    await tasks.cancelled(gone._heartbeat)  # the launcher stops talking (as if its host died)
     await wait_until(lambda: gone.app not in stack.engine.cores.policy.apps, timeout=10, what="the reaping")
     await wait_until(lambda: all(group_gone(p) for p in pids), timeout=10, what="its processes to die")
     v = await next_of(watcher, ViewsChanged, 10, lambda e: e.views.non_preemptive["c0"].value_at(e.views.now) > 0)
