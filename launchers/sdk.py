@@ -811,7 +811,7 @@ class Session:
             # after 1, 2, 4, 8 unanswered beats: a long take-over costs every session a few looks, no more
             if unanswered >= look_every:
                 unanswered = 0
-                look_every = 1 if await self._leave_if_cut_off() else min(2 * look_every, MAX_LOOK_EVERY)
+                look_every = 1 if await self._leave_if_cut_off() else min(2 * look_every, bus.MAX_LOOK_EVERY)
 
     async def _leave_if_cut_off(self) -> bool:
         """Whether the RMS answered this session's heartbeat through another server of its URL list (then the
@@ -841,7 +841,7 @@ class Session:
         return await bus.answered_through(
             url, f"launcher-look-{self.app}", self.settings.identity(Role.LAUNCHER),
             bus.asking(self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
-                       timeout=heartbeat_timeout(self.reply)), reach=LOOK_TIMEOUT)
+                       timeout=heartbeat_timeout(self.reply)))
 
 
 def heartbeat_timeout(reply: SessionOpenReply) -> float:
@@ -857,8 +857,6 @@ def heartbeat_timeout(reply: SessionOpenReply) -> float:
 CALL_TIMEOUT = 5.0
 RECOVER_AGAIN = 2.0  # seconds after a reconnection, what was missed is asked for a second time
 QUERY_TIMEOUT = 2.0  # the same for a query that changes nothing (the views): sent again sooner
-LOOK_TIMEOUT = 2.0  # seconds to reach another server of the list, looking for the RMS there
-MAX_LOOK_EVERY = 8  # unanswered heartbeats between two looks elsewhere, at most
 ASSIGN_RETRY = (0.05, 0.5)  # first and longest pause between two launches refused while an assignment is on its way
 
 

@@ -63,6 +63,7 @@ from coorm.node_agent.spawn_client import Spawner, SpawnerGone, SpawnFailed
 from coorm.node_agent.state import NodeBook, ProcessRecord, Refused, token_hash
 from coorm.shared import metrics, subjects
 from coorm.shared.bus import (
+    MAX_LOOK_EVERY,
     WireError,
     answered_through,
     asking,
@@ -112,8 +113,6 @@ USER_CACHE = 30.0
 RECENT_LAUNCHES = 4096  # launch ids remembered (a retried launch is answered, not started again)
 RECENT_EXITS = 256  # exits kept per node for launchers that missed them (a reconnection)
 STOP_WAIT = 5.0  # on stop, how long (beyond the kill grace) to wait for exits to be published
-LOOK_TIMEOUT = 2.0  # seconds to reach another server of the list, looking for the allocator there
-MAX_LOOK_EVERY = 8  # unanswered heartbeats between two looks elsewhere, at most
 MAX_LOOK_GAP = 8.0  # s between two looks of an unanswered registration, at most (8 beats at the default 1 s)
 
 
@@ -474,7 +473,7 @@ class Agent:
 
         async def there_answers(url: str) -> bool:
             if await answered_through(url, f"coorm-agent-look-{self.agent_id}", self.settings.identity(Role.AGENT),
-                                      asking(subjects.AGENT_HEARTBEAT, hb, Ack, timeout=timeout), reach=LOOK_TIMEOUT):
+                                      asking(subjects.AGENT_HEARTBEAT, hb, Ack, timeout=timeout)):
                 return True
             self._log.debug("the allocator does not answer there either", server=redact(url))
             return False

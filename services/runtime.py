@@ -104,10 +104,6 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-MAX_LOOK_EVERY = 8  # unanswered probes between two looks elsewhere, at most
-LOOK_TIMEOUT = 2.0  # s to reach another server of the list
-
-
 async def decisions_stream_answers(nc: NATS, timeout: float) -> None:
     """Ask JetStream about the decision stream through ``nc``'s server; raises unless JetStream answered (its
     "no such stream" is an answer). A server cut from its cluster cannot: the stream's leader and the
@@ -143,7 +139,7 @@ async def stay_in_the_cluster(nc: NATS, settings: Settings, name: str) -> None:
 
     async def answered_there(url: str) -> bool:
         return await bus.answered_through(url, f"{name}-look", identity,
-                                          lambda there: decisions_stream_answers(there, period), reach=LOOK_TIMEOUT)
+                                          lambda there: decisions_stream_answers(there, period))
 
     def moving(here: str, url: str) -> None:
         log.warning("JetStream answers through another NATS server, not through this one: moving there", cut=here,
@@ -159,5 +155,5 @@ async def stay_in_the_cluster(nc: NATS, settings: Settings, name: str) -> None:
             if unanswered >= look_every:
                 unanswered = 0
                 moved = await bus.leave_if_cut_off(nc, urls, answered_there, answered_here, moving)
-                look_every = 1 if moved else min(2 * look_every, MAX_LOOK_EVERY)
+                look_every = 1 if moved else min(2 * look_every, bus.MAX_LOOK_EVERY)
         await asyncio.sleep(max(0.0, began + period - time.monotonic()))  # the probe's period

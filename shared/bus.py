@@ -58,6 +58,8 @@ class WireError(Exception):
 
 RECONNECT_WAIT = 0.5  # seconds between two attempts to reach a lost server
 LOOK_RETRY = 0.1  # seconds between two attempts to reach a server a look asks through
+LOOK_REACH = 2.0  # seconds to reach another server of the list, looking for the other end there
+MAX_LOOK_EVERY = 8  # unanswered heartbeats (or probes) between two looks elsewhere, at most
 
 
 class Unreachable(Exception):
@@ -181,7 +183,7 @@ def asking(subject: str, message: BaseModel, reply: type[BaseModel], *,
 
 
 async def answered_through(url: str, name: str, identity: Identity | None, ask: Callable[[NATS], Awaitable[object]],
-                           *, reach: float) -> bool:
+                           *, reach: float = LOOK_REACH) -> bool:
     """Whether ``ask``, over a connection of its own to the server at ``url`` (reached within ``reach``
     seconds), returns rather than raises: how a client whose server may be cut from the cluster (alive,
     reaching nothing) finds out whether another server of its list does better."""
