@@ -196,6 +196,10 @@ class Session:
     reply: SessionOpenReply
     settings: Settings
     own_connection: bool = True
+    # a shared connection's owner lets this session move it off a server cut from the cluster (the batch
+    # service: its sessions' heartbeats tell a cut before its own probe of JetStream can, which waits for the
+    # stream's election when the cut server led it)
+    moves_connection: bool = False
     np: dict[str, StepFunction] = field(default_factory=dict)
     p: dict[str, StepFunction] = field(default_factory=dict)
     now: float = 0.0
@@ -231,11 +235,13 @@ class Session:
     @classmethod
     async def open(cls, settings: Settings | None = None, *, clusters: list[str] | None = None, user: str = "",
                    name: str = "", kind: str = "", preemptive_views: bool = True, nc=None,
-                   views: bool = True) -> Session:
+                   views: bool = True, moves_connection: bool = False) -> Session:
         """``subscribe``: open a session; the RMS answers with the application id and its subjects. The
         session is the user's whom the connection is authenticated as: the identity of ``settings`` (or
         ``user``, with a connection ``nc`` made for that user). ``views`` False: the application never
-        reads its views (a rigid job): the RMS sends none and holds no node for it to re-select."""
+        reads its views (a rigid job): the RMS sends none and holds no node for it to re-select.
+        ``moves_connection``: the session may move the shared connection ``nc`` off a server cut from the
+        cluster, as it moves one of its own."""
         settings = settings or Settings()
         identity = settings.identity(Role.LAUNCHER)
         user = user or (identity.name if identity is not None else _whoami())
@@ -260,7 +266,8 @@ class Session:
                           name=name, kind=kind)
         # (sent again after a timeout: a session opened by the attempt that timed out is reaped, unheard of)
         reply = await _call_retrying(nc, subjects.session_open(user), msg, SessionOpenReply, after_timeout=_reraise)
-        self = cls(nc=nc, reply=reply, settings=settings, own_connection=own, with_views=views)
+        self = cls(nc=nc, reply=reply, settings=settings, own_connection=own, with_views=views,
+                   moves_connection=moves_connection)
         opened.append(self)
         await self._subscribe()
         self._heartbeat = asyncio.create_task(self._beat())
@@ -268,12 +275,13 @@ class Session:
 
     @classmethod
     async def resume(cls, settings: Settings, reply: SessionOpenReply, nc, launched: dict[tuple[str, int], str],
-                     *, views: bool = True) -> Session:
+                     *, views: bool = True, moves_connection: bool = False) -> Session:
         """Take up a session another process opened (the batch service's previous instance, from its
         records): listen and beat again, then ask what was missed meanwhile -- what started and ended, and
         how the processes ``launched`` ((node, pid) -> request) ended -- as after a reconnection. Raises
         :class:`~coorm.shared.bus.WireError` (``unknown_app``) when the RMS reaped the session meanwhile."""
-        self = cls(nc=nc, reply=reply, settings=settings, own_connection=False, with_views=views)
+        self = cls(nc=nc, reply=reply, settings=settings, own_connection=False, with_views=views,
+                   moves_connection=moves_connection)
         # a heartbeat first: a session the RMS no longer has is refused here, before anything is subscribed
         await _call_retrying(nc, reply.subjects.heartbeat, HeartbeatMsg(token=reply.token), Ack)
         self._unexited.update(launched)
@@ -816,8 +824,8 @@ class Session:
     async def _leave_if_cut_off(self) -> bool:
         """Whether the RMS answered this session's heartbeat through another server of its URL list (then the
         connection moves there, and the session asks what it missed, as after any reconnection). Only a
-        connection the session made: a shared one (``nc`` given) is its owner's to move."""
-        if not self.own_connection:
+        connection the session made, or a shared one whose owner said so (``moves_connection``)."""
+        if not (self.own_connection or self.moves_connection):
             return False
 
         def moving(here: str, url: str) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 import structlog
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import ClusterInfo, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
 from coorm.shared import bus, subjects, valkey
@@ -63,14 +63,10 @@ def redis_client(url: str, max_connections: int = 32, *, ride_over: float = 0.0)
     return valkey.async_client(url, max_connections=max_connections, **extra)
 
 
-async def ensure_streams(js, replicas: int | None = None) -> None:
+async def ensure_streams(js, replicas: int) -> None:
     """The durable streams: decisions for the node allocator, lifecycle events for accounting. Creating
     them is idempotent (every service that uses one may do it). ``replicas``: copies of each on as many
-    servers of a NATS cluster (default ``COORM_STREAM_REPLICAS``); an existing stream is scaled to it."""
-    if replicas is None:
-        from coorm.shared.settings import Settings
-
-        replicas = Settings().stream_replicas
+    servers of a NATS cluster (the service's ``stream_replicas``); an existing stream is scaled to it."""
     for name, subject in ((subjects.DECISIONS_STREAM, subjects.DECISIONS),
                           (subjects.LIFECYCLE_STREAM, subjects.LIFECYCLE)):
         config = StreamConfig(name=name, subjects=[subject], retention=RetentionPolicy.LIMITS,
@@ -104,15 +100,46 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
+QUORUM_SILENCE = 3.0
+"""Seconds a stream's leader may go without hearing a follower and still count it: its Raft heartbeats go out
+every second and are answered (a leader's view of a follower is under 1 s old, measured), so three missed
+mean the follower is out of reach. nats-server's own verdict, ``current`` false, takes 10 s."""
+
+
+class LeaderCutOff(Exception):
+    """The decision stream's leader answered but no quorum of its replicas hears it: a leader on a server cut
+    from its cluster goes on answering for 10 to 20 s (nats-server's lost-quorum check), then answers without a
+    leader -- while the majority has elected another."""
+
+
 async def decisions_stream_answers(nc: NATS, timeout: float) -> None:
-    """Ask JetStream about the decision stream through ``nc``'s server; raises unless JetStream answered (its
-    "no such stream" is an answer). A server cut from its cluster cannot: the stream's leader and the
-    cluster's meta leader are on the other side (a stream of 3 replicas has its quorum there), so this tells
-    it -- whatever CooRM service runs or does not, and the policy engine included."""
+    """Ask JetStream about the decision stream through ``nc``'s server; raises unless a leader heard by a
+    quorum of the stream's replicas answered (JetStream's "no such stream" is an answer). A server cut from its
+    cluster cannot give that: the stream's quorum and the cluster's meta leader are on the other side (a
+    stream of 3 replicas has 2 there), so this tells it -- whatever CooRM service runs or does not, and the
+    policy engine included."""
     try:
-        await nc.jetstream(timeout=timeout).stream_info(subjects.DECISIONS_STREAM)
+        info = await nc.jetstream(timeout=timeout).stream_info(subjects.DECISIONS_STREAM)
     except NotFoundError:
         return
+    unheard = leader_unheard(info.cluster)
+    if unheard is not None:
+        raise LeaderCutOff(unheard)
+
+
+def leader_unheard(group: ClusterInfo | None) -> str | None:
+    """Why a stream's leader, as its answer to a stream info describes its group, does not speak for a quorum
+    of the stream's replicas; None if it does (or if there is no cluster: the one server is the stream)."""
+    if group is None:
+        return None
+    if group.leader is None:
+        return "the stream answered without a leader"
+    replicas = group.replicas or []
+    heard = sum(1 for r in replicas if r.current and not r.offline and r.active is not None
+                and r.active / 1e9 < QUORUM_SILENCE)
+    if 1 + heard <= (1 + len(replicas)) // 2:
+        return f"the stream's leader {group.leader} hears {heard} of its {len(replicas)} followers"
+    return None
 
 
 async def stay_in_the_cluster(nc: NATS, settings: Settings, name: str) -> None:
@@ -120,10 +147,11 @@ async def stay_in_the_cluster(nc: NATS, settings: Settings, name: str) -> None:
     through ``nc``'s server (:func:`decisions_stream_answers`). Unanswered while the connection lives, the
     server may be cut from its cluster -- alive, so nats-py stays with it, but nothing beyond it hears: agents
     and applications that moved away would find no engine, no allocator, no views, no batch queue. The service
-    then asks through each other server of its URL list, after 1, 2, 4, 8 unanswered probes (a stream
-    electing its leader, when no server answers, costs a few looks), and moves to one that answers
-    (``bus.leave_if_cut_off``), as agents and SDK sessions do. With a one-server list there is nowhere to go:
-    nothing is asked."""
+    then asks through each other server of its URL list and moves to one that answers (``bus.leave_if_cut_off``),
+    as agents and SDK sessions do -- at every probe once unanswered for ``QUORUM_SILENCE``: services are a
+    handful, where agents and sessions, thousands, space their looks. When the cut server led the decision
+    stream, the others answer once they have elected another leader (4 to 10 s). With a one-server list there
+    is nowhere to go: nothing is asked."""
     urls = nats_servers(settings.nats_url)
     if len(urls) < 2:
         return
@@ -145,15 +173,16 @@ async def stay_in_the_cluster(nc: NATS, settings: Settings, name: str) -> None:
         log.warning("JetStream answers through another NATS server, not through this one: moving there", cut=here,
                     to=redact(url))
 
-    look_every, unanswered = 1, 0
+    unanswered_since: float | None = None
     while True:
         began = time.monotonic()
         if await answered_here():
-            look_every, unanswered = 1, 0
+            unanswered_since = None
         elif nc.is_connected:
-            unanswered += 1
-            if unanswered >= look_every:
-                unanswered = 0
-                moved = await bus.leave_if_cut_off(nc, urls, answered_there, answered_here, moving)
-                look_every = 1 if moved else min(2 * look_every, bus.MAX_LOOK_EVERY)
+            unanswered_since = began if unanswered_since is None else unanswered_since
+            # looked for only once unanswered for QUORUM_SILENCE: until then a leader cut off at the same
+            # moment still seems heard by its followers, and its server would be taken for the cluster's (a
+            # batch service that its sessions had just moved to the majority, electing, went back to it)
+            if began - unanswered_since >= QUORUM_SILENCE:
+                await bus.leave_if_cut_off(nc, urls, answered_there, answered_here, moving)
         await asyncio.sleep(max(0.0, began + period - time.monotonic()))  # the probe's period

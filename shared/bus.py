@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import re
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -153,6 +154,9 @@ async def move_to(nc: NATS, host: str | None, port: int | None) -> None:
     await nc.force_reconnect()
 
 
+_LOOKS: weakref.WeakKeyDictionary[NATS, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
 async def leave_if_cut_off(nc: NATS, urls: list[str], there_answers: Callable[[str], Awaitable[bool]],
                            here_answers: Callable[[], Awaitable[bool]],
                            moving: Callable[[str, str], None]) -> bool:
@@ -160,20 +164,22 @@ async def leave_if_cut_off(nc: NATS, urls: list[str], there_answers: Callable[[s
     ``there_answers(url)`` over a connection of its own -- while still not through ``nc``'s (``here_answers``
     asked again, as the look may have raced a take-over): then ``moving(here, url)`` is told and ``nc`` moves
     there. How a client whose server is cut from the cluster (alive, so nats-py stays with it, but nothing
-    beyond it hears) leaves it."""
-    if not nc.is_connected or nc.connected_url is None:
-        return False  # reconnecting already: nats-py looks for a server itself
-    here = (nc.connected_url.hostname, nc.connected_url.port)
-    for url in urls:
-        there = urlsplit(url)
-        if (there.hostname, there.port) == here or not await there_answers(url):
-            continue
-        if await here_answers():
-            return True  # answered here meanwhile: this server reaches it
-        moving(f"{here[0]}:{here[1]}", url)
-        await move_to(nc, there.hostname, there.port)
-        return True
-    return False
+    beyond it hears) leaves it. One look at a time on a connection: those who share it (the batch service and
+    its jobs' sessions) wait for the one under way, whose move their own look then finds made."""
+    async with _LOOKS.setdefault(nc, asyncio.Lock()):
+        if not nc.is_connected or nc.connected_url is None:
+            return False  # reconnecting already: nats-py looks for a server itself
+        here = (nc.connected_url.hostname, nc.connected_url.port)
+        for url in urls:
+            there = urlsplit(url)
+            if (there.hostname, there.port) == here or not await there_answers(url):
+                continue
+            if await here_answers():
+                return True  # answered here meanwhile: this server reaches it
+            moving(f"{here[0]}:{here[1]}", url)
+            await move_to(nc, there.hostname, there.port)
+            return True
+        return False
 
 
 def asking(subject: str, message: BaseModel, reply: type[BaseModel], *,

@@ -117,7 +117,7 @@ class AccountingService:
         self.celery = make_celery(self.settings.redis_url, set_as_current=False)
         self.nc = await bus.connect(self.settings.nats_url, self.name, self.settings.identity(Role.SERVICE))
         js = self.nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, self.settings.stream_replicas)
         self.sub = await js.pull_subscribe(subjects.LIFECYCLE, durable=DURABLE, stream=subjects.LIFECYCLE_STREAM,
                                            config=consumer_config())
         log.info("accounting consuming", stream=subjects.LIFECYCLE_STREAM, durable=DURABLE)

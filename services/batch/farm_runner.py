@@ -137,7 +137,8 @@ class FarmRunner:
                 # when its session opened, and farms made together must keep their jobs' order
                 async with svc.opening:
                     self.session = await Session.open(svc.settings, user=self.user, name=name, kind=kind,
-                                                      preemptive_views=False, views=False, nc=svc.nc)
+                                                      preemptive_views=False, views=False, nc=svc.nc,
+                                                      moves_connection=True)
                 self.core.app = self.session.app
                 await self._write_down()
             else:
@@ -173,7 +174,8 @@ class FarmRunner:
                 if [node, pid] not in r.exited:
                     launched[node, pid] = request
         try:
-            self.session = await Session.resume(svc.settings, reply, svc.nc, launched, views=False)
+            self.session = await Session.resume(svc.settings, reply, svc.nc, launched, views=False,
+                                                moves_connection=True)
         except bus.WireError as e:
             if e.code not in (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN):
                 raise

@@ -727,7 +727,8 @@ class BatchService:
                     if r.session is not None:  # opened, but whether its request went is not known: afresh
                         await self._close_stale(r)
                     session = await Session.open(self.settings, user=j.user, name=j.name or job, kind="batch",
-                                                 preemptive_views=False, views=False, nc=self.nc)
+                                                 preemptive_views=False, views=False, nc=self.nc,
+                                                 moves_connection=True)
                 except bus.Unreachable:
                     raise
                 except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others
@@ -754,7 +755,8 @@ class BatchService:
                 resumed = Resumed(launched=launched, exited=exited, exit_code=j.exit_code or 0, started=j.started)
                 try:
                     running = {k: v for k, v in launched.items() if k not in exited}
-                    session = await Session.resume(self.settings, reply, self.nc, running, views=False)
+                    session = await Session.resume(self.settings, reply, self.nc, running, views=False,
+                                                   moves_connection=True)
                 except bus.WireError as e:
                     if e.code not in (ErrorCode.UNKNOWN_APP, ErrorCode.BAD_TOKEN):
                         raise

@@ -114,7 +114,7 @@ class NodeAllocatorService:
                       "every assignment and kill, which only a service's signature makes them obey")
         self.nc = await bus.connect(self.settings.nats_url, self.name, self.identity)
         self.js = self.nc.jetstream()
-        await ensure_streams(self.js)
+        await ensure_streams(self.js, self.settings.stream_replicas)
         await self._load_agents()
         subs = [
             await bus.serve(self.nc, subjects.AGENT_REGISTER, AgentRegister, self._on_register),

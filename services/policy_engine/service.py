@@ -115,6 +115,11 @@ _BATCH = 256  # events logged in one Redis round trip at most
 # more than a batch, as a leader that dies while publishing a full batch's decisions leaves up to a batch
 # of logged events whose decisions may not have reached JetStream
 _REPUBLISH = 2 * _BATCH
+# a stream message not acknowledged in this time is taken as refused: JetStream answers in milliseconds, but a
+# message sent while the stream elects a leader (its leader cut from the cluster, seen in the partition test)
+# is dropped by the followers unanswered -- nats-py's publish_async would wait for its acknowledgement for
+# ever. (5 s is what nats-py's own acknowledged publish waits, its JetStream context's default timeout.)
+_ACK_WITHIN = 5.0
 _VIEWS_PER_MESSAGE = 256  # a round's views are split so that a message stays far below NATS's max payload
 
 # decisions the node allocator acts on
@@ -271,7 +276,7 @@ class PolicyEngine:
         self.redis = redis_client(self.settings.redis_url)
         self.nc = await bus.connect(self.settings.nats_url, self.instance, self.settings.identity(Role.SERVICE))
         self.js = self.nc.jetstream()
-        await ensure_streams(self.js)
+        await ensure_streams(self.js, self.settings.stream_replicas)
         # (a leader or standby on a NATS server cut from its cluster moves to one that is not: it would lead
         # where no application and no agent hears it)
         watch = asyncio.create_task(stay_in_the_cluster(self.nc, self.settings, self.instance))
@@ -566,14 +571,12 @@ class PolicyEngine:
             # acknowledged by JetStream in the background: the decisions lost with a dying leader are
             # published again by the next one (the last events' decisions, de-duplicated by their ids)
             msg_id = f"{self.incarnation}.{event.stimulus_id}" + (f".{i}" if i else "")
-            ack = await self.js.publish_async(subjects.DECISIONS, data, headers={"Nats-Msg-Id": msg_id})
-            ack.add_done_callback(self._acknowledged)
+            self._watch(await self.js.publish_async(subjects.DECISIONS, data, headers={"Nats-Msg-Id": msg_id}))
         for i, d in enumerate(decisions):
             life = self._lifecycle(event, d)
             if life is not None:
-                ack = await self.js.publish_async(subjects.LIFECYCLE, bus.encode(life), headers={
-                    "Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}.life"})
-                ack.add_done_callback(self._acknowledged)
+                self._watch(await self.js.publish_async(subjects.LIFECYCLE, bus.encode(life), headers={
+                    "Nats-Msg-Id": f"{self.incarnation}.{d.stimulus_id}.{i}.life"}))
             if isinstance(d, ViewsChanged):
                 self.pacer.changed(d.apps)
             if isinstance(d, PreemptionDeadline):
@@ -593,10 +596,21 @@ class PolicyEngine:
                 self.last_seen.pop(d.app, None)
                 await self.redis.hdel(keys.SESSIONS, d.app)
 
+    def _watch(self, ack: asyncio.Future) -> None:
+        """Hear how JetStream took a stream message; one unanswered after ``_ACK_WITHIN`` counts as refused."""
+        ack.add_done_callback(self._acknowledged)
+
+        def unanswered() -> None:
+            if not ack.done():
+                ack.set_exception(TimeoutError(f"JetStream did not answer within {_ACK_WITHIN:g} s"))
+
+        timer = asyncio.get_running_loop().call_later(_ACK_WITHIN, unanswered)
+        ack.add_done_callback(lambda _: timer.cancel())
+
     def _acknowledged(self, ack: asyncio.Future) -> None:
-        """A stream message JetStream refused (in a NATS cluster, while the stream elects a leader after a
-        server died): it would be lost, so this leader steps down, and the next term publishes the last
-        events' decisions again (JetStream drops those it has, by id)."""
+        """A stream message JetStream refused or left unanswered (in a NATS cluster, while the stream elects a
+        leader after a server died or was cut off): it would be lost, so this leader steps down, and the next
+        term publishes the last events' decisions again (JetStream drops those it has, by id)."""
         if ack.cancelled() or ack.exception() is None:
             return
         if self.leader.is_set() and not self._resign.is_set():

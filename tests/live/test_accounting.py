@@ -188,7 +188,7 @@ async def js(nats_url, redis_url):
     """A JetStream context on a clean lifecycle stream with no accounting consumer yet."""
     nc = await bus.connect(nats_url, "test-accounting", Settings().identity(Role.SERVICE))
     jsc = nc.jetstream()
-    await ensure_streams(jsc)
+    await ensure_streams(jsc, 1)
     await jsc.purge_stream(subjects.LIFECYCLE_STREAM)
     with contextlib.suppress(Exception):
         await jsc.delete_consumer(subjects.LIFECYCLE_STREAM, DURABLE)

@@ -31,7 +31,7 @@ async def allocator(servers, redis_url):
     """A node allocator alone, on a purged decision stream, and a connection to watch what it publishes."""
     nc = await bus.connect(servers.nats_url, "test-allocator", Settings().identity(Role.SERVICE))
     js = nc.jetstream()
-    await ensure_streams(js)
+    await ensure_streams(js, 1)
     await js.purge_stream(subjects.DECISIONS_STREAM)
     with contextlib.suppress(Exception):
         await js.delete_consumer(subjects.DECISIONS_STREAM, DURABLE)
