@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -265,7 +265,9 @@ class Session:
         msg = SessionOpen(filter=Filter(clusters=clusters, preemptive_views=preemptive_views and views, views=views),
                           name=name, kind=kind)
         # (sent again after a timeout: a session opened by the attempt that timed out is reaped, unheard of)
-        reply = await _call_retrying(nc, subjects.session_open(user), msg, SessionOpenReply, after_timeout=_reraise)
+        reply = await _call_retrying(nc, subjects.session_open(user), msg, SessionOpenReply, after_timeout=_reraise,
+                                     no_responders=_opening_look(nc, settings, kind)
+                                     if own or moves_connection else None)
         self = cls(nc=nc, reply=reply, settings=settings, own_connection=own, with_views=views,
                    moves_connection=moves_connection)
         opened.append(self)
@@ -852,6 +854,39 @@ class Session:
                        timeout=heartbeat_timeout(self.reply)))
 
 
+def _opening_look(nc, settings: Settings, kind: str) -> Callable[[int], Awaitable[bool]]:
+    """What an opening does when nobody serves it: after the 1st, 2nd, 4th, 8th... attempt, whether the policy
+    engine answers a status query through another server of the URL list -- then the connection moves there.
+    A session opened on a server already cut from its cluster has no heartbeat to miss yet (the agent's
+    registration does the same). During a take-over no server answers: the looks find nothing."""
+    from coorm.shared.protocol import StatusQuery, StatusReply
+
+    urls = nats_servers(settings.nats_url)
+    ask = bus.asking(subjects.QUERY_STATUS, StatusQuery(limit=0), StatusReply, timeout=QUERY_TIMEOUT)
+
+    async def here() -> bool:
+        try:
+            await ask(nc)
+        except Exception:  # noqa: BLE001 - not answered through this server
+            return False
+        return True
+
+    async def there(url: str) -> bool:
+        return await bus.answered_through(url, f"launcher-look-{kind or 'app'}", settings.identity(Role.LAUNCHER),
+                                          ask)
+
+    def moving(cut: str, url: str) -> None:
+        _log().warning("the RMS answers through another NATS server, not through this one: moving there before "
+                       "opening", cut=cut, to=redact(url))
+
+    async def look(n: int) -> bool:
+        if len(urls) < 2 or n & (n + 1):  # (after attempts 0, 1, 3, 7...: 1, 2, 4, 8 unserved)
+            return False
+        return await bus.leave_if_cut_off(nc, urls, there, here, moving)
+
+    return look
+
+
 def heartbeat_timeout(reply: SessionOpenReply) -> float:
     """How long one heartbeat waits for its answer: a quarter of the session timeout (at most its period
     again), so that a heartbeat lost with a dying leader leaves time for several more to reach the next
@@ -872,13 +907,15 @@ AfterTimeout = Callable[[bus.WireError], object]
 
 
 async def _call_retrying(nc, subject: str, message, reply, *, attempts: int = 40, timeout: float = CALL_TIMEOUT,
-                         retry_unavailable: bool = True, after_timeout: AfterTimeout | None = None):
+                         retry_unavailable: bool = True, after_timeout: AfterTimeout | None = None,
+                         no_responders: Callable[[int], Awaitable[object]] | None = None):
     """Request/reply that rides over a policy engine take-over or a Redis restart: nobody answering (no
     leader for a moment) and ``unavailable`` (it could not be logged, so it was not applied) are retried.
     A timeout (a request that reached a leader as it died) is retried only with ``after_timeout``: the
     command may have been applied, so what a retry is refused with after a timeout (``duplicate`` for a
     request already accepted, ``ended`` for a ``done`` already done) goes to ``after_timeout``, which
-    returns the reply the first attempt would have had -- or raises."""
+    returns the reply the first attempt would have had -- or raises. ``no_responders(n)`` is awaited after the
+    n-th attempt nobody served (from 0), before the next."""
     from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeout
 
@@ -899,6 +936,8 @@ async def _call_retrying(nc, subject: str, message, reply, *, attempts: int = 40
             if i == attempts - 1 or (isinstance(e, bus.WireError)
                                      and (e.code is not ErrorCode.UNAVAILABLE or not retry_unavailable)):
                 raise
+            if no_responders is not None and isinstance(e, NoRespondersError):
+                await no_responders(i)
             await asyncio.sleep(delay)  # back-off before asking again
             delay = min(delay * 2, 1.0)
     raise AssertionError("unreachable")

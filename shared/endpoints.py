@@ -208,7 +208,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "preemptive views; ``name`` and ``kind`` are recorded too. The reply gives the application id "
             "(``<user>.a<N>``), the session token that every later request of the session carries, the "
             "session's own subjects, and how often the launcher must send a heartbeat. The opening time is "
-            "the application's priority."),
+            "the application's priority. Answered \"no responders\" after 1, 2, 4, 8... attempts, the SDK "
+            "asks the policy engine's status (``QUERY_STATUS``) through each other server of its URL list over "
+            "a connection of its own, and moves to one where it is answered: its own server may be cut from "
+            "the cluster."),
         example={"filter": {"clusters": ["c0"], "preemptive_views": False}, "name": "sim-42", "kind": "rigid"},
         reply_example={"app": "alice.a7", "token": _TOKEN, "heartbeat_interval": 5.0, "subjects": {
             "request": subjects.app_request("alice.a7"), "done": subjects.app_done("alice.a7"),

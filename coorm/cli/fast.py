@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 EXIT_REFUSED, EXIT_UNREACHABLE = 2, 3
-RETRY_NO_RESPONDERS = 10.0  # seconds past the connect timeout a request nobody serves is sent again
+RETRY_NO_RESPONDERS = 10.0  # seconds past the connect timeout a request nobody serves is sent again (round the list)
 
 # coorm batch's options: the value-taking ones (as in #COORM directives), and the flags
 _VALUED = {"-N", "--nodes", "-t", "--time", "-J", "--job-name", "-o", "--output", "-e", "--error", "-a", "--array",
@@ -355,17 +355,26 @@ def pages(subject: str, body: dict, service: str) -> tuple[float, list[dict]]:
     """Every job a ``BatchQuery`` names, a page at a time over one connection: (the service's now, jobs)."""
     client, where = socket_client()
     conn = connect(client, where)
+    give_up = conn.deadline + RETRY_NO_RESPONDERS
     jobs: list[dict] = []
     try:
-        conn.sock.settimeout(10.0)
-        inbox = f"{conn.inbox}.{os.urandom(8).hex()}"
-        conn.send(f"SUB {inbox} 1\r\n".encode())
+        delay, subscribed = 0.05, None
         while True:
+            if subscribed is not conn:
+                conn.sock.settimeout(10.0)
+                inbox, subscribed = f"{conn.inbox}.{os.urandom(8).hex()}", conn
+                conn.send(f"SUB {inbox} 1\r\n".encode())
             payload = json.dumps({**body, "offset": len(jobs), "limit": PAGE}).encode()
             conn.send(f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\n")
             data = conn.reply()
-            if data is None:
-                raise no_service(where, service)
+            if data is None:  # (no one serves it through this server: asked again, as a request is)
+                if time.monotonic() + delay > give_up:
+                    raise no_service(where, service)
+                conn = _next_server(client, where, conn)
+                if conn.first:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                continue
             reply = json.loads(data)
             refuse_error(reply)
             jobs += reply["jobs"]
@@ -451,27 +460,41 @@ def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
 
 def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | None:
     conn = connect(client, where)
+    give_up = conn.deadline + RETRY_NO_RESPONDERS
     try:
-        conn.sock.settimeout(10.0)
-        inbox = f"{conn.inbox}.{os.urandom(8).hex()}"
-        sub = f"SUB {inbox} 1\r\n".encode()  # with the first request: one write, one round trip
-        delay = 0.05
+        delay, subscribed = 0.05, None
         while True:
-            conn.send(sub + f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
             sub = b""
+            if subscribed is not conn:  # (the SUB with a connection's first request: one write, one round trip)
+                conn.sock.settimeout(10.0)
+                inbox, subscribed = f"{conn.inbox}.{os.urandom(8).hex()}", conn
+                sub = f"SUB {inbox} 1\r\n".encode()
+            conn.send(sub + f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
             data = conn.reply()
-            # no one serves it (a service restarting): nothing was taken, so it is sent again for a while, as
-            # the SDK does for a policy engine's take-over
-            if data is not None or time.monotonic() + delay > conn.deadline + RETRY_NO_RESPONDERS:
+            # no one serves it -- a service restarting, or this server cut from its cluster (alive, reaching
+            # nothing, its services gone to the others): nothing was taken, so it is sent again for a while, as
+            # the SDK does for a policy engine's take-over, through the next server of the list
+            if data is not None or time.monotonic() + delay > give_up:
                 return data
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            conn = _next_server(client, where, conn)
+            if conn.first:  # (every server of the list said so: a pause before the next round)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
     except TimeoutError:
         raise Failed(f"CooRM at {where} did not answer in time", EXIT_UNREACHABLE) from None
     except (OSError, ValueError):
         raise Failed(conn.unreachable, EXIT_UNREACHABLE) from None
     finally:
         conn.sock.close()
+
+
+def _next_server(client, where: str, conn: Conn) -> Conn:
+    """A connection through the server after ``conn``'s in the list (``conn`` itself with a one-server list)."""
+    if "," not in client.nats_url:
+        conn.first = True
+        return conn
+    conn.sock.close()
+    return connect(client, where, after=conn.server)
 
 
 def socket_client():
@@ -488,16 +511,19 @@ def socket_client():
     return client, f"{redact(client.nats_url)} (from {client.url_source})"
 
 
-def connect(client, where: str) -> Conn:
+def connect(client, where: str, after: int = -1) -> Conn:
     """A NATS connection on a plain socket, signed in as the user (CONNECT answered), or :class:`Failed` as
-    the full command line words it; :class:`Fallback` for a URL this path does not read."""
+    the full command line words it; :class:`Fallback` for a URL this path does not read. Through the first
+    server of the list that answers, looked for from the one after the ``after``-th (round the list)."""
     from coorm.shared import subjects
     from coorm.shared.connection import CredentialsError, refused_text, sign_nonce, unreachable_text
 
     unreachable = unreachable_text(client.nats_url, client.url_source, client.connect_timeout)
     deadline = time.monotonic() + client.connect_timeout
     sock = None
-    for url in client.nats_url.split(","):  # a cluster's servers: the first that answers
+    urls = client.nats_url.split(",")
+    for server in [(after + 1 + k) % len(urls) for k in range(len(urls))]:  # a cluster's: the first that answers
+        url = urls[server]
         try:
             parts = _Url(url.strip())
         except ValueError:
@@ -515,6 +541,7 @@ def connect(client, where: str) -> Conn:
         # acknowledgement of the previous write (40 ms)
         sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         conn = Conn(sock, subjects.inbox_user(client.user), deadline, unreachable)
+        conn.server, conn.first = server, server <= after or after < 0
         info = json.loads(conn.expect("INFO ")[5:])
         hello: dict = {"verbose": False, "pedantic": False, "lang": "python", "version": "coorm-fast", "protocol": 1,
                        "headers": True, "no_responders": True, "name": "coorm-cli"}
@@ -581,6 +608,8 @@ class Conn:
         self.inbox = inbox  # the user's reply prefix: NATS lets the user read nothing else's
         self.deadline = deadline  # (of the connect timeout)
         self.unreachable = unreachable  # what to say when it is lost
+        self.server = 0  # its server's place in the URL list
+        self.first = True  # the list's first server answering, or one looked for past the list's end
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
