@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from nats.errors import NoRespondersError
 
 from coorm.launchers.sdk import Exited, Killed, Session
 from coorm.services.stack import LocalStack
@@ -91,9 +92,17 @@ async def _status(stack) -> StatusReply:
 
 
 async def _nodes_up(stack, cluster: str, n: int, timeout: float = 30.0) -> None:
+    """Until the engine counts ``n`` nodes of ``cluster`` up. (Nobody answering is a take-over under way: in a
+    NATS cluster, a server healed from a partition may make a stream elect its leader again, and the engine
+    steps down when JetStream refuses a decision meanwhile -- seen in CI.)"""
     deadline = time.monotonic() + timeout
     while True:
-        st = await _status(stack)
+        try:
+            st = await _status(stack)
+        except NoRespondersError:
+            assert time.monotonic() < deadline, f"{cluster}: no engine answered for {timeout} s"
+            await asyncio.sleep(0.05)  # the take-over runs in the engines: nothing to wait on here
+            continue
         if {c.cluster: c.up for c in st.clusters}.get(cluster) == n:
             return
         assert time.monotonic() < deadline, f"{cluster}: not {n} nodes up ({st.clusters})"
