@@ -184,12 +184,13 @@ def determined(apps: list[dict]) -> list[dict]:
 
 
 def before_fork(apps: list[dict], m: str) -> dict:
-    """|start live - start ``m``| over the applications that arrive before the two schedules fork."""
+    """|start live - start ``m``| over the applications that arrive before the two schedules fork, and the
+    ``bias``: the mean of start live - start ``m`` (signed; None when there is none)."""
     first = fork(apps, m)
-    d = [abs(a["live_start"] - a[f"{m}_start"]) for a in apps if a["arrived"] < first
+    d = [a["live_start"] - a[f"{m}_start"] for a in apps if a["arrived"] < first
          and a["live_start"] is not None and a[f"{m}_start"] is not None]
-    return {"row": "diff", "what": FORK, "model": m, **{k: _r(v) for k, v in spread(d).items()},
-            "until": None if first == float("inf") else first}
+    return {"row": "diff", "what": FORK, "model": m, **{k: _r(v) for k, v in spread([abs(x) for x in d]).items()},
+            "bias": _r(statistics.fmean(d)) if d else None, "until": None if first == float("inf") else first}
 
 
 def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:

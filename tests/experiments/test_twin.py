@@ -58,11 +58,19 @@ def test_the_delays_are_measured_on_the_live_system(rows):
 def test_the_calibrated_simulator_starts_applications_closer_to_the_live_system(rows):
     """Until the schedules fork (an adaptive launcher chooses differently, two applications start in the other
     order), both halves run the same schedule, and there the calibrated delays must bring the starts closer
-    than the instant RMS does."""
+    than the instant RMS does: by their mean (the instant RMS starts every application early by the sum of
+    the delays; the calibrated one is fitted to the delays' means) and by their tail.
+
+    Not by the median: the delays are calibrated by their means (twin_sim.calibrate), which their tails pull
+    above the typical delay, so the calibrated starts are typically some 50 ms late where the instant ones
+    are some 60 ms early (measured on two quick runs: median |dstart| 0.046 / 0.051 s against 0.062 / 0.057
+    s); one CI run on a loaded machine gave 0.046 against 0.044. A 16-application run does not resolve
+    that."""
     instant, calibrated = _diff(rows, twin.FORK, "instant"), _diff(rows, twin.FORK, "calibrated")
     seen = (instant, calibrated, _diff(rows, twin.FORK, twin.VIEWS_IN_ORDER))  # (what a failure shows)
     assert calibrated["n"] >= 4, seen
-    assert calibrated["median"] < instant["median"], seen
+    assert instant["bias"] > 0, seen  # live starts after the instant RMS's: the delays are real
+    assert abs(calibrated["bias"]) < instant["bias"], seen
     assert calibrated["p95"] <= instant["p95"], seen
     run = next(r for r in rows if r["row"] == "run")
     assert run["holds"] == (_diff(rows, "start (s)", "calibrated")["p95"] <= twin.TOLERANCE_P95_START)
