@@ -839,12 +839,9 @@ class Session:
                                           self._answered_here, moving)
 
     async def _answered_here(self) -> bool:
-        try:
-            await _call_retrying(self.nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
-                                 attempts=1, timeout=heartbeat_timeout(self.reply))
-        except Exception:  # noqa: BLE001 - not answered: this server is cut off
-            return False
-        return True
+        return await bus.answered(self.nc, lambda here: _call_retrying(
+            here, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack, attempts=1,
+            timeout=heartbeat_timeout(self.reply)))
 
     async def _answered_through(self, url: str) -> bool:
         """A heartbeat sent over a connection of its own to ``url``: answered, the session is kept alive too."""
@@ -865,11 +862,7 @@ def _opening_look(nc, settings: Settings, kind: str) -> Callable[[int], Awaitabl
     ask = bus.asking(subjects.QUERY_STATUS, StatusQuery(limit=0), StatusReply, timeout=QUERY_TIMEOUT)
 
     async def here() -> bool:
-        try:
-            await ask(nc)
-        except Exception:  # noqa: BLE001 - not answered through this server
-            return False
-        return True
+        return await bus.answered(nc, ask)
 
     async def there(url: str) -> bool:
         return await bus.answered_through(url, f"launcher-look-{kind or 'app'}", settings.identity(Role.LAUNCHER),

@@ -159,11 +159,7 @@ async def stay_in_the_cluster(nc: NATS, settings: Settings, name: str) -> None:
     log = structlog.get_logger("coorm.runtime").bind(service=name)
 
     async def answered_here() -> bool:
-        try:
-            await decisions_stream_answers(nc, period)
-        except Exception:  # noqa: BLE001 - unanswered, refused, or the connection in trouble: not reached
-            return False
-        return True
+        return await bus.answered(nc, lambda here: decisions_stream_answers(here, period))
 
     async def answered_there(url: str) -> bool:
         return await bus.answered_through(url, f"{name}-look", identity,

@@ -207,12 +207,19 @@ async def answered_through(url: str, name: str, identity: Identity | None, ask: 
     except Exception:  # noqa: BLE001 - not reached either: nothing to move to there
         return False
     try:
-        await ask(nc)
-        return True
-    except Exception:  # noqa: BLE001 - no answer there either: what is asked is not answering
-        return False
+        return await answered(nc, ask)
     finally:
         await quietly(nc.close())
+
+
+async def answered(nc: NATS, ask: Callable[[NATS], Awaitable[object]]) -> bool:
+    """Whether ``ask`` over ``nc`` returns rather than raises (unanswered, refused, or the connection in
+    trouble: what is asked is not reached through ``nc``'s server)."""
+    try:
+        await ask(nc)
+    except Exception:  # noqa: BLE001 - any failure is "not answered here": the caller looks elsewhere
+        return False
+    return True
 
 
 async def quietly(aw: Awaitable[object]) -> None:

@@ -354,38 +354,18 @@ PAGE = 2000  # jobs per reply (BatchQuery's most)
 def pages(subject: str, body: dict, service: str) -> tuple[float, list[dict]]:
     """Every job a ``BatchQuery`` names, a page at a time over one connection: (the service's now, jobs)."""
     client, where = socket_client()
-    conn = connect(client, where)
-    give_up = conn.deadline + RETRY_NO_RESPONDERS
+    asker = _Asker(client, where)
     jobs: list[dict] = []
-    try:
-        delay, subscribed = 0.05, None
+    with asker:
         while True:
-            if subscribed is not conn:
-                conn.sock.settimeout(10.0)
-                inbox, subscribed = f"{conn.inbox}.{os.urandom(8).hex()}", conn
-                conn.send(f"SUB {inbox} 1\r\n".encode())
-            payload = json.dumps({**body, "offset": len(jobs), "limit": PAGE}).encode()
-            conn.send(f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\n")
-            data = conn.reply()
-            if data is None:  # (no one serves it through this server: asked again, as a request is)
-                if time.monotonic() + delay > give_up:
-                    raise no_service(where, service)
-                conn = _next_server(client, where, conn)
-                if conn.first:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 1.0)
-                continue
+            data = asker.ask(subject, json.dumps({**body, "offset": len(jobs), "limit": PAGE}).encode())
+            if data is None:
+                raise no_service(where, service)
             reply = json.loads(data)
             refuse_error(reply)
             jobs += reply["jobs"]
             if not reply["jobs"] or len(jobs) >= reply["total"]:  # (fewer than when the first page was read)
                 return reply["now"], jobs
-    except TimeoutError:
-        raise Failed(f"CooRM at {where} did not answer in time", EXIT_UNREACHABLE) from None
-    except (OSError, ValueError):
-        raise Failed(conn.unreachable, EXIT_UNREACHABLE) from None
-    finally:
-        conn.sock.close()
 
 
 # ================================================================================================
@@ -459,42 +439,59 @@ def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
 
 
 def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | None:
-    conn = connect(client, where)
-    give_up = conn.deadline + RETRY_NO_RESPONDERS
-    try:
-        delay, subscribed = 0.05, None
+    with _Asker(client, where) as asker:
+        return asker.ask(subject, payload)
+
+
+class _Asker:
+    """Requests over one connection, signed in as the user. A request that no one serves -- a service
+    restarting, or this server cut from its cluster (alive, reaching nothing, its services gone to the
+    others) -- took nothing, so it is sent again for :data:`RETRY_NO_RESPONDERS` past the connect timeout,
+    as the SDK does for a policy engine's take-over, through the next server of the list (round it);
+    :class:`Failed` as the full command line words it for a lost or silent connection."""
+
+    def __init__(self, client, where: str) -> None:
+        self.client, self.where = client, where
+        self.conn = connect(client, where)
+        self.give_up = self.conn.deadline + RETRY_NO_RESPONDERS
+        self.inbox = ""
+        self.subscribed: Conn | None = None  # (the connection the inbox is subscribed on)
+
+    def __enter__(self) -> _Asker:
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        self.conn.sock.close()
+        if isinstance(error, TimeoutError):
+            raise Failed(f"CooRM at {self.where} did not answer in time", EXIT_UNREACHABLE) from None
+        if isinstance(error, (OSError, ValueError)):
+            raise Failed(self.conn.unreachable, EXIT_UNREACHABLE) from None
+
+    def ask(self, subject: str, payload: bytes) -> bytes | None:
+        """The reply's payload; None when no server of the list had it served until the end."""
+        delay = 0.05
         while True:
-            sub = b""
-            if subscribed is not conn:  # (the SUB with a connection's first request: one write, one round trip)
+            conn, sub = self.conn, b""
+            if self.subscribed is not conn:  # (the SUB with a connection's first request: one write, one trip)
                 conn.sock.settimeout(10.0)
-                inbox, subscribed = f"{conn.inbox}.{os.urandom(8).hex()}", conn
-                sub = f"SUB {inbox} 1\r\n".encode()
-            conn.send(sub + f"PUB {subject} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
+                self.inbox, self.subscribed = f"{conn.inbox}.{os.urandom(8).hex()}", conn
+                sub = f"SUB {self.inbox} 1\r\n".encode()
+            conn.send(sub + f"PUB {subject} {self.inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
             data = conn.reply()
-            # no one serves it -- a service restarting, or this server cut from its cluster (alive, reaching
-            # nothing, its services gone to the others): nothing was taken, so it is sent again for a while, as
-            # the SDK does for a policy engine's take-over, through the next server of the list
-            if data is not None or time.monotonic() + delay > give_up:
+            if data is not None or time.monotonic() + delay > self.give_up:
                 return data
-            conn = _next_server(client, where, conn)
-            if conn.first:  # (every server of the list said so: a pause before the next round)
+            self.conn = self._next_server()
+            if self.conn.first:  # (every server of the list said so: a pause before the next round)
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
-    except TimeoutError:
-        raise Failed(f"CooRM at {where} did not answer in time", EXIT_UNREACHABLE) from None
-    except (OSError, ValueError):
-        raise Failed(conn.unreachable, EXIT_UNREACHABLE) from None
-    finally:
-        conn.sock.close()
 
-
-def _next_server(client, where: str, conn: Conn) -> Conn:
-    """A connection through the server after ``conn``'s in the list (``conn`` itself with a one-server list)."""
-    if "," not in client.nats_url:
-        conn.first = True
-        return conn
-    conn.sock.close()
-    return connect(client, where, after=conn.server)
+    def _next_server(self) -> Conn:
+        """A connection through the server after this one's in the list (this one with a one-server list)."""
+        if "," not in self.client.nats_url:
+            self.conn.first = True
+            return self.conn
+        self.conn.sock.close()
+        return connect(self.client, self.where, after=self.conn.server)
 
 
 def socket_client():
