@@ -212,6 +212,39 @@ async def answered_through(url: str, name: str, identity: Identity | None, ask: 
         await quietly(nc.close())
 
 
+async def request_moving(nc: NATS, urls: list[str], subject: str, data: bytes, *, timeout: float, within: float,
+                         name: str, identity: Identity | None) -> Msg:
+    """``nc.request`` for a one-shot client (a command): a request no one serves through ``nc``'s server ("no
+    responders") took nothing, so it is sent again for ``within`` seconds -- and, when it is answered through
+    another server of ``urls`` (a server cut from its cluster, alive, its services gone to the others), ``nc``
+    moves there first. Then :class:`nats.errors.NoRespondersError`, as from ``nc.request``."""
+    loop = asyncio.get_running_loop()
+    give_up, delay = loop.time() + within, 0.05
+
+    async def ask(c: NATS) -> Msg:
+        return await c.request(subject, data, timeout=timeout)
+
+    while True:
+        try:
+            return await ask(nc)
+        except nats.errors.NoRespondersError:
+            if loop.time() + delay > give_up:
+                raise
+        if len(urls) < 2 or not await leave_if_cut_off(
+                nc, urls, lambda url: answered_through(url, f"{name}-look", identity, ask),
+                lambda: answered(nc, ask), lambda here, url: None):
+            await asyncio.sleep(delay)  # (a service restarting, or taking over: a pause before asking again)
+            delay = min(2 * delay, 1.0)
+
+
+async def call_moving(nc: NATS, urls: list[str], subject: str, message: BaseModel, reply: type[M], *,
+                      timeout: float, within: float, name: str, identity: Identity | None) -> M:
+    """:func:`call` through :func:`request_moving`."""
+    msg = await request_moving(nc, urls, subject, encode(message), timeout=timeout, within=within, name=name,
+                               identity=identity)
+    return parsed(msg.data, reply)
+
+
 async def answered(nc: NATS, ask: Callable[[NATS], Awaitable[object]]) -> bool:
     """Whether ``ask`` over ``nc`` returns rather than raises (unanswered, refused, or the connection in
     trouble: what is asked is not reached through ``nc``'s server)."""
@@ -452,7 +485,12 @@ async def call(nc: NATS, subject: str, message: BaseModel, reply: type[M], *, ti
 
         headers = signature_headers(signer, subject, data)
     msg = await nc.request(subject, data, timeout=timeout, headers=headers)
-    raw = json.loads(msg.data)
+    return parsed(msg.data, reply)
+
+
+def parsed(data: bytes, reply: type[M]) -> M:
+    """A reply's payload as ``reply``, or :class:`WireError` if it is an error reply."""
+    raw = json.loads(data)
     if isinstance(raw, dict) and raw.get("ok") is False:
         err = ErrorReply.model_validate(raw).error
         raise WireError(err.code, err.message)

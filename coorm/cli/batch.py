@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from coorm.cli.live import _connect, _failure, _fmt_time, _human, _line, _settings, run
+from coorm.cli.live import _call, _connect, _failure, _fmt_time, _human, _line, _settings, run
 from coorm.cli.table import SHORT_STATE, print_history, print_queue
 from coorm.shared.jobids import is_job_id
 
@@ -158,10 +158,10 @@ def _query(**kw):
     async def pages():
         nc = await _connect(settings)
         try:
-            first = await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(**kw), BatchQueryReply, timeout=10)
+            first = await _call(nc, settings, subjects.BATCH_QUERY, BatchQuery(**kw), BatchQueryReply, timeout=10)
             while len(first.jobs) < first.total:
-                page = await bus.call(nc, subjects.BATCH_QUERY, BatchQuery(**kw, offset=len(first.jobs)),
-                                      BatchQueryReply, timeout=10)
+                page = await _call(nc, settings, subjects.BATCH_QUERY, BatchQuery(**kw, offset=len(first.jobs)),
+                                   BatchQueryReply, timeout=10)
                 if not page.jobs:
                     break  # (fewer than when the first page was read)
                 first.jobs += page.jobs

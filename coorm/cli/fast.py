@@ -414,6 +414,7 @@ def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
     from nats.errors import TimeoutError as NatsTimeout
 
     from coorm.shared import bus
+    from coorm.shared.connection import nats_servers
     from coorm.shared.endpoints import Role
     from coorm.shared.settings import Settings
 
@@ -423,8 +424,10 @@ def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
         nc = await bus.connect_client(settings.nats_url, "coorm-cli", timeout=settings.connect_timeout,
                                       reconnect_window=settings.reconnect_window,
                                       source=settings.source_of("nats_url"), identity=settings.identity(Role.LAUNCHER))
-        try:
-            return (await nc.request(subject, payload, timeout=10)).data
+        try:  # (nobody serving it there: asked again, through another server of the list, as _Asker does)
+            return (await bus.request_moving(nc, nats_servers(settings.nats_url), subject, payload, timeout=10,
+                                             within=RETRY_NO_RESPONDERS, name="coorm-cli",
+                                             identity=settings.identity(Role.LAUNCHER))).data
         finally:
             await bus.shutdown(nc)
 

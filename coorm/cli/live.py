@@ -108,6 +108,21 @@ async def _connect(settings: Settings, name: str = "coorm-cli"):
                                     source=settings.source_of("nats_url"), identity=settings.identity(Role.LAUNCHER))
 
 
+async def _call(nc, settings: Settings, subject: str, message, reply, *, timeout: float,
+                within: float | None = None, identity=None):
+    """``bus.call_moving``: a request nobody serves through ``nc``'s server is sent again, through another
+    server of the list when one has it answered, for ``within`` seconds (the light path's
+    ``RETRY_NO_RESPONDERS`` by default), as the light path does."""
+    from coorm.cli.fast import RETRY_NO_RESPONDERS
+    from coorm.shared import bus
+    from coorm.shared.connection import nats_servers
+    from coorm.shared.endpoints import Role
+
+    return await bus.call_moving(nc, nats_servers(settings.nats_url), subject, message, reply, timeout=timeout,
+                                 within=RETRY_NO_RESPONDERS if within is None else within, name="coorm-cli",
+                                 identity=identity or settings.identity(Role.LAUNCHER))
+
+
 def _redis(settings: Settings):
     """A Redis client that gives up as a NATS client does (redis-py would wait for the OS's timeout)."""
     from coorm.shared.valkey import sync_client
@@ -296,20 +311,20 @@ async def _launch(settings: Settings, app_spec, command: list[str], name: str) -
 PAGE = 1000  # applications and requests per status reply (one reply must fit in a NATS message)
 
 
-async def _status(settings: Settings, *, everything: bool = True):
+async def _status(settings: Settings, *, everything: bool = True, within: float | None = None):
     """The status; with ``everything``, every application and request (page after page), else the counts
-    only."""
+    only. Nobody serving it is waited for ``within`` seconds (:func:`_call`)."""
     from coorm.shared import bus, subjects
     from coorm.shared.protocol import StatusQuery, StatusReply
 
     nc = await _connect(settings)
     try:
-        st = await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(limit=PAGE if everything else 0), StatusReply,
-                            timeout=5)
+        st = await _call(nc, settings, subjects.QUERY_STATUS, StatusQuery(limit=PAGE if everything else 0),
+                         StatusReply, timeout=5, within=within)
         offset = PAGE
         while everything and (len(st.apps) < st.total_apps or len(st.requests) < st.total_requests):
-            page = await bus.call(nc, subjects.QUERY_STATUS, StatusQuery(offset=offset, limit=PAGE), StatusReply,
-                                  timeout=5)
+            page = await _call(nc, settings, subjects.QUERY_STATUS, StatusQuery(offset=offset, limit=PAGE),
+                               StatusReply, timeout=5, within=within)
             if not page.apps and not page.requests:
                 break  # (fewer than when the first page was read)
             st.apps += page.apps
@@ -437,9 +452,9 @@ def node_drain(nodes: list[str], reason: str, *, drain: bool) -> None:
                                       source=settings.source_of("nats_url"), identity=ident)
         try:
             for cluster, ns in clusters.items():
-                await bus.call(nc, subjects.NODES_EVENT, NodesEvent(kind="drain" if drain else "resume",
-                                                                    cluster=cluster, nodes=ns, reason=reason), Ack,
-                               timeout=10)
+                await _call(nc, settings, subjects.NODES_EVENT, NodesEvent(
+                    kind="drain" if drain else "resume", cluster=cluster, nodes=ns, reason=reason), Ack,
+                    timeout=10, identity=ident)
         finally:
             await bus.shutdown(nc)
 

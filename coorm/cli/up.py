@@ -263,7 +263,7 @@ class Up:
                     code = c.proc.returncode if c.proc is not None else None
                     raise RuntimeError(f"{name} exited with code {code}; see {self.log_dir / name}.log")
             try:
-                st = run(_status(self.settings, everything=False))
+                st = run(_status(self.settings, everything=False, within=0))  # (its children are watched)
                 up = {c.cluster: c.up for c in st.clusters}
                 if all(up.get(c) == n for c, n in self.clusters.items()):
                     return

@@ -27,6 +27,7 @@ from tests.live.test_batch import ended
 from tests.live.test_system import _settings, rq
 
 FAST = [sys.executable, "-m", "coorm.cli.fast"]
+FULL = [sys.executable, "-m", "coorm.cli.main"]
 
 
 @pytest.fixture
@@ -46,11 +47,11 @@ def lone_server(servers, tmp_path):
         proc.wait()
 
 
-def _fast(args: list[str], nats_url: str, servers, tmp_path) -> subprocess.CompletedProcess:
+def _fast(args: list[str], nats_url: str, servers, tmp_path, entry=FAST) -> subprocess.CompletedProcess:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("COORM_")},
            "COORM_CONNECTION_FILE": str(tmp_path / "none.json"), "COORM_NATS_URL": nats_url,
            "COORM_CREDENTIALS_DIR": str(servers.credentials)}
-    return subprocess.run([*FAST, *args], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    return subprocess.run([*entry, *args], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
 
 
 async def test_a_command_told_no_responders_asks_through_the_next_server(servers, redis_url, lone_server, tmp_path):
@@ -96,3 +97,22 @@ async def test_a_session_opening_where_nobody_serves_it_moves_to_a_server_that_d
                 assert (ev.pid, ev.code, ev.killed) == (pid, 5, False)
         finally:
             await nc.close()
+
+
+async def test_the_full_command_lines_queries_ask_through_the_server_that_reaches_the_rms(servers, redis_url,
+                                                                                        lone_server, tmp_path):
+    """``coorm status`` and ``coorm apps`` (the full command line: nats-py, which picks a server of the list at
+    random) answered "no responders" by the lone server move to the second and are answered there; run 6
+    times each, so that the lone server is met (each run has even odds). The lone server alone: exit 3 after
+    the retry, with its message."""
+    settings = _settings(servers)
+    async with LocalStack(settings, {"c0": 2}):
+        urls = f"{lone_server},{servers.nats_url}"
+        for _ in range(6):
+            run = await asyncio.to_thread(_fast, ["status", "--json"], urls, servers, tmp_path, FULL)
+            assert run.returncode == 0, run.stderr
+            assert {c["cluster"]: c["up"] for c in json.loads(run.stdout)["clusters"]} == {"c0": 2}, run.stdout
+            run = await asyncio.to_thread(_fast, ["apps"], urls, servers, tmp_path, FULL)
+            assert run.returncode == 0, run.stderr
+        run = await asyncio.to_thread(_fast, ["status"], lone_server, servers, tmp_path, FULL)
+        assert run.returncode == 3 and "answers but no CooRM service does" in run.stderr, run.stderr
