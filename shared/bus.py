@@ -213,20 +213,32 @@ async def answered_through(url: str, name: str, identity: Identity | None, ask: 
 
 
 async def request_moving(nc: NATS, urls: list[str], subject: str, data: bytes, *, timeout: float, within: float,
-                         name: str, identity: Identity | None) -> Msg:
+                         name: str, identity: Identity | None, resend_after: float | None = None) -> Msg:
     """``nc.request`` for a one-shot client (a command): a request no one serves through ``nc``'s server ("no
     responders") took nothing, so it is sent again for ``within`` seconds -- and, when it is answered through
     another server of ``urls`` (a server cut from its cluster, alive, its services gone to the others), ``nc``
-    moves there first. Then :class:`nats.errors.NoRespondersError`, as from ``nc.request``."""
+    moves there first. Then :class:`nats.errors.NoRespondersError`, as from ``nc.request``. With
+    ``resend_after`` (a request safe to send twice), one unanswered that long, then twice as long, is sent
+    again, for ``timeout`` in all."""
     loop = asyncio.get_running_loop()
     give_up, delay = loop.time() + within, 0.05
 
     async def ask(c: NATS) -> Msg:
         return await c.request(subject, data, timeout=timeout)
 
+    async def sent() -> Msg:
+        wait, answer_by = resend_after or timeout, loop.time() + timeout
+        while True:
+            try:
+                return await nc.request(subject, data, timeout=max(0.1, min(wait, answer_by - loop.time())))
+            except nats.errors.TimeoutError:
+                if resend_after is None or loop.time() >= answer_by:
+                    raise
+                wait *= 2
+
     while True:
         try:
-            return await ask(nc)
+            return await sent()
         except nats.errors.NoRespondersError:
             if loop.time() + delay > give_up:
                 raise
@@ -238,10 +250,11 @@ async def request_moving(nc: NATS, urls: list[str], subject: str, data: bytes, *
 
 
 async def call_moving(nc: NATS, urls: list[str], subject: str, message: BaseModel, reply: type[M], *,
-                      timeout: float, within: float, name: str, identity: Identity | None) -> M:
+                      timeout: float, within: float, name: str, identity: Identity | None,
+                      resend_after: float | None = None) -> M:
     """:func:`call` through :func:`request_moving`."""
     msg = await request_moving(nc, urls, subject, encode(message), timeout=timeout, within=within, name=name,
-                               identity=identity)
+                               identity=identity, resend_after=resend_after)
     return parsed(msg.data, reply)
 
 

@@ -622,6 +622,9 @@ class BatchSubmit(_Msg):
     # inbox (``_INBOX.u.<user>.``) as :class:`BatchAttached` events, instead of files; the job is cancelled
     # when nothing listens there any more (the command was killed)
     attach: str | None = Field(default=None, max_length=256, pattern=r"^_INBOX\.u\.[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+$")
+    # the submitter's own id for this submission (random): sent again -- its reply lost or late, the service
+    # stopped or moving -- it is answered with the job it made, not a second one (ids kept for 10 minutes)
+    submission: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{16,64}$")
 
 
 class BatchAttached(_Msg):

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 EXIT_REFUSED, EXIT_UNREACHABLE = 2, 3
 RETRY_NO_RESPONDERS = 10.0  # seconds past the connect timeout a request nobody serves is sent again (round the list)
+REPLY_WITHIN = 10.0  # seconds a request waits for its reply (over all its sends, for one sent again)
+RESEND_AFTER = 2.0  # seconds after which a request safe to send twice is sent again (then 4 s...)
 
 # coorm batch's options: the value-taking ones (as in #COORM directives), and the flags
 _VALUED = {"-N", "--nodes", "-t", "--time", "-J", "--job-name", "-o", "--output", "-e", "--error", "-a", "--array",
@@ -206,7 +208,7 @@ def submit_job(opts, *, argv: list[str], script: str | None, default_name: str, 
     message = submission(opts, argv=argv, script=script, default_name=default_name, open_mode=open_mode)
     if wrap is not None:
         message["wrap"] = wrap
-    reply = request(subjects.batch_submit, message, "the batch service")
+    reply = request(subjects.batch_submit, message, "the batch service", resend=True)
     print(f"Submitted batch job {reply['job']}")
     return 0
 
@@ -229,7 +231,8 @@ def submission(opts, *, argv: list[str], script: str | None, default_name: str, 
     message = {"argv": argv, "script": script, "nodes": opts.nodes or 1, "walltime": walltime,
                "cluster": opts.cluster, "name": (opts.name or default_name)[:128], "output": opts.output,
                "error": opts.error, "open_mode": open_mode, "array": opts.array, "dependency": opts.dependency,
-               "hold": bool(opts.hold), "env": env, "cwd": cwd}
+               "hold": bool(opts.hold), "env": env, "cwd": cwd,
+               "submission": os.urandom(16).hex()}  # (sent again, it is answered with the job it made)
     return {k: v for k, v in message.items() if v is not None}
 
 
@@ -358,7 +361,7 @@ def pages(subject: str, body: dict, service: str) -> tuple[float, list[dict]]:
     jobs: list[dict] = []
     with asker:
         while True:
-            data = asker.ask(subject, json.dumps({**body, "offset": len(jobs), "limit": PAGE}).encode())
+            data = asker.ask(subject, json.dumps({**body, "offset": len(jobs), "limit": PAGE}).encode(), resend=True)
             if data is None:
                 raise no_service(where, service)
             reply = json.loads(data)
@@ -371,9 +374,9 @@ def pages(subject: str, body: dict, service: str) -> tuple[float, list[dict]]:
 # ================================================================================================
 # one request over NATS's text protocol
 # ================================================================================================
-def request(subject_of: Callable[[str], str], body: dict, service: str) -> dict:
+def request(subject_of: Callable[[str], str], body: dict, service: str, resend: bool = False) -> dict:
     """``body`` on the user's subject ``subject_of(user)``; the reply, or :class:`Failed` as the full command
-    line words it."""
+    line words it. ``resend``: safe to send twice (:meth:`_Asker.ask`)."""
     from coorm.shared.connection import Client, CredentialsError, redact
 
     try:
@@ -385,9 +388,9 @@ def request(subject_of: Callable[[str], str], body: dict, service: str) -> dict:
     payload = json.dumps(body).encode()
     subject = subject_of(client.user)
     if not all(u.startswith("nats://") for u in url.split(",")):
-        data = _via_nats_py(subject, payload)  # TLS, websockets: nats-py's
+        data = _via_nats_py(subject, payload, resend)  # TLS, websockets: nats-py's
     else:
-        data = _via_socket(client, subject, payload, where)
+        data = _via_socket(client, subject, payload, where, resend)
     if data is None:
         raise no_service(where, service)
     reply = json.loads(data)
@@ -407,7 +410,7 @@ def refuse_error(reply: dict) -> None:
         raise Failed(f"refused: {reply['error'].get('message')}", EXIT_REFUSED)
 
 
-def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
+def _via_nats_py(subject: str, payload: bytes, resend: bool) -> bytes | None:
     import asyncio
 
     from nats.errors import NoRespondersError
@@ -425,9 +428,10 @@ def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
                                       reconnect_window=settings.reconnect_window,
                                       source=settings.source_of("nats_url"), identity=settings.identity(Role.LAUNCHER))
         try:  # (nobody serving it there: asked again, through another server of the list, as _Asker does)
-            return (await bus.request_moving(nc, nats_servers(settings.nats_url), subject, payload, timeout=10,
-                                             within=RETRY_NO_RESPONDERS, name="coorm-cli",
-                                             identity=settings.identity(Role.LAUNCHER))).data
+            return (await bus.request_moving(nc, nats_servers(settings.nats_url), subject, payload,
+                                             timeout=REPLY_WITHIN, within=RETRY_NO_RESPONDERS, name="coorm-cli",
+                                             identity=settings.identity(Role.LAUNCHER),
+                                             resend_after=RESEND_AFTER if resend else None)).data
         finally:
             await bus.shutdown(nc)
 
@@ -441,9 +445,9 @@ def _via_nats_py(subject: str, payload: bytes) -> bytes | None:
         raise Failed(f"CooRM at {bus.redact(settings.nats_url)} did not answer in time", EXIT_UNREACHABLE) from None
 
 
-def _via_socket(client, subject: str, payload: bytes, where: str) -> bytes | None:
+def _via_socket(client, subject: str, payload: bytes, where: str, resend: bool) -> bytes | None:
     with _Asker(client, where) as asker:
-        return asker.ask(subject, payload)
+        return asker.ask(subject, payload, resend)
 
 
 class _Asker:
@@ -470,17 +474,27 @@ class _Asker:
         if isinstance(error, (OSError, ValueError)):
             raise Failed(self.conn.unreachable, EXIT_UNREACHABLE) from None
 
-    def ask(self, subject: str, payload: bytes) -> bytes | None:
-        """The reply's payload; None when no server of the list had it served until the end."""
-        delay = 0.05
+    def ask(self, subject: str, payload: bytes, resend: bool = False) -> bytes | None:
+        """The reply's payload; None when no server of the list had it served until the end. ``resend``: the
+        request is safe to send twice (a query; a submission carrying its own id), so one unanswered after
+        :data:`RESEND_AFTER`, then twice as long, is sent again -- its reply lost as a service moved, or
+        late -- for :data:`REPLY_WITHIN` in all; the first reply to come is taken."""
+        delay, wait = 0.05, RESEND_AFTER if resend else REPLY_WITHIN
+        answer_by = time.monotonic() + REPLY_WITHIN
         while True:
             conn, sub = self.conn, b""
             if self.subscribed is not conn:  # (the SUB with a connection's first request: one write, one trip)
-                conn.sock.settimeout(10.0)
                 self.inbox, self.subscribed = f"{conn.inbox}.{os.urandom(8).hex()}", conn
                 sub = f"SUB {self.inbox} 1\r\n".encode()
+            conn.sock.settimeout(max(0.1, min(wait, answer_by - time.monotonic())))
             conn.send(sub + f"PUB {subject} {self.inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
-            data = conn.reply()
+            try:
+                data = conn.reply()
+            except TimeoutError:
+                if not resend or time.monotonic() >= answer_by:
+                    raise
+                wait *= 2  # (what was read of a reply stays buffered: the next read goes on from there)
+                continue
             if data is not None or time.monotonic() + delay > self.give_up:
                 return data
             self.conn = self._next_server()

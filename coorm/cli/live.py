@@ -109,18 +109,20 @@ async def _connect(settings: Settings, name: str = "coorm-cli"):
 
 
 async def _call(nc, settings: Settings, subject: str, message, reply, *, timeout: float,
-                within: float | None = None, identity=None):
-    """``bus.call_moving``: a request nobody serves through ``nc``'s server is sent again, through another
-    server of the list when one has it answered, for ``within`` seconds (the light path's
-    ``RETRY_NO_RESPONDERS`` by default), as the light path does."""
-    from coorm.cli.fast import RETRY_NO_RESPONDERS
+                within: float | None = None, identity=None, query: bool = True):
+    """``bus.call_moving``, as the light path asks: a request nobody serves through ``nc``'s server is sent
+    again, through another server of the list when one has it answered, for ``within`` seconds (the light
+    path's ``RETRY_NO_RESPONDERS`` by default); a ``query`` (safe to send twice) unanswered after
+    ``RESEND_AFTER`` is sent again too."""
+    from coorm.cli.fast import RESEND_AFTER, RETRY_NO_RESPONDERS
     from coorm.shared import bus
     from coorm.shared.connection import nats_servers
     from coorm.shared.endpoints import Role
 
     return await bus.call_moving(nc, nats_servers(settings.nats_url), subject, message, reply, timeout=timeout,
                                  within=RETRY_NO_RESPONDERS if within is None else within, name="coorm-cli",
-                                 identity=identity or settings.identity(Role.LAUNCHER))
+                                 identity=identity or settings.identity(Role.LAUNCHER),
+                                 resend_after=RESEND_AFTER if query else None)
 
 
 def _redis(settings: Settings):
@@ -454,7 +456,7 @@ def node_drain(nodes: list[str], reason: str, *, drain: bool) -> None:
             for cluster, ns in clusters.items():
                 await _call(nc, settings, subjects.NODES_EVENT, NodesEvent(
                     kind="drain" if drain else "resume", cluster=cluster, nodes=ns, reason=reason), Ack,
-                    timeout=10, identity=ident)
+                    timeout=10, identity=ident, query=False)
         finally:
             await bus.shutdown(nc)
 

@@ -341,7 +341,13 @@ class BatchService:
         cluster = await self._check_size(msg)
         msg = msg.model_copy(update={"cluster": cluster})
         dep_terms = tuple(Dep(d.kind, tuple(d.jobs)) for d in deps.terms) if deps else ()
-        async with self._lock:
+        made = None if msg.submission is None else keys.batch_submission(user, msg.submission)
+        async with self._lock:  # (a copy of the submission handled meanwhile has written its job down)
+            known = None if made is None else await self.redis.get(made)
+            if known is not None:  # sent again: its reply was lost or late
+                job, count = known.split()
+                log.info("submission sent again: answered with its job", job=job, user=user)
+                return BatchSubmitReply(job=job, tasks=int(count))
             now = self.clock()
             n = int(await self.redis.incr(keys.BATCH_SEQ))
             sid = str(n)
@@ -362,10 +368,12 @@ class BatchService:
                                             deps=[[d.kind, list(d.jobs)] for d in dep_terms],
                                             deps_any=j.deps_any, throttle=throttle)
             # written before it is answered: an accepted job is never lost (a job written but not answered --
-            # the service died in between -- runs all the same; the user sees it in the queue). Its submission
-            # and its records in one transaction: one round trip
-            await self._flush(spec=(sid, json.dumps({"submit": msg.model_dump(mode="json"), "user": user,
-                                                     "submitted": now})))
+            # the service died in between -- runs all the same; the user sees it in the queue, and a command
+            # sending the same submission again is answered with it). Its submission, its records and its
+            # submission id in one transaction: one round trip
+            await self._persist_jobs(self.core.take_changed(), spec=(sid, json.dumps({
+                "submit": msg.model_dump(mode="json"), "user": user, "submitted": now})),
+                made=None if made is None else (made, f"{sid} {len(jobs)}"))
         log.info("submitted", job=sid, user=user, tasks=len(jobs), nodes=msg.nodes, cluster=cluster)
         if msg.attach is not None and self.core.jobs[sid].state not in ENDED:
             self._attach(sid, msg)  # watched from now: a command killed while its job waits cancels it
@@ -921,18 +929,24 @@ class BatchService:
         r.state, r.reason, r.started, r.ended, r.exit_code = j.state.value, j.reason, j.started, j.ended, j.exit_code
         return r
 
-    async def _flush(self, spec: tuple[str, str] | None = None) -> None:
-        await self._persist_jobs(self.core.take_changed(), spec)
+    async def _flush(self) -> None:
+        await self._persist_jobs(self.core.take_changed())
 
     async def _persist_jobs(self, ids: list[str], spec: tuple[str, str] | None = None,
-                            also: Sequence[Record] = ()) -> None:
+                            also: Sequence[Record] = (), made: tuple[str, str] | None = None) -> None:
         """Write the jobs' records; an ended one moves to the history (and its submission goes with its last
         job). ``spec``: a new submission (id, text), written with them; ``also``: records of live jobs that
-        changed outside the queue (:meth:`save_many`'s), written with them."""
+        changed outside the queue (:meth:`save_many`'s), written with them; ``made``: the submission's own id's
+        key and the job it made (``keys.batch_submission``), written with them."""
         assert self.redis is not None
         if not ids:
-            if spec is not None:
-                await self.redis.hset(keys.BATCH_SPECS, *spec)
+            if spec is not None or made is not None:
+                async with self.redis.pipeline(transaction=True) as p:
+                    if spec is not None:
+                        p.hset(keys.BATCH_SPECS, *spec)
+                    if made is not None:
+                        p.set(*made, ex=keys.BATCH_SUBMISSION_KEPT)
+                    await p.execute()
             await self.save_many(list(also))
             return
         live: dict[str, str] = {r.id: _dump(r) for r in also if JobState(r.state) not in ENDED and r.id not in ids}
@@ -943,6 +957,8 @@ class BatchService:
         async with self.redis.pipeline(transaction=True) as p:
             if spec is not None:
                 p.hset(keys.BATCH_SPECS, *spec)
+            if made is not None:
+                p.set(*made, ex=keys.BATCH_SUBMISSION_KEPT)
             if live:
                 p.hset(keys.BATCH_JOBS, mapping=live)
             for r in ended:

@@ -12,6 +12,7 @@ from coorm.cli import fast
 from coorm.shared.connection import Client, CredentialsError
 from coorm.shared.credentials import CredentialStore, new_identity
 from coorm.shared.endpoints import Role
+from coorm.shared.protocol import BatchSubmit
 from coorm.shared.settings import Settings
 
 ME = getpass.getuser()
@@ -70,7 +71,7 @@ def test_an_identity_file_or_a_seed_in_the_environment(clean, monkeypatch):
 def sent(monkeypatch, tmp_path):
     """What the fast path would send (the request itself is the live tests')."""
     out: list[dict] = []
-    monkeypatch.setattr(fast, "request", lambda verb, body, service: out.append(body) or {"job": "7"})
+    monkeypatch.setattr(fast, "request", lambda verb, body, service, resend=False: out.append(body) or {"job": "7"})
     monkeypatch.chdir(tmp_path)
     return out
 
@@ -83,6 +84,9 @@ def test_batch_options_override_the_directives(sent, tmp_path, capsys):
                                                                                               "c1", "0-3%2")
     assert body["argv"] == ["x", "-N", "9"] and body["script"].startswith("#!/bin/sh")
     assert body["cwd"] == str(tmp_path) and capsys.readouterr().out == "Submitted batch job 7\n"
+    assert BatchSubmit.model_validate(body).submission  # its own id: sent again, it makes no second job
+    assert fast.run(["batch", "job.sh"]) == 0
+    assert sent[1]["submission"] != body["submission"]  # (a submission's own, not the command line's)
 
 
 def test_submit_no_wait_queues_its_command(sent):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import json
 import os
 import signal
 import subprocess
@@ -293,6 +294,42 @@ async def test_another_user_can_neither_cancel_nor_hold_my_jobs(stack, nc, tmp_p
         await bus.shutdown(theirs)
     assert await state_of(nc, job) == "held"
     await control(nc, "cancel", jobs=[job])
+
+
+async def test_a_submission_sent_again_is_answered_with_the_job_it_made(stack, nc, tmp_path, servers):
+    """A submission carrying its own id (``coorm batch`` sends one) sent twice -- its reply lost, late, or the
+    service moving -- makes one job: the second is answered with the first's. The id is the user's own:
+    another user sending the same makes a job of theirs. A malformed id is refused and makes nothing."""
+    token = os.urandom(16).hex()
+    first = await bus.call(nc, subjects.batch_submit(ME), BatchSubmit(
+        argv=["true"], array="0-2", hold=True, walltime=60, cwd=str(tmp_path), submission=token),
+        BatchSubmitReply, timeout=10)
+    again = await bus.call(nc, subjects.batch_submit(ME), BatchSubmit(
+        argv=["true"], array="0-2", hold=True, walltime=60, cwd=str(tmp_path), submission=token),
+        BatchSubmitReply, timeout=10)
+    assert (again.job, again.tasks) == (first.job, first.tasks) == (first.job, 3)
+    other = await submit(nc, tmp_path, argv=["true"], hold=True, submission=os.urandom(16).hex())
+    assert other != first.job
+    store = CredentialStore(servers.credentials)
+    store.add_user(OTHER)
+    assert store.reload_nats()
+    await _until_admitted(servers.nats_url, store.user(OTHER))
+    theirs = await bus.connect(servers.nats_url, "other", store.user(OTHER))
+    try:
+        reply = await bus.call(theirs, subjects.batch_submit(OTHER), BatchSubmit(
+            argv=["true"], hold=True, walltime=60, cwd=str(tmp_path), submission=token), BatchSubmitReply, timeout=10)
+        assert reply.job not in (first.job, other)
+        await control(theirs, "cancel", user=OTHER, jobs=[reply.job])
+    finally:
+        await bus.shutdown(theirs)
+    before = (await query(nc)).total
+    for bad in ("short", "x" * 65, "has space in it here", "../../../etc/passwd..."):
+        body = BatchSubmit(argv=["true"], hold=True, walltime=60, cwd=str(tmp_path)).model_dump(mode="json")
+        raw = (await nc.request(subjects.batch_submit(ME), json.dumps({**body, "submission": bad}).encode(),
+                                timeout=10)).data
+        assert json.loads(raw)["error"]["code"] == "bad_message", raw
+    assert (await query(nc)).total == before
+    await control(nc, "cancel", jobs=[first.job, other])
 
 
 # ==================================================================================================
@@ -651,5 +688,53 @@ async def test_a_job_of_its_own_session_reaped_before_it_started_enters_the_rms_
             assert (rec.state, rec.exit_code) == ("failed", 3), rec
         finally:
             await holder.close()
+            await bus.shutdown(conn)
+            batch.stop_all()
+
+
+async def test_coorm_batch_sent_again_while_the_batch_service_is_stopped_makes_one_job(servers, redis_url,
+                                                                                      tmp_path):
+    """``coorm batch`` whose submission goes unanswered -- the batch service stopped (SIGSTOP) -- sends it
+    again (the same submission id) after 2 s; continued, the service reads both copies: one job is made,
+    the command prints its id and exits 0, and the job runs. Before, the command waited 10 s, exited 3 with
+    "did not answer in time" whether or not its job had been queued, and a copy sent again made a second job."""
+    batch = BatchProcesses(servers, tmp_path)
+    batch.start()
+    async with LocalStack(batch.settings, {"c0": 2}) as stack:
+        conn = await bus.connect(stack.settings.nats_url, "test-user", stack.settings.identity(Role.LAUNCHER))
+        tap = await bus.connect(stack.settings.nats_url, "test-tap", stack.settings.identity(Role.SERVICE))
+        try:
+            await _until_served(conn)
+            sent: list[str | None] = []
+
+            async def seen(msg) -> None:
+                sent.append(BatchSubmit.model_validate_json(msg.data).submission)
+
+            await tap.subscribe(subjects.batch_submit(ME), cb=seen)
+            await tap.flush()
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("COORM_")},
+                   "COORM_CONNECTION_FILE": str(tmp_path / "none.json"), "COORM_NATS_URL": servers.nats_url,
+                   "COORM_CREDENTIALS_DIR": str(servers.credentials)}
+            os.killpg(batch.procs[-1].pid, signal.SIGSTOP)
+            try:
+                command = asyncio.create_task(asyncio.to_thread(
+                    subprocess.run, [sys.executable, "-m", "coorm.cli.fast", "batch", "-J", "sent-again", "-t", "1m",
+                                     "--wrap", "exit 0"], env=env, capture_output=True, text=True, timeout=60,
+                    cwd=tmp_path))
+                await wait_until(lambda: len(sent) >= 2, WAIT, "the submission sent again")
+            finally:
+                os.killpg(batch.procs[-1].pid, signal.SIGCONT)
+            run = await command
+            assert run.returncode == 0, run.stderr
+            assert run.stdout.startswith("Submitted batch job "), run.stdout
+            job = run.stdout.split()[-1]
+            assert sent[0] is not None and set(sent) == {sent[0]}, sent  # one submission, sent again
+            (rec,) = await ended(conn, job)
+            assert (rec.state, rec.exit_code) == ("completed", 0), rec
+            history = await query(conn, ended=True, since=0.0)
+            assert [j.id for j in history.jobs if j.name == "sent-again"] == [job], history.jobs
+            assert not [j for j in (await query(conn)).jobs if j.name == "sent-again"]
+        finally:
+            await bus.shutdown(tap)
             await bus.shutdown(conn)
             batch.stop_all()
