@@ -461,7 +461,7 @@ class _Asker:
         self.client, self.where = client, where
         self.conn = connect(client, where)
         self.give_up = self.conn.deadline + RETRY_NO_RESPONDERS
-        self.inbox = ""
+        self.inbox, self.asked = "", 0
         self.subscribed: Conn | None = None  # (the connection the inbox is subscribed on)
 
     def __enter__(self) -> _Asker:
@@ -481,15 +481,17 @@ class _Asker:
         late -- for :data:`REPLY_WITHIN` in all; the first reply to come is taken."""
         delay, wait = 0.05, RESEND_AFTER if resend else REPLY_WITHIN
         answer_by = time.monotonic() + REPLY_WITHIN
+        self.asked += 1  # (a reply subject of its own: a late reply to an earlier request is not this one's)
         while True:
             conn, sub = self.conn, b""
             if self.subscribed is not conn:  # (the SUB with a connection's first request: one write, one trip)
                 self.inbox, self.subscribed = f"{conn.inbox}.{os.urandom(8).hex()}", conn
-                sub = f"SUB {self.inbox} 1\r\n".encode()
+                sub = f"SUB {self.inbox}.* 1\r\n".encode()
+            reply_to = f"{self.inbox}.{self.asked}"
             conn.sock.settimeout(max(0.1, min(wait, answer_by - time.monotonic())))
-            conn.send(sub + f"PUB {subject} {self.inbox} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
+            conn.send(sub + f"PUB {subject} {reply_to} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
             try:
-                data = conn.reply()
+                data = conn.reply(reply_to)
             except TimeoutError:
                 if not resend or time.monotonic() >= answer_by:
                     raise
@@ -668,18 +670,24 @@ class Conn:
             raise ValueError(line)
         return line
 
-    def reply(self) -> bytes | None:
-        """The reply's payload; None when no one serves the subject (a 503 status, as no_responders asks)."""
+    def reply(self, to: str | None = None) -> bytes | None:
+        """The reply's payload (to the subject ``to`` only, when given: another is an earlier request's, late);
+        None when no one serves the subject (a 503 status, as no_responders asks)."""
         while True:
             line = self.line()
             if line == "PING":
                 self.send(b"PONG\r\n")
             elif line.startswith("MSG "):
-                return self.take(int(line.split()[-1]))
+                fields = line.split()
+                data = self.take(int(fields[-1]))
+                if to is None or fields[1] == to:
+                    return data
             elif line.startswith("HMSG "):
                 fields = line.split()
                 hdr, total = int(fields[-2]), int(fields[-1])
                 raw = self.take(total)
+                if to is not None and fields[1] != to:
+                    continue
                 if raw[:hdr].split(b"\r\n", 1)[0].split()[1:2] == [b"503"]:
                     return None
                 return raw[hdr:]
