@@ -67,10 +67,11 @@ BATCH_JOBS = f"{BATCH}:jobs"  # hash job id -> its state record (JSON): every jo
 BATCH_HISTORY = f"{BATCH}:history"  # hash job id -> the record of an ended job (BatchJob JSON)
 BATCH_ENDED = f"{BATCH}:ended"  # zset job id -> when it ended: the history, by end time
 BATCH_FARMS = f"{BATCH}:farms"  # hash farm id (an array's, or farm-<hex>) -> its session, asked requests, shape
-BATCH_SUBMISSION_KEPT = 600  # seconds a submission's id is remembered: a command resends for far less
+BATCH_ANSWER_KEPT = 600  # seconds a submission's or command's id is remembered: a command resends for far less
 
 
-def batch_submission(user: str, submission: str) -> str:
-    """string "<job> <tasks>": the job a user's submission (``BatchSubmit.submission``) made, for
-    :data:`BATCH_SUBMISSION_KEPT` seconds: the same submission sent again is answered with it."""
-    return f"{BATCH}:submission:{user}:{submission}"
+def batch_answer(user: str, sent: str) -> str:
+    """string: the reply (JSON) the batch service gave a user's submission or command carrying its own id
+    ``sent`` (``BatchSubmit.submission``, ``BatchControl.command``), for :data:`BATCH_ANSWER_KEPT` seconds:
+    the same one sent again is answered with it, not carried out twice."""
+    return f"{BATCH}:answer:{user}:{sent}"

@@ -29,6 +29,8 @@ from coorm.shared.negotiation import MAX_NODES, Answer, NegotiationTerms
 from coorm.shared.requests import MAX_BATCH, Identifier, RequestSpec
 
 Steps = list[tuple[float, int]]
+# a request's own id, chosen by its sender (random), for requests that must not be carried out twice
+SENT_ID_PATTERN = r"^[A-Za-z0-9_-]{16,64}$"
 
 
 class _Msg(BaseModel):
@@ -624,7 +626,7 @@ class BatchSubmit(_Msg):
     attach: str | None = Field(default=None, max_length=256, pattern=r"^_INBOX\.u\.[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+$")
     # the submitter's own id for this submission (random): sent again -- its reply lost or late, the service
     # stopped or moving -- it is answered with the job it made, not a second one (ids kept for 10 minutes)
-    submission: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{16,64}$")
+    submission: str | None = Field(default=None, pattern=SENT_ID_PATTERN)
 
 
 class BatchAttached(_Msg):
@@ -657,6 +659,9 @@ class BatchControl(_Msg):
                                                                                      max_length=100_000)
     name: str | None = Field(default=None, max_length=128)
     states: list[BatchState] | None = None
+    # the sender's own id for this command (random): sent again -- its reply lost or late -- it is answered as
+    # the first was, not carried out twice (a cancel that took effect would say "already ended")
+    command: str | None = Field(default=None, pattern=SENT_ID_PATTERN)
 
 
 class BatchControlReply(_Msg):

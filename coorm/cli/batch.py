@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,11 +20,12 @@ from coorm.shared.jobids import is_job_id
 
 def _send(subject_of, body: dict) -> dict:
     """One request to the batch service on the user's subject (the fast path's transport: one for every batch
-    command); its failures as every client command says them (exit 3 or 2)."""
+    command), sent again if unanswered (it carries its own id: a copy is answered as the first was); its
+    failures as every client command says them (exit 3 or 2)."""
     from coorm.cli import fast
 
     try:
-        return fast.request(subject_of, body, "the batch service")
+        return fast.request(subject_of, body, "the batch service", resend=True)
     except fast.Failed as e:
         _line(str(e))
         raise typer.Exit(e.code) from None
@@ -108,7 +110,8 @@ def control(verb: str, jobs: list[str], name: str | None, states: list[str] | No
               "array 42)")
         raise typer.Exit(2)
     try:
-        msg = BatchControl(jobs=jobs, name=name, states=_states(states) if states else None)
+        msg = BatchControl(jobs=jobs, name=name, states=_states(states) if states else None,
+                           command=os.urandom(16).hex())
     except ValueError as e:
         _line(f"cannot {verb}: {_one_line(e)}")
         raise typer.Exit(2) from None

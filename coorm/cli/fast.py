@@ -332,7 +332,8 @@ def control(verb: str, argv: list[str]) -> int:
         raise Fallback
     subject = {"cancel": subjects.batch_cancel, "hold": subjects.batch_hold, "release": subjects.batch_release}[verb]
     body: dict = {"jobs": jobs} if name is None else {"jobs": jobs, "name": name}
-    return report_control(verb, request(subject, body, "the batch service"), jobs)
+    body["command"] = os.urandom(16).hex()  # (sent again, it is answered as the first was: not done twice)
+    return report_control(verb, request(subject, body, "the batch service", resend=True), jobs)
 
 
 def report_control(verb: str, reply: dict, named: list[str]) -> int:

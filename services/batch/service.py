@@ -341,13 +341,11 @@ class BatchService:
         cluster = await self._check_size(msg)
         msg = msg.model_copy(update={"cluster": cluster})
         dep_terms = tuple(Dep(d.kind, tuple(d.jobs)) for d in deps.terms) if deps else ()
-        made = None if msg.submission is None else keys.batch_submission(user, msg.submission)
+        answer = None if msg.submission is None else keys.batch_answer(user, msg.submission)
         async with self._lock:  # (a copy of the submission handled meanwhile has written its job down)
-            known = None if made is None else await self.redis.get(made)
-            if known is not None:  # sent again: its reply was lost or late
-                job, count = known.split()
-                log.info("submission sent again: answered with its job", job=job, user=user)
-                return BatchSubmitReply(job=job, tasks=int(count))
+            if (known := await self._answered(answer)) is not None:  # sent again: its reply was lost or late
+                log.info("submission sent again: answered with its job", user=user)
+                return BatchSubmitReply.model_validate_json(known)
             now = self.clock()
             n = int(await self.redis.incr(keys.BATCH_SEQ))
             sid = str(n)
@@ -371,14 +369,20 @@ class BatchService:
             # the service died in between -- runs all the same; the user sees it in the queue, and a command
             # sending the same submission again is answered with it). Its submission, its records and its
             # submission id in one transaction: one round trip
+            reply = BatchSubmitReply(job=sid, tasks=len(jobs))
             await self._persist_jobs(self.core.take_changed(), spec=(sid, json.dumps({
                 "submit": msg.model_dump(mode="json"), "user": user, "submitted": now})),
-                made=None if made is None else (made, f"{sid} {len(jobs)}"))
+                answer=None if answer is None else (answer, reply.model_dump_json()))
         log.info("submitted", job=sid, user=user, tasks=len(jobs), nodes=msg.nodes, cluster=cluster)
         if msg.attach is not None and self.core.jobs[sid].state not in ENDED:
             self._attach(sid, msg)  # watched from now: a command killed while its job waits cancels it
         self._act(actions)
-        return BatchSubmitReply(job=sid, tasks=len(jobs))
+        return reply
+
+    async def _answered(self, answer: str | None) -> str | None:
+        """The reply already given to a submission or command sent again (``keys.batch_answer``), if any."""
+        assert self.redis is not None
+        return None if answer is None else await self.redis.get(answer)
 
     async def _cluster_sizes(self) -> dict[str, int]:
         """Nodes per cluster, up or down (read again after ``SIZES_FOR``)."""
@@ -438,14 +442,20 @@ class BatchService:
         """A user's command on their jobs: ``change(ids, now)`` returns the jobs it changed and what the
         shell must do; the others the user named are ``unchanged``."""
         user = subjects.user_of(raw.subject)
+        answer = None if msg.command is None else keys.batch_answer(user, msg.command)
         async with self._lock:
+            if (known := await self._answered(answer)) is not None:  # sent again: its reply was lost or late
+                log.info(f"{verb} sent again: answered as before", user=user)
+                return BatchControlReply.model_validate_json(known)
             ids = self._select(user, msg)
             changed, actions = change(ids, self.clock())
-            await self._flush()
+            done = set(changed)
+            reply = BatchControlReply(jobs=changed, unchanged=[i for i in ids if i not in done])
+            await self._persist_jobs(self.core.take_changed(),
+                                     answer=None if answer is None else (answer, reply.model_dump_json()))
         self._act(actions)
         log.info(verb, user=user, jobs=len(changed))
-        done = set(changed)
-        return BatchControlReply(jobs=changed, unchanged=[i for i in ids if i not in done])
+        return reply
 
     async def _on_query(self, msg: BatchQuery, raw: Msg) -> BatchQueryReply:
         assert self.redis is not None
@@ -933,19 +943,19 @@ class BatchService:
         await self._persist_jobs(self.core.take_changed())
 
     async def _persist_jobs(self, ids: list[str], spec: tuple[str, str] | None = None,
-                            also: Sequence[Record] = (), made: tuple[str, str] | None = None) -> None:
+                            also: Sequence[Record] = (), answer: tuple[str, str] | None = None) -> None:
         """Write the jobs' records; an ended one moves to the history (and its submission goes with its last
         job). ``spec``: a new submission (id, text), written with them; ``also``: records of live jobs that
-        changed outside the queue (:meth:`save_many`'s), written with them; ``made``: the submission's own id's
-        key and the job it made (``keys.batch_submission``), written with them."""
+        changed outside the queue (:meth:`save_many`'s), written with them; ``answer``: the key of a submission's
+        or command's own id and the reply it gets (``keys.batch_answer``), written with them."""
         assert self.redis is not None
         if not ids:
-            if spec is not None or made is not None:
+            if spec is not None or answer is not None:
                 async with self.redis.pipeline(transaction=True) as p:
                     if spec is not None:
                         p.hset(keys.BATCH_SPECS, *spec)
-                    if made is not None:
-                        p.set(*made, ex=keys.BATCH_SUBMISSION_KEPT)
+                    if answer is not None:
+                        p.set(*answer, ex=keys.BATCH_ANSWER_KEPT)
                     await p.execute()
             await self.save_many(list(also))
             return
@@ -957,8 +967,8 @@ class BatchService:
         async with self.redis.pipeline(transaction=True) as p:
             if spec is not None:
                 p.hset(keys.BATCH_SPECS, *spec)
-            if made is not None:
-                p.set(*made, ex=keys.BATCH_SUBMISSION_KEPT)
+            if answer is not None:
+                p.set(*answer, ex=keys.BATCH_ANSWER_KEPT)
             if live:
                 p.hset(keys.BATCH_JOBS, mapping=live)
             for r in ended:

@@ -296,10 +296,11 @@ async def test_another_user_can_neither_cancel_nor_hold_my_jobs(stack, nc, tmp_p
     await control(nc, "cancel", jobs=[job])
 
 
-async def test_a_submission_sent_again_is_answered_with_the_job_it_made(stack, nc, tmp_path, servers):
+async def test_a_submission_or_command_sent_again_is_answered_as_the_first_was(stack, nc, tmp_path, servers):
     """A submission carrying its own id (``coorm batch`` sends one) sent twice -- its reply lost, late, or the
     service moving -- makes one job: the second is answered with the first's. The id is the user's own:
-    another user sending the same makes a job of theirs. A malformed id is refused and makes nothing."""
+    another user sending the same makes a job of theirs. A malformed id is refused and makes nothing. A
+    cancel with its own id (``coorm cancel`` sends one), sent again, is answered as the first was."""
     token = os.urandom(16).hex()
     first = await bus.call(nc, subjects.batch_submit(ME), BatchSubmit(
         argv=["true"], array="0-2", hold=True, walltime=60, cwd=str(tmp_path), submission=token),
@@ -329,7 +330,15 @@ async def test_a_submission_sent_again_is_answered_with_the_job_it_made(stack, n
                                 timeout=10)).data
         assert json.loads(raw)["error"]["code"] == "bad_message", raw
     assert (await query(nc)).total == before
-    await control(nc, "cancel", jobs=[first.job, other])
+    # a command carrying its own id, sent again, is answered as the first was (not "already ended"); the
+    # same command without one is carried out again
+    command = os.urandom(16).hex()
+    once = await control(nc, "cancel", jobs=[first.job], command=command)
+    twice = await control(nc, "cancel", jobs=[first.job], command=command)
+    assert once == twice and once.jobs == [f"{first.job}_{t}" for t in range(3)] and not once.unchanged, once
+    again = await control(nc, "cancel", jobs=[first.job])
+    assert not again.jobs and again.unchanged == once.jobs, again
+    await control(nc, "cancel", jobs=[other])
 
 
 # ==================================================================================================
