@@ -559,11 +559,13 @@ async def _two_running_two_queued(conn, tmp_path: Path) -> tuple[list[str], list
 
 
 async def _ended_as_lost(conn, running: list[str], queued: list[str], why: str) -> None:
-    """The farm's session was lost: each running job ended node_fail saying ``why``, each queued one ran in a
-    new farm and exited with its own code."""
+    """The farm's session was lost: each running job ended node_fail saying ``why`` -- or saying the RMS ended
+    its request with its session, when the service heard that end before it learnt the session was gone (a
+    race the service's messages decide: seen once in CI, 27 November, on a loaded machine) --, each queued one
+    ran in a new farm and exited with its own code."""
     for job in running:
         (rec,) = await ended(conn, job)
-        assert rec.state == "node_fail" and why in rec.reason, rec
+        assert rec.state == "node_fail" and (why in rec.reason or rec.reason == "ended by the RMS: session_closed"), rec
     for job, code in zip(queued, (3, 5), strict=True):
         (rec,) = await ended(conn, job)
         assert (rec.state, rec.exit_code) == ("failed", code), rec
