@@ -51,6 +51,7 @@ from coorm.shared.protocol import (
     ExitsQuery,
     ExitsReply,
     Filter,
+    HeartbeatAck,
     HeartbeatMsg,
     InfoQuery,
     InterClusterInfoReply,
@@ -263,7 +264,7 @@ class Session:
                                           source=settings.source_of("nats_url"), closed_cb=on_closed,
                                           reconnected_cb=on_reconnected, identity=identity)
         msg = SessionOpen(filter=Filter(clusters=clusters, preemptive_views=preemptive_views and views, views=views),
-                          name=name, kind=kind)
+                          name=name, kind=kind, paced=True)
         # (sent again after a timeout: a session opened by the attempt that timed out is reaped, unheard of)
         reply = await _call_retrying(nc, subjects.session_open(user), msg, SessionOpenReply, after_timeout=_reraise,
                                      no_responders=_opening_look(nc, settings, kind)
@@ -285,7 +286,8 @@ class Session:
         self = cls(nc=nc, reply=reply, settings=settings, own_connection=False, with_views=views,
                    moves_connection=moves_connection)
         # a heartbeat first: a session the RMS no longer has is refused here, before anything is subscribed
-        await _call_retrying(nc, reply.subjects.heartbeat, HeartbeatMsg(token=reply.token), Ack)
+        self._follow(await _call_retrying(nc, reply.subjects.heartbeat, HeartbeatMsg(token=reply.token),
+                                          HeartbeatAck))
         self._unexited.update(launched)
         await self._subscribe()
         self._heartbeat = asyncio.create_task(self._beat())
@@ -805,8 +807,9 @@ class Session:
             if self.closed:
                 return
             try:
-                await _call_retrying(self.nc, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
-                                     attempts=1, timeout=heartbeat_timeout(self.reply))
+                self._follow(await _call_retrying(self.nc, self.reply.subjects.heartbeat,
+                                                  HeartbeatMsg(token=self.token), HeartbeatAck, attempts=1,
+                                                  timeout=heartbeat_timeout(self.reply)))
                 look_every, unanswered = 1, 0
                 continue
             except bus.WireError as e:
@@ -822,6 +825,14 @@ class Session:
             if unanswered >= look_every:
                 unanswered = 0
                 look_every = 1 if await self._leave_if_cut_off() else min(2 * look_every, bus.MAX_LOOK_EVERY)
+
+    def _follow(self, ack: HeartbeatAck) -> None:
+        """Beat at the pace the RMS told (it holds heartbeats to a rate: with more sessions, each beats less
+        often); the session's reply says it from then on, for every heartbeat's wait too."""
+        pace = {"heartbeat_interval": ack.heartbeat_interval, "session_timeout": ack.session_timeout}
+        pace = {k: v for k, v in pace.items() if v is not None and v != getattr(self.reply, k)}
+        if pace:
+            self.reply = self.reply.model_copy(update=pace)
 
     async def _leave_if_cut_off(self) -> bool:
         """Whether the RMS answered this session's heartbeat through another server of its URL list (then the
@@ -840,14 +851,14 @@ class Session:
 
     async def _answered_here(self) -> bool:
         return await bus.answered(self.nc, lambda here: _call_retrying(
-            here, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack, attempts=1,
+            here, self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), HeartbeatAck, attempts=1,
             timeout=heartbeat_timeout(self.reply)))
 
     async def _answered_through(self, url: str) -> bool:
         """A heartbeat sent over a connection of its own to ``url``: answered, the session is kept alive too."""
         return await bus.answered_through(
             url, f"launcher-look-{self.app}", self.settings.identity(Role.LAUNCHER),
-            bus.asking(self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), Ack,
+            bus.asking(self.reply.subjects.heartbeat, HeartbeatMsg(token=self.token), HeartbeatAck,
                        timeout=heartbeat_timeout(self.reply)))
 
 

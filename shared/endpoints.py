@@ -52,6 +52,7 @@ from coorm.shared.protocol import (
     DoneMsg,
     ExitsQuery,
     ExitsReply,
+    HeartbeatAck,
     HeartbeatMsg,
     InfoQuery,
     InterClusterInfoReply,
@@ -368,14 +369,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         subject=subjects.app_heartbeat(APP), names=("app_heartbeat", "APP_HEARTBEAT_ANY"), part=Part.LAUNCHER,
-        kind=Kind.REQUEST, request=HeartbeatMsg, reply=Ack, publishers=_AS_LAUNCHER, subscribers=(Role.SERVICE,),
-        sent_by=_LAUNCHERS, served_by="policy engine (the leader)", errors=(*_BUS, *_SESSION),
+        kind=Kind.REQUEST, request=HeartbeatMsg, reply=HeartbeatAck, publishers=_AS_LAUNCHER,
+        subscribers=(Role.SERVICE,), sent_by=_LAUNCHERS, served_by="policy engine (the leader)",
+        errors=(*_BUS, *_SESSION),
         description=(
             "The session is alive. A launcher sends one every ``heartbeat_interval`` seconds (from the "
             "session's reply); a session silent for the engine's ``session_timeout`` is closed (reaped): its "
-            "waiting requests are cancelled, its running ones ended and their processes killed."),
+            "waiting requests are cancelled, its running ones ended and their processes killed. The engine "
+            "holds heartbeats to ``COORM_HEARTBEAT_RATE`` a second over all sessions: with more sessions, the "
+            "interval and the timeout double (up to ``COORM_HEARTBEAT_LONGEST`` seconds between beats). A "
+            "session opened with ``paced`` is told the new interval and timeout in each answer, and beats at "
+            "that interval from then on; any other is answered ``{\"ok\": true, \"requests\": []}`` and "
+            "keeps its opening's."),
         example={"token": _TOKEN},
-        reply_example={"ok": True, "requests": []},
+        reply_example={"ok": True, "requests": [], "heartbeat_interval": 4.0, "session_timeout": 20.0},
     ),
     Endpoint(
         subject=subjects.app_close(APP), names=("app_close", "APP_CLOSE_ANY"), part=Part.LAUNCHER, kind=Kind.REQUEST,

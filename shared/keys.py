@@ -12,6 +12,7 @@ SNAPSHOT = f"{PREFIX}:policy:snapshot"  # hash: the cores' state up to an event 
 INCARNATION = f"{PREFIX}:policy:incarnation"  # this state's id: decision ids stay unique if Redis is reset
 EVENT_SEQ = f"{PREFIX}:policy:seq"  # counter: stimulus ids stay unique across leaders
 APP_SEQ = f"{PREFIX}:policy:apps"  # counter: application ids
+HEARTBEAT_LEVEL = f"{PREFIX}:policy:heartbeat"  # the highest heartbeat pace a session may follow (a new leader's)
 NODES = f"{PREFIX}:nodes"  # hash node -> node record
 NODE_DRAINS = f"{PREFIX}:nodes:drain"  # hash node -> why an operator drained it (coorm node drain)
 

@@ -55,6 +55,9 @@ class SessionOpen(_Msg):
     filter: Filter = Field(default_factory=Filter)
     name: str = Field(default="", max_length=128)
     kind: str = Field(default="", max_length=32)
+    # True: the launcher reads its heartbeats' answers (HeartbeatAck) and beats at the interval they tell;
+    # a launcher that says nothing keeps its opening's interval (it parses the plain Ack)
+    paced: bool = False
 
 
 class SessionSubjects(_Msg):
@@ -198,6 +201,14 @@ class RespondReply(_Msg):
 class Ack(_Msg):
     ok: Literal[True] = True
     requests: list[str] = Field(default_factory=list)
+
+
+class HeartbeatAck(Ack):
+    """A heartbeat's answer; to a paced session, the interval and the timeout it must follow from now on (the
+    engine holds heartbeats to a rate: with many sessions, each beats less often)."""
+
+    heartbeat_interval: float | None = Field(default=None, gt=0)
+    session_timeout: float | None = Field(default=None, gt=0)
 
 
 class ErrorBody(_Msg):
@@ -717,7 +728,7 @@ class BatchQueryReply(_Msg):
 
 WIRE_MODELS: tuple[type[BaseModel], ...] = (
     SessionOpen, InfoQuery, SessionOpenReply, ClustersInfoReply, InterClusterInfoReply, RequestMsg, DoneMsg, CloseMsg,
-    HeartbeatMsg, Ack, ErrorReply, ChangeNotify, StartNotify, KillNotify, LaunchMsg, LaunchReply, KillMsg,
+    HeartbeatMsg, Ack, HeartbeatAck, ErrorReply, ChangeNotify, StartNotify, KillNotify, LaunchMsg, LaunchReply, KillMsg,
     KillReply, NodeAssign, AgentRegister, AgentRegistered, AgentHeartbeat, ProcessExited, ProcessOutput, Lifecycle,
     ViewsEpoch, ViewsQuery, NodesEvent, StatusQuery, StatusReply, AllocatorDecisions, DeadLetter,
     SystemStopping, AllocationsQuery, AllocationsReply, ExitsQuery, ExitsReply, BatchSubmit, BatchSubmitReply,

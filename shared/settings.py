@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     # liveness
     launcher_heartbeat: float = Field(default=2.0, gt=0, description="how often a launcher says it is alive")
     session_timeout: float = Field(default=10.0, gt=0, description="a silent launcher's session is reaped")
+    heartbeat_rate: float = Field(default=1000.0, gt=0, description="session heartbeats a second, all sessions, "
+                                  "at most: past it, sessions beat less often (and are reaped later)")
+    heartbeat_longest: float = Field(default=30.0, gt=0, description="seconds between a session's heartbeats, "
+                                     "at most, however many sessions")
     agent_heartbeat: float = Field(default=1.0, gt=0)
     agent_timeout: float = Field(default=5.0, gt=0, description="a silent agent's nodes go down")
     service_probe: float = Field(default=2.0, gt=0, description="how often a service asks JetStream through its "

@@ -40,6 +40,7 @@ from redis.exceptions import RedisError
 from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine import observe
 from coorm.services.policy_engine.core import RUNNING_FIRST, WAITING_FIRST, PolicyCore, PolicySettings
+from coorm.services.policy_engine.heartbeat_pacing import HeartbeatPace
 from coorm.services.policy_engine.shares import POLICIES
 from coorm.services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
 from coorm.services.policy_engine.snapshot import Snapshot, SnapshotError
@@ -80,6 +81,7 @@ from coorm.shared.protocol import (
     AppViews,
     CloseMsg,
     DoneMsg,
+    HeartbeatAck,
     HeartbeatMsg,
     Lifecycle,
     LifecycleKind,
@@ -109,7 +111,7 @@ LoggedEvent = Annotated[
     Field(discriminator="kind")
 ]
 _EVENTS = TypeAdapter(LoggedEvent)
-_ACK = bus.encode(Ack())  # a heartbeat's answer, the same every time
+_ACK = bus.encode(Ack())  # a heartbeat's answer to a session not paced, the same every time
 _BATCH = 256  # events logged in one Redis round trip at most
 # on take-over, decisions of the last events are published again (JetStream drops those it has, by id):
 # more than a batch, as a leader that dies while publishing a full batch's decisions leaves up to a batch
@@ -261,6 +263,9 @@ class PolicyEngine:
         self._wake = asyncio.Event()
         self._views_wake = asyncio.Event()
         self.pacer = ViewPacer()
+        self.pace = HeartbeatPace(base=settings.launcher_heartbeat, timeout=settings.session_timeout,
+                                  rate=settings.heartbeat_rate, longest=settings.heartbeat_longest)
+        self._paced_ack = self._pace_ack()
         self._subs: list = []
         self._resign = asyncio.Event()  # set when the leader must step down (an event it could not log)
         self._lease_from = 0.0  # (monotonic) when the lease this instance holds was taken
@@ -462,6 +467,10 @@ class PolicyEngine:
             del self.sessions[app]
         if stale:
             await self.redis.hdel(keys.SESSIONS, *stale)
+        # the sessions may follow the pace the last leader told them, whatever their number now
+        self.pace.taken_over(int(await self.redis.get(keys.HEARTBEAT_LEVEL) or 0), now)
+        self._paced_ack = self._pace_ack()
+        await self._repace()
 
     # ============================================================================================
     # the one way in
@@ -708,20 +717,36 @@ class PolicyEngine:
     # ============================================================================================
     def _check(self, subject: str, token: str) -> str:
         app = subjects.app_of(subject)
-        if self._heard(app, token.encode()):  # (bytes: any text compares)
+        if self._heard(app, token.encode()) is not None:  # (bytes: any text compares)
             return app
         if app not in self.sessions:
             raise bus.WireError(ErrorCode.UNKNOWN_APP, f"no open session {app}")
         raise bus.WireError(ErrorCode.BAD_TOKEN, f"wrong session token for {app}")
 
-    def _heard(self, app: str, token: bytes) -> bool:
-        """Whether ``token`` is open session ``app``'s; then the session was heard of now. The one check of a
-        session's token, for every command and for the heartbeats read without parsing."""
+    def _heard(self, app: str, token: bytes) -> dict | None:
+        """Open session ``app``'s record if ``token`` is its token (then the session was heard of now), else
+        None. The one check of a session's token, for every command and for the heartbeats read without
+        parsing."""
         session = self.sessions.get(app)
         if session is None or not secrets.compare_digest(session["token"].encode(), token):
-            return False
+            return None
         self.last_seen[app] = clock()
-        return True
+        return session
+
+    def _pace_ack(self) -> bytes:
+        """A paced session's heartbeat answer at the current pace."""
+        return bus.encode(HeartbeatAck(heartbeat_interval=self.pace.interval(),
+                                       session_timeout=self.pace.session_timeout()))
+
+    async def _repace(self) -> None:
+        """Follow the number of open sessions with the heartbeats' pace; a change is stored for a next leader
+        (whose sessions may follow it) before any session hears of it."""
+        if not self.pace.update(len(self.sessions), clock()):
+            return
+        await self.redis.set(keys.HEARTBEAT_LEVEL, max(self.pace.level, self.pace.previous))
+        self._paced_ack = self._pace_ack()
+        log.info("heartbeat pace", sessions=len(self.sessions), interval=self.pace.interval(),
+                 session_timeout=self.pace.session_timeout())
 
     @staticmethod
     def _answer(out: list) -> Ack:
@@ -737,7 +762,7 @@ class PolicyEngine:
         user = subjects.user_of(raw.subject)
         token = secrets.token_urlsafe(24)
         record = {"token": token, "user": user, "name": msg.name, "kind": msg.kind,
-                  "filter": msg.filter.model_dump(), "opened": clock()}
+                  "filter": msg.filter.model_dump(), "opened": clock(), "paced": msg.paced}
         # the session's record goes first: a leader that replays the open finds the token
         app = await self.redis.eval(_NEW_SESSION, 2, keys.APP_SEQ, keys.SESSIONS, json.dumps(record),
                                     subjects.app_id_prefix(user))
@@ -749,9 +774,11 @@ class PolicyEngine:
                                                            name=msg.name, app_kind=msg.kind,
                                                            adapts=msg.filter.views))
         self._answer(out)
+        await self._repace()
+        level = self.pace.level if msg.paced else 0  # (one not paced keeps the base interval: it is never told)
         return SessionOpenReply(app=app, token=token, subjects=session_subjects(app),
-                                heartbeat_interval=self.settings.launcher_heartbeat,
-                                session_timeout=self.settings.session_timeout)
+                                heartbeat_interval=self.pace.interval(level),
+                                session_timeout=self.pace.session_timeout(level))
 
     async def _on_request(self, msg: RequestMsg, raw: Msg) -> Ack:
         app = self._check(raw.subject, msg.token)
@@ -810,7 +837,9 @@ class PolicyEngine:
         return RespondReply()  # rejected: the negotiation ended
 
     async def _on_heartbeat(self, msg: HeartbeatMsg, raw: Msg) -> Ack:
-        self._check(raw.subject, msg.token)
+        app = self._check(raw.subject, msg.token)
+        if self.sessions[app].get("paced"):
+            return HeartbeatAck(heartbeat_interval=self.pace.interval(), session_timeout=self.pace.session_timeout())
         return Ack()
 
     def _heartbeat_heard(self, raw: Msg) -> bytes | None:
@@ -823,7 +852,10 @@ class PolicyEngine:
         token = heartbeat_token(raw.data)
         if token is None:
             return None
-        return _ACK if self._heard(subjects.app_of(raw.subject), token) else None
+        session = self._heard(subjects.app_of(raw.subject), token)
+        if session is None:
+            return None
+        return self._paced_ack if session.get("paced") else _ACK
 
     async def _on_nodes(self, msg: NodesEvent, raw: Msg) -> Ack:
         if msg.kind == "register":
@@ -877,17 +909,20 @@ class PolicyEngine:
             await asyncio.sleep(1.0)  # a sampling period, not a synchronisation
 
     async def _reaper_loop(self) -> None:
-        """End the sessions of launchers that went silent (their processes are killed, nodes freed)."""
-        timeout = self.settings.session_timeout
+        """End the sessions of launchers that went silent (their processes are killed, nodes freed), and follow
+        the number of sessions with the heartbeats' pace (a session closing does not change it at once)."""
         while True:
-            await asyncio.sleep(min(1.0, timeout / 4))  # a periodic scan, not a synchronisation
+            await asyncio.sleep(min(1.0, self.settings.session_timeout / 4))  # a periodic scan, not a synchronisation
+            await self._repace()
             now = clock()
+            timeout = self.pace.reaping_timeout(now)
             for app, seen in list(self.last_seen.items()):
                 if now - seen > timeout and self.cores.policy.has_app(app):
                     log.info("reaping silent session", app=app, silent_for=round(now - seen, 1))
                     self.last_seen.pop(app, None)
-                    await self.apply(lambda at, sid, app=app: CloseSession(
-                        at=at, stimulus_id=sid, app=app, reason=f"reaped: no heartbeat for {timeout:g} s"))
+                    reason = f"reaped: no heartbeat for {timeout:g} s"
+                    await self.apply(lambda at, sid, app=app, reason=reason: CloseSession(
+                        at=at, stimulus_id=sid, app=app, reason=reason))
 
 
 async def main(settings: Settings | None = None, stop: asyncio.Event | None = None) -> None:
