@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from coorm.shared import subjects
-from coorm.shared.connection import nats_servers, redact, refused_text, unreachable_text
+from coorm.shared.connection import Resends, nats_servers, redact, refused_text, unreachable_text
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import DeadLetter, ErrorBody, ErrorReply
 from coorm.shared.requests import Identifier
@@ -227,14 +227,13 @@ async def request_moving(nc: NATS, urls: list[str], subject: str, data: bytes, *
         return await c.request(subject, data, timeout=timeout)
 
     async def sent() -> Msg:
-        wait, answer_by = resend_after or timeout, loop.time() + timeout
+        resends = Resends(timeout, resend_after, loop.time())
         while True:
             try:
-                return await nc.request(subject, data, timeout=max(0.1, min(wait, answer_by - loop.time())))
+                return await nc.request(subject, data, timeout=resends.timeout(loop.time()))
             except nats.errors.TimeoutError:
-                if resend_after is None or loop.time() >= answer_by:
+                if not resends.retry(loop.time()):
                     raise
-                wait *= 2
 
     while True:
         try:

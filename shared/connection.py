@@ -24,6 +24,27 @@ class CredentialsError(RuntimeError):
     pass
 
 
+class Resends:
+    """How long each send of a request waits for its reply, and whether an unanswered one is sent again: a
+    request safe to send twice (``first`` seconds: a query, a submission carrying its own id) is sent again
+    after ``first`` seconds, then twice as long, for ``within`` seconds in all; any other waits ``within`` once.
+    The one policy of the light path's socket and of nats-py's requests; times are the caller's clock."""
+
+    def __init__(self, within: float, first: float | None, now: float) -> None:
+        self.wait, self.by, self.again = first or within, now + within, first is not None
+
+    def timeout(self, now: float) -> float:
+        """This send's wait."""
+        return max(0.1, min(self.wait, self.by - now))
+
+    def retry(self, now: float) -> bool:
+        """Unanswered: whether to send again (then the next wait is twice as long)."""
+        if not self.again or now >= self.by:
+            return False
+        self.wait *= 2
+        return True
+
+
 def connection_file() -> Path:
     """Where ``coorm up`` writes how to reach it (one per user and machine)."""
     from pathlib import Path

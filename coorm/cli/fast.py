@@ -480,8 +480,9 @@ class _Asker:
         request is safe to send twice (a query; a submission carrying its own id), so one unanswered after
         :data:`RESEND_AFTER`, then twice as long, is sent again -- its reply lost as a service moved, or
         late -- for :data:`REPLY_WITHIN` in all; the first reply to come is taken."""
-        delay, wait = 0.05, RESEND_AFTER if resend else REPLY_WITHIN
-        answer_by = time.monotonic() + REPLY_WITHIN
+        from coorm.shared.connection import Resends  # (already loaded: the client came from it)
+
+        delay, resends = 0.05, Resends(REPLY_WITHIN, RESEND_AFTER if resend else None, time.monotonic())
         self.asked += 1  # (a reply subject of its own: a late reply to an earlier request is not this one's)
         while True:
             conn, sub = self.conn, b""
@@ -489,15 +490,14 @@ class _Asker:
                 self.inbox, self.subscribed = f"{conn.inbox}.{os.urandom(8).hex()}", conn
                 sub = f"SUB {self.inbox}.* 1\r\n".encode()
             reply_to = f"{self.inbox}.{self.asked}"
-            conn.sock.settimeout(max(0.1, min(wait, answer_by - time.monotonic())))
+            conn.sock.settimeout(resends.timeout(time.monotonic()))
             conn.send(sub + f"PUB {subject} {reply_to} {len(payload)}\r\n".encode() + payload + b"\r\nPING\r\n")
             try:
                 data = conn.reply(reply_to)
             except TimeoutError:
-                if not resend or time.monotonic() >= answer_by:
+                if not resends.retry(time.monotonic()):
                     raise
-                wait *= 2  # (what was read of a reply stays buffered: the next read goes on from there)
-                continue
+                continue  # (what was read of a reply stays buffered: the next read goes on from there)
             if data is not None or time.monotonic() + delay > self.give_up:
                 return data
             self.conn = self._next_server()

@@ -454,9 +454,10 @@ def node_drain(nodes: list[str], reason: str, *, drain: bool) -> None:
                                       source=settings.source_of("nats_url"), identity=ident)
         try:
             for cluster, ns in clusters.items():
+                # (sent again when unanswered, as a query: draining a drained node changes nothing)
                 await _call(nc, settings, subjects.NODES_EVENT, NodesEvent(
                     kind="drain" if drain else "resume", cluster=cluster, nodes=ns, reason=reason), Ack,
-                    timeout=10, identity=ident, query=False)
+                    timeout=10, identity=ident)
         finally:
             await bus.shutdown(nc)
 

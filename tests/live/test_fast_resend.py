@@ -51,3 +51,38 @@ async def test_a_query_sent_again_takes_its_own_reply_and_never_an_earlier_ones_
         await bus.shutdown(responder)
     assert copies == [0, 0, 1]  # the first page sent again once, the second once
     assert pages == [{"page": 0}, {"page": 1}]
+
+
+async def test_a_node_drain_unanswered_is_sent_again(servers, redis_url, monkeypatch, tmp_path, capsys):
+    """``coorm node drain`` (the full command line): its first message unanswered (its reply lost as the
+    engine moved), it is sent again after ``RESEND_AFTER`` and the command succeeds -- draining a drained node
+    changes nothing. Before, it waited 10 s and failed (exit 3)."""
+    import redis
+
+    from coorm.cli import live
+    from coorm.shared import keys
+    from coorm.shared.protocol import Ack, NodesEvent
+
+    monkeypatch.setenv("COORM_NATS_URL", servers.nats_url)
+    monkeypatch.setenv("COORM_REDIS_URL", redis_url)
+    monkeypatch.setenv("COORM_CREDENTIALS_DIR", str(servers.credentials))
+    monkeypatch.setenv("COORM_CONNECTION_FILE", str(tmp_path / "none.json"))
+    r = redis.Redis.from_url(redis_url)
+    r.hset(keys.NODES, "n0", json.dumps({"cluster": "c0", "state": "up"}))
+    r.close()
+    responder = await bus.connect(servers.nats_url, "test-responder", _settings(servers).identity(Role.SERVICE))
+    copies: list[NodesEvent] = []
+
+    async def answer(msg) -> None:
+        copies.append(NodesEvent.model_validate_json(msg.data))
+        if len(copies) > 1:  # (the first copy's reply is "lost")
+            await msg.respond(bus.encode(Ack()))
+
+    await responder.subscribe(subjects.NODES_EVENT, cb=answer)
+    await responder.flush()
+    try:
+        await asyncio.to_thread(live.node_drain, ["n0"], "fan", drain=True)
+    finally:
+        await bus.shutdown(responder)
+    assert [(c.kind, c.nodes, c.reason) for c in copies] == [("drain", ["n0"], "fan")] * 2
+    assert "drained: n0" in capsys.readouterr().out
