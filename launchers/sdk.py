@@ -143,10 +143,13 @@ class SessionReaped(Exception):
     and with it every request of the session: their processes were killed. Learnt when a heartbeat is
     answered again (``unknown_app``)."""
 
-    def __init__(self, app: str) -> None:
-        super().__init__(f"CooRM ended session {app} while it could not hear this application (no heartbeat "
-                         "reached it for the session timeout): its requests ended and their processes were killed")
-        self.app = app
+    def __init__(self, app: str, said: str = "") -> None:
+        # ``said``: the RMS's answer, with why it ended the session when it still knows (``reaped: no
+        # heartbeat for 40 s``)
+        why = said or "no heartbeat reached it for the session timeout"
+        super().__init__(f"CooRM ended session {app} while it could not hear this application ({why}): its "
+                         "requests ended and their processes were killed")
+        self.app, self.said = app, said
 
 
 @dataclass(frozen=True)
@@ -705,7 +708,7 @@ class Session:
                                          AllocationsQuery(token=self.token), AllocationsReply)
         except bus.WireError as e:
             if e.code is ErrorCode.UNKNOWN_APP:
-                await self._reaped()
+                await self._reaped(e.message)
             else:
                 _log().warning("could not recover what was missed while disconnected", app=self.app, error=repr(e))
             return
@@ -722,7 +725,7 @@ class Session:
         async with self._exit_cond:
             self._exit_cond.notify_all()
 
-    async def _reaped(self) -> None:
+    async def _reaped(self, said: str = "") -> None:
         """The RMS no longer has this session: it ended it unheard. The exits of its processes, which their
         agents killed, are asked for (what the agents still answer is told), then every wait ends with
         :class:`SessionReaped`, and so does the event stream."""
@@ -730,7 +733,7 @@ class Session:
             return
         _log().warning("the RMS ended this session while it could not hear it", app=self.app)
         await self._missed_exits()
-        await self._connection_lost(SessionReaped(self.app))
+        await self._connection_lost(SessionReaped(self.app, said))
 
     async def _missed_exits(self) -> None:
         """Ask each agent this session launched on for the exits not heard of (told while the connection was
@@ -814,7 +817,7 @@ class Session:
                 continue
             except bus.WireError as e:
                 if e.code is ErrorCode.UNKNOWN_APP:
-                    await self._reaped()
+                    await self._reaped(e.message)
                     return
                 unanswered += 1
             except Exception:  # noqa: BLE001 - the next beat tries again; a cut server is looked for below

@@ -47,7 +47,11 @@ class Spawner:
         self._asked: dict[int, asyncio.Future] = {}
         self._exits: dict[int, asyncio.Future[int | None]] = {}  # launches whose exit is to come
         self._handed: dict[int, asyncio.Future[int | None]] = {}  # spawn() -> exited(): its launch's exit
+        self._room: list[asyncio.Future[None]] = []  # launches waiting for room in the socket to be asked
         self.dead = False
+        # never a blocking send: the spawner may itself be blocked telling answers and exits the agent has not
+        # read -- a blocking send here deadlocked both, the agent's loop stopped, under 1,000 quick launches
+        sock.setblocking(False)
         self.loop.add_reader(sock.fileno(), self._readable)
 
     @classmethod
@@ -71,11 +75,19 @@ class Spawner:
         if self.dead:
             raise SpawnerGone("the spawner is gone")
         self._n += 1
-        fut = self.loop.create_future()
-        self._asked[self._n] = fut
-        self.sock.send(marshal.dumps({"id": self._n, "argv": list(argv), "env": dict(env), "cwd": cwd,
-                                      "cgroup": cgroup, "drop": list(drop) if drop else None,
-                                      "files": list(files) if files else None, "piped": list(piped)}))
+        n, fut = self._n, self.loop.create_future()
+        self._asked[n] = fut
+        try:
+            await self._send(marshal.dumps({"id": n, "argv": list(argv), "env": dict(env), "cwd": cwd,
+                                            "cgroup": cgroup, "drop": list(drop) if drop else None,
+                                            "files": list(files) if files else None, "piped": list(piped)}))
+        except BaseException:
+            self._asked.pop(n, None)  # (never asked: no answer to wait for; the caller hears why here)
+            if fut.done():
+                fut.exception()
+            else:
+                fut.cancel()
+            raise
         msg, fds, exit_ = await fut
         if "error" in msg:
             stage, number, text = msg["error"]
@@ -83,6 +95,33 @@ class Spawner:
         pid = msg["pid"]
         self._handed[pid] = exit_
         return pid, dict(zip(piped, fds, strict=True)), msg.get("start", -1)
+
+    async def _send(self, data: bytes) -> None:
+        """One datagram to the spawner, once its socket has room (a datagram goes whole or not at all)."""
+        while True:
+            if self.dead:
+                raise SpawnerGone("the spawner is gone")
+            try:
+                self.sock.send(data)
+                return
+            except BlockingIOError:
+                pass
+            room = self.loop.create_future()
+            if not self._room:
+                self.loop.add_writer(self.sock.fileno(), self._writable)
+            self._room.append(room)
+            await room
+
+    def _writable(self) -> None:
+        self.loop.remove_writer(self.sock.fileno())
+        self._wake_senders()
+
+    def _wake_senders(self) -> None:
+        """Each launch waiting for room tries again (or, the spawner gone, says so)."""
+        waiting, self._room = self._room, []
+        for room in waiting:
+            if not room.done():
+                room.set_result(None)
 
     def exited(self, pid: int) -> asyncio.Future[int | None]:
         """The launch's return code (``-N``: killed by signal N; None: not known)."""
@@ -122,7 +161,9 @@ class Spawner:
             return
         self.dead = True
         self.loop.remove_reader(self.sock.fileno())
+        self.loop.remove_writer(self.sock.fileno())
         self.sock.close()
+        self._wake_senders()
         for fut in self._asked.values():
             if not fut.done():
                 fut.set_exception(SpawnerGone("the spawner died during the launch"))
@@ -138,7 +179,9 @@ class Spawner:
         if not self.dead:
             self.dead = True
             self.loop.remove_reader(self.sock.fileno())
+            self.loop.remove_writer(self.sock.fileno())
             self.sock.close()  # (it exits on end of file, or once its last launch has)
+            self._wake_senders()
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             self.proc.wait(timeout=2)
 

@@ -28,6 +28,8 @@ sessions = Gauge("coorm_sessions", "Open sessions by application kind", ["kind"]
 app_nodes = Gauge("coorm_app_nodes", "Nodes held by started requests, by application kind and request type",
                   ["kind", "type"])
 leader = Gauge("coorm_policy_leader", "1 while this policy engine holds the lease, 0 on standby")
+heartbeat_interval = Gauge("coorm_session_heartbeat_interval_seconds", "Seconds between a paced session's "
+                           "heartbeats, as the leading engine tells them (longer past COORM_HEARTBEAT_RATE)")
 
 policy_pass_seconds = Histogram(
     "coorm_policy_pass_seconds", "Wall time of one policy pass (schedule, starts, kills, views)",

@@ -341,7 +341,7 @@ class FarmRunner:
             await self.session.request(*specs)
         except bus.WireError as e:  # the RMS refuses the farm's slots: its tasks cannot run
             if e.code is ErrorCode.UNKNOWN_APP:  # no: the session is gone (its Closed may not have come yet)
-                raise SessionReaped(self.session.app) from None
+                raise SessionReaped(self.session.app, e.message) from None
             log.error("the RMS refused a farm's slots", farm=self.sid, error=e.message)
             for a in asks:
                 self.core.slot_ended(a.request)

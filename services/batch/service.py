@@ -81,6 +81,11 @@ from coorm.shared.tasks import cancelled
 
 _REAPED = ("its session ended while the batch service could not be heard (stopped or cut off for the session "
            "timeout): its processes were killed")
+
+
+def _reaped(e: SessionReaped) -> str:
+    """A job's reason when the RMS ended its session unheard: with the RMS's own word when it said it."""
+    return f"{_REAPED} ({e.said})" if e.said else _REAPED
 log = structlog.get_logger("coorm.batch")
 
 NO_PROPS = ClusterProps(nodes={})  # a rigid launcher does not read them: two requests per job spared
@@ -619,13 +624,14 @@ class BatchService:
         except bus.Unreachable:
             log.error("NATS lost for good: the farm is taken up by the next instance", farm=farm.sid)
             raise
-        except SessionReaped:
+        except SessionReaped as e:
             # this service could not be heard for the session timeout (stopped, cut off) and the RMS ended the
             # farm's session, killing its processes: as when the service was down (_take_up), its running tasks
             # failed with their nodes, its queued ones go to a new farm
             log.error("the RMS ended a task farm's session unheard", farm=farm.sid)
             self.farm_closing(farm.sid, farm)
-            await self.farm_lost(farm.sid, [self.core.jobs[t] for t in farm._mine() if t in self.core.jobs], _REAPED)
+            await self.farm_lost(farm.sid, [self.core.jobs[t] for t in farm._mine() if t in self.core.jobs],
+                                 _reaped(e))
         except Exception as e:  # noqa: BLE001 - one farm's failure must not stop the others
             log.exception("a task farm failed", farm=farm.sid)
             self.farm_closing(farm.sid, farm)  # (nothing more is handed to it)
@@ -824,11 +830,11 @@ class BatchService:
         except bus.Unreachable:
             log.error("NATS lost for good: the jobs are taken up by the next instance", job=job)
             raise
-        except SessionReaped:
+        except SessionReaped as e:
             if self.core.jobs[job].state is JobState.QUEUED:
                 await self._requeue(job)
             else:
-                await self._end(job, JobState.NODE_FAIL, None, _REAPED)
+                await self._end(job, JobState.NODE_FAIL, None, _reaped(e))
             return
         except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others
             log.exception("a batch job's launcher failed", job=job)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import secrets
 import time
@@ -122,6 +123,7 @@ _REPUBLISH = 2 * _BATCH
 # is dropped by the followers unanswered -- nats-py's publish_async would wait for its acknowledgement for
 # ever. (5 s is what nats-py's own acknowledged publish waits, its JetStream context's default timeout.)
 _ACK_WITHIN = 5.0
+_ENDED_KEPT = 10_000  # sessions whose end a launcher unheard meanwhile is told the reason of
 _VIEWS_PER_MESSAGE = 256  # a round's views are split so that a message stays far below NATS's max payload
 
 # decisions the node allocator acts on
@@ -266,6 +268,7 @@ class PolicyEngine:
         self.pace = HeartbeatPace(base=settings.launcher_heartbeat, timeout=settings.session_timeout,
                                   rate=settings.heartbeat_rate, longest=settings.heartbeat_longest)
         self._paced_ack = self._pace_ack()
+        self._ended_why: dict[str, str] = {}  # app -> why its session ended, the latest _ENDED_KEPT (this term's)
         self._subs: list = []
         self._resign = asyncio.Event()  # set when the leader must step down (an event it could not log)
         self._lease_from = 0.0  # (monotonic) when the lease this instance holds was taken
@@ -470,6 +473,7 @@ class PolicyEngine:
         # the sessions may follow the pace the last leader told them, whatever their number now
         self.pace.taken_over(int(await self.redis.get(keys.HEARTBEAT_LEVEL) or 0), now)
         self._paced_ack = self._pace_ack()
+        metrics.heartbeat_interval.set(self.pace.interval())
         await self._repace()
 
     # ============================================================================================
@@ -601,6 +605,9 @@ class PolicyEngine:
                 if d.reason != "closed" and not d.reason.startswith("reaped"):  # (a reaping is said as it starts)
                     log.info("session ended", app=d.app, reason=d.reason)
                 self.pacer.ended(d.app)
+                self._ended_why[d.app] = d.reason
+                if len(self._ended_why) > _ENDED_KEPT:
+                    del self._ended_why[next(iter(self._ended_why))]
                 self.sessions.pop(d.app, None)
                 self.last_seen.pop(d.app, None)
                 await self.redis.hdel(keys.SESSIONS, d.app)
@@ -720,7 +727,8 @@ class PolicyEngine:
         if self._heard(app, token.encode()) is not None:  # (bytes: any text compares)
             return app
         if app not in self.sessions:
-            raise bus.WireError(ErrorCode.UNKNOWN_APP, f"no open session {app}")
+            why = self._ended_why.get(app)  # (a launcher that was not heard learns why its session ended)
+            raise bus.WireError(ErrorCode.UNKNOWN_APP, f"no open session {app}" + (f": {why}" if why else ""))
         raise bus.WireError(ErrorCode.BAD_TOKEN, f"wrong session token for {app}")
 
     def _heard(self, app: str, token: bytes) -> dict | None:
@@ -740,11 +748,14 @@ class PolicyEngine:
 
     async def _repace(self) -> None:
         """Follow the number of open sessions with the heartbeats' pace; a change is stored for a next leader
-        (whose sessions may follow it) before any session hears of it."""
-        if not self.pace.update(len(self.sessions), clock()):
+        (whose sessions may follow it) before any session hears of it -- or not made, if it cannot be."""
+        pace = dataclasses.replace(self.pace)
+        if not pace.update(len(self.sessions), clock()):
             return
-        await self.redis.set(keys.HEARTBEAT_LEVEL, max(self.pace.level, self.pace.previous))
+        await self.redis.set(keys.HEARTBEAT_LEVEL, max(pace.level, pace.previous))
+        self.pace = pace
         self._paced_ack = self._pace_ack()
+        metrics.heartbeat_interval.set(self.pace.interval())
         log.info("heartbeat pace", sessions=len(self.sessions), interval=self.pace.interval(),
                  session_timeout=self.pace.session_timeout())
 
@@ -770,11 +781,11 @@ class PolicyEngine:
             raise _changing_leader()
         self.sessions[app] = record
         self.last_seen[app] = clock()
+        await self._repace()  # (counting this one: it is told the pace of the sessions with it)
         out = await self.apply(lambda at, sid: OpenSession(at=at, stimulus_id=sid, app=app, user=user,
                                                            name=msg.name, app_kind=msg.kind,
                                                            adapts=msg.filter.views))
         self._answer(out)
-        await self._repace()
         level = self.pace.level if msg.paced else 0  # (one not paced keeps the base interval: it is never told)
         return SessionOpenReply(app=app, token=token, subjects=session_subjects(app),
                                 heartbeat_interval=self.pace.interval(level),

@@ -176,7 +176,9 @@ async def test_a_nats_server_cut_from_its_cluster(servers, redis_url, cluster, t
                 hosts.cut(FAR)  # the third server is alive, but alone with its agent
                 killed = await next_of(app, Killed, 20, lambda e: e.request == rid)
                 assert killed.reason == "node_failure"
-                assert time.monotonic() - cut_at < settings.agent_timeout + 5.0
+                # (told within the agent timeout and the path of a kill: 6.6 s once, with other live tests
+                # beside it on 2 cores, where the slack was 5 s)
+                assert time.monotonic() - cut_at < settings.agent_timeout + 10.0
                 await _nodes_up(stack, "c0", NODES)  # near's only
                 # the majority carries on: a job runs on near's nodes
                 (near_job,) = await app.request(rq("near", "c0", NODES, 60))
@@ -402,6 +404,7 @@ async def test_a_session_reaped_while_cut_off_is_told_when_heard_again(servers, 
                 if isinstance(ev, Closed):
                     break
             assert isinstance(ev.error, SessionReaped), seen
+            assert "reaped: no heartbeat for" in str(ev.error), ev.error  # (the RMS says why)
             exits = [e for e in seen if isinstance(e, Exited)]
             assert [(e.pid, e.killed) for e in exits] == [(pid, True)], seen
             with pytest.raises(SessionReaped):

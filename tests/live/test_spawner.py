@@ -65,6 +65,48 @@ async def test_launches_that_cannot_start_say_why_and_the_others_go_on(spawner, 
     assert await asyncio.wait_for(spawner.exited(ok[0]), BOUND) == 9
 
 
+_FLOOD = """
+import asyncio, os, sys
+from coorm.node_agent.spawn_client import Spawner
+
+async def main(n):
+    s = Spawner.start()
+    try:
+        env = {"PATH": os.environ["PATH"]}
+        launched = await asyncio.gather(*(s.spawn(argv=["true"], env=env, cwd=None, cgroup=None, drop=None,
+                                                  files=None, piped=[]) for _ in range(n)))
+        codes = await asyncio.gather(*(s.exited(pid) for pid, _, _ in launched))
+        print(len(codes), sorted(set(codes)))
+    finally:
+        s.close()
+
+asyncio.run(main(int(sys.argv[1])))
+"""
+
+
+def test_a_thousand_launches_at_once_neither_side_waits_on_the_other_for_ever(tmp_path):
+    """1,000 launches asked at once (an agent of many nodes, a thousand one-node jobs starting together): the
+    spawner, telling answers and exits faster than they are read, fills the agent's end of the socket while
+    the agent fills the spawner's. The agent sent each launch with a blocking send: both waited on each other
+    for ever, the agent's event loop with them -- no heartbeat, every node down (``bench_live.py --n 1000``).
+    Run in a process of its own, which a hang cannot take the test run with: every exit told, code 0."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "flood.py"
+    script.write_text(_FLOOD)
+    proc = subprocess.Popen([sys.executable, str(script), "1000"], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)  # a bound against the hang: 1,000 launches take a few seconds
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail("1,000 launches at once: the agent's side and the spawner waited on each other")
+    assert (proc.returncode, out.split("\n")[0]) == (0, "1000 [0]")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup and another identity need root")
 async def test_a_child_starts_in_its_cgroup_as_the_user_with_every_signal_at_its_default(spawner, tmp_path):
     """The child as the C fork makes it: born in its cgroup (the spawner stepped in for the fork, and out
