@@ -158,14 +158,14 @@ async def _round_trips(settings, repeats: int) -> list[dict]:
     from coorm.launchers.sdk import Session
     from coorm.shared import bus
     from coorm.shared.negotiation import NegotiationTerms
-    from coorm.shared.protocol import Ack, HeartbeatMsg
+    from coorm.shared.protocol import HeartbeatAck, HeartbeatMsg
 
     rows = []
     async with await Session.open(settings, kind="evolving", name="rtt") as app:
         beats = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            await bus.call(app.nc, app.reply.subjects.heartbeat, HeartbeatMsg(token=app.token), Ack)
+            await bus.call(app.nc, app.reply.subjects.heartbeat, HeartbeatMsg(token=app.token), HeartbeatAck)
             beats.append(time.perf_counter() - t0)
         n = 0
         times: dict[int, list[float]] = {k: [] for k in PAPER_MS}
