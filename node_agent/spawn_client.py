@@ -159,11 +159,7 @@ class Spawner:
         subreaper): we wait for them ourselves."""
         if self.dead:
             return
-        self.dead = True
-        self.loop.remove_reader(self.sock.fileno())
-        self.loop.remove_writer(self.sock.fileno())
-        self.sock.close()
-        self._wake_senders()
+        self._hang_up()
         for fut in self._asked.values():
             if not fut.done():
                 fut.set_exception(SpawnerGone("the spawner died during the launch"))
@@ -174,14 +170,18 @@ class Spawner:
         reaped: asyncio.Future[int | None] = self.loop.create_future()
         _wait_child(self.loop, self.proc.pid, reaped)
 
+    def _hang_up(self) -> None:
+        """Nothing more to or from the spawner: the socket closed, launches waiting for room told so."""
+        self.dead = True
+        self.loop.remove_reader(self.sock.fileno())
+        self.loop.remove_writer(self.sock.fileno())
+        self.sock.close()
+        self._wake_senders()
+
     def close(self) -> None:
         """The agent stops: the spawner goes once its launches have ended (the agent kills them first)."""
         if not self.dead:
-            self.dead = True
-            self.loop.remove_reader(self.sock.fileno())
-            self.loop.remove_writer(self.sock.fileno())
-            self.sock.close()  # (it exits on end of file, or once its last launch has)
-            self._wake_senders()
+            self._hang_up()  # (it exits on end of file, or once its last launch has)
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             self.proc.wait(timeout=2)
 

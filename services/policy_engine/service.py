@@ -267,7 +267,7 @@ class PolicyEngine:
         self.pacer = ViewPacer()
         self.pace = HeartbeatPace(base=settings.launcher_heartbeat, timeout=settings.session_timeout,
                                   rate=settings.heartbeat_rate, longest=settings.heartbeat_longest)
-        self._paced_ack = self._pace_ack()
+        self._paced, self._paced_ack = Ack(), _ACK  # a paced session's heartbeat answer (_told_pace)
         self._ended_why: dict[str, str] = {}  # app -> why its session ended, the latest _ENDED_KEPT (this term's)
         self._subs: list = []
         self._resign = asyncio.Event()  # set when the leader must step down (an event it could not log)
@@ -472,8 +472,7 @@ class PolicyEngine:
             await self.redis.hdel(keys.SESSIONS, *stale)
         # the sessions may follow the pace the last leader told them, whatever their number now
         self.pace.taken_over(int(await self.redis.get(keys.HEARTBEAT_LEVEL) or 0), now)
-        self._paced_ack = self._pace_ack()
-        metrics.heartbeat_interval.set(self.pace.interval())
+        self._told_pace()
         await self._repace()
 
     # ============================================================================================
@@ -741,10 +740,12 @@ class PolicyEngine:
         self.last_seen[app] = clock()
         return session
 
-    def _pace_ack(self) -> bytes:
-        """A paced session's heartbeat answer at the current pace."""
-        return bus.encode(HeartbeatAck(heartbeat_interval=self.pace.interval(),
-                                       session_timeout=self.pace.session_timeout()))
+    def _told_pace(self) -> None:
+        """Paced sessions are told the current pace from now on (the heartbeat's answer, as a message and as the
+        bytes the fast path sends), and the gauge shows it."""
+        self._paced = HeartbeatAck(heartbeat_interval=self.pace.interval(), session_timeout=self.pace.session_timeout())
+        self._paced_ack = bus.encode(self._paced)
+        metrics.heartbeat_interval.set(self.pace.interval())
 
     async def _repace(self) -> None:
         """Follow the number of open sessions with the heartbeats' pace; a change is stored for a next leader
@@ -754,8 +755,7 @@ class PolicyEngine:
             return
         await self.redis.set(keys.HEARTBEAT_LEVEL, max(pace.level, pace.previous))
         self.pace = pace
-        self._paced_ack = self._pace_ack()
-        metrics.heartbeat_interval.set(self.pace.interval())
+        self._told_pace()
         log.info("heartbeat pace", sessions=len(self.sessions), interval=self.pace.interval(),
                  session_timeout=self.pace.session_timeout())
 
@@ -849,9 +849,7 @@ class PolicyEngine:
 
     async def _on_heartbeat(self, msg: HeartbeatMsg, raw: Msg) -> Ack:
         app = self._check(raw.subject, msg.token)
-        if self.sessions[app].get("paced"):
-            return HeartbeatAck(heartbeat_interval=self.pace.interval(), session_timeout=self.pace.session_timeout())
-        return Ack()
+        return self._paced if self.sessions[app].get("paced") else Ack()
 
     def _heartbeat_heard(self, raw: Msg) -> bytes | None:
         """A heartbeat's common case, answered without parsing it (``bus.serve``'s ``fast``): a plain
