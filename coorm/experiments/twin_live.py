@@ -67,7 +67,7 @@ class LiveApp:
 @dataclass
 class LiveRun:
     apps: dict[str, LiveApp]
-    requests: list[dict]  # name, request, type, nodes, start, end (RMS-side, lifecycle)
+    requests: list[dict]  # name, request, type, cluster, nodes, start, end (RMS-side, lifecycle)
     delays: dict[str, list[float]]
     cpu_system: float
     cpu_launchers: float
@@ -270,7 +270,8 @@ def _requests(life: list[Lifecycle], by_app: dict[str, str], t0: float) -> dict[
         if m.request is None or m.app not in by_app:
             continue
         r = out.setdefault(m.request, {"name": by_app[m.app], "request": m.request, "type": m.type,
-                                       "nodes": m.nodes, "start": None, "end": None, "submitted": None})
+                                       "cluster": m.cluster, "nodes": m.nodes, "start": None, "end": None,
+                                       "submitted": None})
         if m.kind is LifecycleKind.STARTED:
             r["start"] = m.at - t0
             r["submitted"] = None if m.submitted_at is None else m.submitted_at - t0
