@@ -384,8 +384,7 @@ class CEMLauncher(SelectingLauncher):
         else:
             self.count_configuration(key)
             if self._selector is None or self._selector.props is not props:
-                self._selector = Selector(self.model, props, max_starts=self.max_starts,
-                                          fixpoint_rounds=self.fixpoint_rounds)
+                self._selector = self.new_selector(props)
             sel = self._memo[key] = self._selector.select(seen, now)
         if sel is None:
             return []  # no host anywhere: wait for a view that has some
@@ -414,6 +413,11 @@ class CEMLauncher(SelectingLauncher):
         self.group = tuple(s.id for s in specs)
         self.selection = sel
         return out
+
+    def new_selector(self, props: ClusterProps) -> Selector:
+        """The heuristic over these clusters' properties (a subclass may choose otherwise: the twin's
+        simulator held to a live run's choices)."""
+        return Selector(self.model, props, max_starts=self.max_starts, fixpoint_rounds=self.fixpoint_rounds)
 
     def _restore(self, saved: object) -> None:
         self.group, self.selection = saved if isinstance(saved, tuple) else ((), None)

@@ -293,7 +293,8 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
         "p95_start_instant": start["instant"]["p95"], "p95_start_calibrated": start["calibrated"]["p95"],
         "p95_start_again": start["again"]["p95"] if again is not None else None,
         "tolerance_over": "determined" if again is not None else "all", "judged_n": judged["calibrated"]["n"],
-        "race_s": RACE_S, "views_apart": apart, "exit_model": EXIT_MODEL,
+        "race_s": RACE_S, "views_apart": apart, "exit_model": EXIT_MODEL, "opening_views": tsim.OPENING_VIEWS,
+        "views_quantile": tsim.VIEWS_QUANTILE,
         "holds": bool(judged["calibrated"]["p95"] <= TOLERANCE_P95_START), "settings": live.settings}]
     used = delays.describe()
     for name, samples in live.delays.items():

@@ -8,7 +8,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
-from coorm.experiments.twin_workload import TwinApp, launcher, props
+from coorm.experiments.twin_workload import Pin, TwinApp, launcher, props
 from coorm.services.policy_engine.core import PolicySettings
 from coorm.shared.requests import RequestType
 from coorm.simulator.delays import Delays
@@ -18,7 +18,7 @@ from coorm.simulator.engine import Result, Simulation
 @dataclass
 class SimRun:
     result: Result
-    requests: list[dict]  # name, request, type, nodes, start, end (RMS-side, as the live lifecycle)
+    requests: list[dict]  # name, request, type, cluster, nodes, start, end (RMS-side, as the live lifecycle)
     cpu: float  # the whole simulation's CPU seconds (cores, launchers, the engine)
 
 
@@ -39,8 +39,28 @@ def policy(live_settings: dict) -> PolicySettings:
 EXIT_MODELS = ("constant", "nodes", "launching")
 
 
+def centre(values: list[float], quantile: float | None = None) -> float:
+    """The value a calibrated delay takes from its samples: their mean, or their ``quantile`` (interpolated
+    between the two nearest: 0.5 is their median)."""
+    if quantile is None:
+        return statistics.fmean(values)
+    v = sorted(values)
+    at = quantile * (len(v) - 1)
+    low = min(int(at), len(v) - 1)
+    high = min(low + 1, len(v) - 1)
+    return v[low] + (v[high] - v[low]) * (at - low)
+
+
+# how the twin's simulators model the views (twin.compare stores them with a run; a run stored without them was
+# simulated the earlier way, each default below off): its launchers follow the views their sessions ask for on
+# opening (Delays.opening_views), and the views' latency is this quantile of its samples (None: their mean)
+OPENING_VIEWS = True
+VIEWS_QUANTILE = 0.5
+
+
 def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart: bool = False,
-              exit_model: str = "constant") -> Delays:
+              exit_model: str = "constant", quantile: float | None = None, opening_views: bool = OPENING_VIEWS,
+              views_quantile: float | None = VIEWS_QUANTILE) -> Delays:
     """The delays the live run measured, and its view pacing (its own settings); ``views_apart``: the views
     heard with their own measured latency (the mean of ``views``), not behind a start (``Delays.view_notify``).
     Each delay is the mean of its samples: the delays add up over a run (a start waits for the end before
@@ -49,10 +69,21 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
     0.21 s against 0.14 s with the means). A launch's time is a line in its nodes (Theil-Sen: the tails would tilt a
     least-squares one), scaled to the samples' mean. A rigid job's exit is ``exit_model``
     (:data:`EXIT_MODELS`; one the run did not measure the inputs of falls back to the constant): a line in
-    its nodes as a launch's is; a plane fitted by least squares (its mean the samples', no slope below 0)."""
-    mean = {k: statistics.fmean(samples[k]) if samples.get(k) else 0.0
+    its nodes as a launch's is; a plane fitted by least squares (its mean the samples', no slope below 0).
+    ``quantile``: each constant that quantile of its samples instead of their mean, and the launch's line scaled
+    to it (``twin_resim --quantile``: how the model's branch depends on it).
+
+    The views are the exception: their latency is ``views_quantile`` of its samples, the median by default (a
+    quantile given applies to them too). A view does not wait for the one before it as a start waits for an end:
+    a launcher acts on the latest, so their tail does not add up along a run, and the views a launcher acts on
+    at once are heard fast -- on the stored twin-large run, a PSA shrank 4 ms after the submission that took its
+    nodes and a CEM chose again 9 ms after the end that freed them, where the views' mean is 39 ms and their
+    median 11 ms (EXPERIMENTS.md). ``opening_views``: its launcher follows the views its session asks for on
+    opening (:class:`~coorm.simulator.delays.Delays`)."""
+    views_at = quantile if quantile is not None else views_quantile
+    mean = {k: centre(samples[k], quantile) if samples.get(k) else 0.0
             for k in ("notify", "command", "work_overhead", "open")}
-    a, b = mean_line(samples.get("launch_nodes", []), samples.get("launch", []))
+    a, b = mean_line(samples.get("launch_nodes", []), samples.get("launch", []), quantile)
     if exit_model not in EXIT_MODELS:
         raise ValueError(f"no exit model {exit_model}; one of {EXIT_MODELS}")
     over, nodes = samples.get("work_overhead", []), samples.get("work_overhead_nodes", [])
@@ -66,7 +97,8 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
                   exit=max(0.0, e), exit_per_node=max(0.0, f), exit_per_launching=max(0.0, g),
                   launch=max(0.0, a), launch_per_node=max(0.0, b),
                   view_period=live_settings["view_period"], view_rate=live_settings["view_rate"], live_views=True,
-                  view_notify=max(0.0, statistics.fmean(samples["views"])) if views_apart and samples.get("views")
+                  opening_views=opening_views,
+                  view_notify=max(0.0, centre(samples["views"], views_at)) if views_apart and samples.get("views")
                   else None)
 
 
@@ -131,14 +163,14 @@ def plane(rows: list[list[float]], y: list[float]) -> list[float]:
         keep.remove(min(negative, key=lambda i: out[i]))
 
 
-def mean_line(x: list[float], y: list[float]) -> tuple[float, float]:
+def mean_line(x: list[float], y: list[float], quantile: float | None = None) -> tuple[float, float]:
     """:func:`fit_line`'s line scaled to ``y``'s mean over ``x`` (the delays add up over a run: the tails
-    count, as for the constants)."""
+    count, as for the constants); ``quantile``: to that quantile of ``y`` (:func:`centre`)."""
     a, b = fit_line(x, y)
     if y:
         line_mean = statistics.fmean(a + b * n for n in x) if x else a
         if line_mean > 0:
-            a, b = a * statistics.fmean(y) / line_mean, b * statistics.fmean(y) / line_mean
+            a, b = a * centre(y, quantile) / line_mean, b * centre(y, quantile) / line_mean
     return a, b
 
 
@@ -166,18 +198,21 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 
 def simulate(specs: list[TwinApp], clusters: dict[str, int], settings: PolicySettings,
-             delays: Delays | None = None, start_lag: float = 0.0) -> SimRun:
+             delays: Delays | None = None, start_lag: float = 0.0, pins: dict[str, Pin] | None = None) -> SimRun:
     """``specs`` in the simulator; ``start_lag``: the moldable and CEM launchers' (the live run's, for a
     simulator calibrated from it: live, a new choice made on a view that no longer shows the waited
-    configuration where it was expected waits that long for a start not heard yet; 0, the papers')."""
+    configuration where it was expected waits that long for a start not heard yet; 0, the papers').
+    ``pins``: the moldable and CEM applications held to these configurations (:func:`pins`)."""
     sim = Simulation(clusters, settings, props(clusters), strict=False, delays=delays)
+    pins = pins or {}
     for s in specs:
-        sim.add(s.at, launcher(s, s.name, live=False, start_lag=start_lag), s.name, process_work=s.process_work)
+        sim.add(s.at, launcher(s, s.name, live=False, start_lag=start_lag, pin=pins.get(s.name)), s.name,
+                process_work=s.process_work)
     t0 = time.process_time()
     result = sim.run()
     cpu = time.process_time() - t0
-    requests = [{"name": r.app, "request": r.request, "type": r.type, "nodes": r.nodes, "start": r.start,
-                 "end": r.end} for r in result.requests]
+    requests = [{"name": r.app, "request": r.request, "type": r.type, "cluster": r.cluster, "nodes": r.nodes,
+                 "start": r.start, "end": r.end} for r in result.requests]
     return SimRun(result, requests, cpu)
 
 
@@ -201,13 +236,46 @@ def held_curve(requests: list[dict], until: float, step: float = 0.5) -> list[in
     return curve
 
 
+def pins(specs: list[TwinApp], requests: list[dict]) -> dict[str, Pin]:
+    """The configuration each moldable and CEM application of ``specs`` started in (:func:`first_choice`'s
+    requests, with their clusters, the first submitted first): what the live run chose, to hold a simulation
+    to. A run stored before its requests' clusters were (none of a CEM's has one) pins its moldables only: a
+    moldable's cluster is its own."""
+    out: dict[str, Pin] = {}
+    for s in specs:
+        if s.kind not in ("moldable", "cem"):
+            continue
+        group = first_group(requests, s.name)
+        if not group:
+            continue
+        if s.kind == "moldable":
+            out[s.name] = ((s.cluster, sum(r["nodes"] for r in group)),)
+        elif all(r.get("cluster") for r in group):
+            out[s.name] = tuple((r["cluster"], r["nodes"]) for r in group)
+    return out
+
+
+def first_group(requests: list[dict], name: str) -> list[dict]:
+    """The requests ``name`` started first (pre-allocations aside, and a request that ended as it started: one
+    it had cancelled as it started), those started within 0.5 s of the first, in the order submitted."""
+    started = [r for r in requests if r["name"] == name and r["start"] is not None
+               and r["type"] != RequestType.PRE_ALLOCATION.value
+               and (r["end"] is None or r["end"] - r["start"] > 0.5)]
+    if not started:
+        return []
+    first = min(r["start"] for r in started)
+    return sorted((r for r in started if r["start"] - first < 0.5),
+                  key=lambda r: (r.get("submitted") if r.get("submitted") is not None else r["start"],
+                                 _order(r["request"])))
+
+
+def _order(request: str) -> tuple:
+    """A request id's order among its application's (``root.a3.12`` after ``root.a3.2``)."""
+    return tuple(int(p) if p.isdigit() else p for p in request.replace("-", ".").split("."))
+
+
 def first_choice(requests: list[dict], name: str) -> int | None:
     """The nodes of the requests ``name`` started first (pre-allocations aside, and a request that ended as it
     started): the configuration a moldable or CEM launcher chose."""
-    started = [r for r in requests if r["name"] == name and r["start"] is not None
-               and r["type"] != RequestType.PRE_ALLOCATION.value
-               and (r["end"] is None or r["end"] - r["start"] > 0.5)]  # (not one it had cancelled as it started)
-    if not started:
-        return None
-    first = min(r["start"] for r in started)
-    return sum(r["nodes"] for r in started if r["start"] - first < 0.5)
+    group = first_group(requests, name)
+    return sum(r["nodes"] for r in group) if group else None

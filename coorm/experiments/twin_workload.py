@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 
 from coorm.launchers.base import ClusterProps, Launcher
+from coorm.launchers.cem import CEMLauncher, Selector
 from coorm.launchers.kinds import BY_NAME
 
 CLUSTERS = {"c0": 24, "c1": 24}
@@ -41,11 +42,23 @@ class TwinApp:
         return ["sleep", f"{self.params['work']:g}" if self.process_work else LONG]
 
 
-def launcher(spec: TwinApp, app: str, *, live: bool, start_lag: float | None = None) -> Launcher:
+# an adaptive application's configuration: its hosts per cluster, the first (FREE) request's cluster first
+Pin = tuple[tuple[str, int], ...]
+
+
+def launcher(spec: TwinApp, app: str, *, live: bool, start_lag: float | None = None,
+             pin: Pin | None = None) -> Launcher:
     """``spec``'s launcher, with id ``app``; ``live``: its work is its process (rigid), not a timer.
     ``start_lag``: a moldable or CEM launcher's (:class:`~coorm.launchers.base.SelectingLauncher`; None: what
-    its shell says -- live, :class:`~coorm.launchers.live.LiveRunner`'s; the simulator, 0)."""
+    its shell says -- live, :class:`~coorm.launchers.live.LiveRunner`'s; the simulator, 0). ``pin``: a moldable
+    or CEM launcher held to that configuration (a live run's choice): it waits until the configuration fits its
+    views, as it would on choosing it, and considers no other."""
     p = spec.params
+    if pin is not None and spec.kind == "moldable":
+        configs = [c for c in p["configs"] if c[0] == sum(n for _, n in pin)]
+        if len(pin) != 1 or pin[0][0] != spec.cluster or not configs:
+            raise ValueError(f"{app}: {pin} is not one of its configurations")
+        p = {**p, "configs": configs}
     lz: Launcher
     if spec.kind == "rigid":
         from coorm.launchers.rigid import RigidLauncher
@@ -59,9 +72,11 @@ def launcher(spec: TwinApp, app: str, *, live: bool, start_lag: float | None = N
         lz = MoldableLauncher(app, spec.cluster, [tuple(c) for c in p["configs"]], runtime_fraction=0.9,
                               start_lag=start_lag)
     elif spec.kind == "cem":
-        from coorm.launchers.cem import CEMLauncher, CEMModel
+        from coorm.launchers.cem import CEMModel
 
-        lz = CEMLauncher(app, model=CEMModel(iterations=p["iterations"], work=p["work"]), start_lag=start_lag)
+        model = CEMModel(iterations=p["iterations"], work=p["work"])
+        lz = (CEMLauncher(app, model=model, start_lag=start_lag) if pin is None
+              else PinnedCEM(app, pin, model=model, start_lag=start_lag))
     elif spec.kind == "psa":
         from coorm.launchers.psa import PSALauncher
 
@@ -81,6 +96,30 @@ def launcher(spec: TwinApp, app: str, *, live: bool, start_lag: float | None = N
     # simulated one does the same, so both halves send the same notifications
     lz.adapts_to_views = BY_NAME[spec.kind].live_views
     return lz
+
+
+class PinnedSelector(Selector):
+    """The CEM heuristic held to one configuration: where its hosts fit under the caps, that; else none (the
+    search then finds the earliest start where the configuration fits over its whole run, as for any)."""
+
+    def __init__(self, pin: Pin, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.pin = pin
+
+    def _greedy(self, caps: dict[str, int], order: list[str]) -> dict[str, int] | None:
+        return dict(self.pin) if all(caps.get(c, 0) >= n for c, n in self.pin) else None
+
+
+class PinnedCEM(CEMLauncher):
+    """A CEM launcher that chooses ``pin`` and nothing else."""
+
+    def __init__(self, app: str, pin: Pin, **kwargs) -> None:
+        super().__init__(app, **kwargs)
+        self.pin = pin
+
+    def new_selector(self, props: ClusterProps) -> Selector:
+        return PinnedSelector(self.pin, self.model, props, max_starts=self.max_starts,
+                              fixpoint_rounds=self.fixpoint_rounds)
 
 
 def props(clusters: dict[str, int]) -> ClusterProps:

@@ -25,6 +25,9 @@ Rules the engine keeps when it models delays:
 * ``live_views``: what a live session is sent, counted as live (the launcher acts on the same views): the
   views as they stand when it opens (the SDK asks for them), and its views after it started too (a launcher
   that no longer follows them ignores them);
+* ``opening_views`` (with ``live_views``): the views a live session asks for on opening (the SDK's query,
+  within its opening) are followed, not only counted: its launcher has them as it starts to run, before any
+  round's (False, as before: counted, and the launcher waits for a round);
 * ``view_notify``: the views' own latency, a round -> its launcher hears of it. Live, a start and the views
   of the pass that decided it travel apart -- the start through the node allocator, the views through the
   view publisher -- so a launcher may be shown its own request running before it hears that it started
@@ -61,6 +64,7 @@ class Delays:
     view_period: float | None = None  # None: views after every pass; else at most a round per period
     view_rate: float = 2000.0  # ... and at most this many view notifications a second (the live defaults)
     live_views: bool = False  # count the views a live session is sent beyond what its launcher follows
+    opening_views: bool = False  # ... and follow those it asks for on opening (live_views)
     view_notify: float | None = None  # None: views heard notify later, in order with starts; else their own
     # (name, samples) pairs to draw from instead of the constants; ``seed`` seeds the draws
     samples: tuple[tuple[str, tuple[float, ...]], ...] = field(default=(), repr=False)

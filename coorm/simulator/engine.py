@@ -500,11 +500,18 @@ class Simulation:
                                                                    adapts=launcher.adapts_to_views)))
             if self.delays.live_views and launcher.adapts_to_views:
                 # the SDK asks for its views as they stand once subscribed (the first round may have gone
-                # before it listened): the same views once more, which its launcher has from the round
+                # before it listened), within its opening
                 schedule = self.cores.policy.schedule
-                steps = [(c, len(schedule.np_view(app, c).times)) for c in self.clusters]
-                steps += [(c, len(schedule.p_view(app, c).times)) for c in self.clusters if launcher.wants_preemptive]
-                self._hear_later(app, ("ignored", (), cdr.change_notify(steps)))
+                np_views = {c: schedule.np_view(app, c) for c in self.clusters}
+                p_views = {c: schedule.p_view(app, c) for c in self.clusters} if launcher.wants_preemptive else {}
+                size = cdr.change_notify([(c, len(v.times)) for c, v in [*np_views.items(), *p_views.items()]])
+                if not self.delays.opening_views:  # (as before: counted; its launcher follows a round's)
+                    self._hear_later(app, ("ignored", (), size))
+                    return
+                # its launcher has them as it starts to run, before any round's
+                at = max(self.now, self._busy_by.get(app, -math.inf))
+                self._views_by[app] = max(at, self._views_by.get(app, -math.inf))
+                self._push(at, "hear", app, ("on_views", (Views(self.now, np_views, p_views),), size))
             return
         if isinstance(c, Submit) and c.replaces:
             answered: deque = deque()  # (its answer is heard at once: a request/reply)

@@ -9,7 +9,7 @@ import pytest
 
 from coorm.experiments import twin, twin_resim
 from coorm.experiments import twin_sim as tsim
-from coorm.experiments.twin_workload import MIN_GAP, QUICK_CLUSTERS, workload
+from coorm.experiments.twin_workload import MIN_GAP, QUICK_CLUSTERS, TwinApp, workload
 from coorm.launchers.live import START_LAG
 from coorm.launchers.moldable import MoldableLauncher
 from coorm.launchers.rigid import RigidLauncher
@@ -286,3 +286,53 @@ def test_the_large_scenario_extends_the_twins_with_the_same_load():
     assert {a.kind for a in later} >= {"rigid", "moldable", "cem", "amr", "next"}
     mean = (large[-1].at - large[2].at) / (len(large) - 3)
     assert 0.8 * 1.3 < mean < 1.2 * 1.3
+
+
+def _started_in(requests: list[dict], name: str) -> list[tuple[str, int]]:
+    return sorted((r["cluster"], r["nodes"]) for r in tsim.first_group(requests, name))
+
+
+def test_a_simulation_held_to_choices_starts_each_adaptive_application_in_its_pinned_configuration():
+    """Each moldable and CEM application is pinned to a configuration other than the one it chooses when free
+    (another size; a CEM on one cluster where it chose two, on the other cluster where it chose one): every
+    one starts in its pin, and every application still ends."""
+    specs = workload(quick=True)
+    settings = tsim.policy({"fair_start": 1.0, "reschedule_interval": 0.2, "preempt_grace": 3.0, "pass_burst": 16,
+                            "oversize_waits": False, "malleable_policy": "filling"})
+    free = tsim.simulate(specs, QUICK_CLUSTERS, settings)
+    pins = {}
+    for s in specs:
+        chose = _started_in(free.requests, s.name)
+        if s.kind == "moldable":
+            other = next(k for k, _ in s.params["configs"] if (s.cluster, k) not in chose)
+            pins[s.name] = ((s.cluster, other),)
+        elif s.kind == "cem":
+            (c, n), *rest = chose
+            pins[s.name] = ((c, n),) if rest else (({"c0": "c1", "c1": "c0"}[c], max(1, n // 2)),)
+    assert {s.kind for s in specs if s.name in pins} == {"moldable", "cem"}
+    held = tsim.simulate(specs, QUICK_CLUSTERS, settings, pins=pins)
+    for name, pin in pins.items():
+        assert _started_in(held.requests, name) == sorted(pin), name
+        assert _started_in(free.requests, name) != sorted(pin), name
+    assert all(held.result.apps[s.name].ended is not None for s in specs if s.kind != "psa")
+
+
+def test_a_live_runs_choices_are_read_with_their_clusters_the_first_submitted_first():
+    """A moldable's choice is the request it started in (not one cancelled as it started); a CEM's, its group's
+    hosts per cluster, the FREE request (submitted first, the lower id on a tie) first."""
+    mold = next(s for s in workload(quick=True) if s.kind == "moldable")
+    cem = TwinApp("cem-x", "cem", 1.0, "c0", {})
+    k = mold.params["configs"][0][0]
+    requests = [
+        {"name": mold.name, "request": "root.a3.1", "type": "free", "cluster": mold.cluster, "nodes": 8,
+         "start": 5.0, "end": 5.1, "submitted": 4.0},
+        {"name": mold.name, "request": "root.a3.2", "type": "free", "cluster": mold.cluster, "nodes": k,
+         "start": 9.0, "end": 20.0, "submitted": 6.0},
+        {"name": "cem-x", "request": "root.a4.10", "type": "free", "cluster": "c0", "nodes": 3, "start": 7.1,
+         "end": None, "submitted": 6.5},
+        {"name": "cem-x", "request": "root.a4.9", "type": "free", "cluster": "c1", "nodes": 5, "start": 7.0,
+         "end": None, "submitted": 6.5}]
+    assert tsim.pins([mold, cem], requests) == {mold.name: ((mold.cluster, k),), "cem-x": (("c1", 5), ("c0", 3))}
+    # a run stored before the requests' clusters were: its moldables only (a moldable's cluster is its own)
+    old = [{key: v for key, v in r.items() if key != "cluster"} for r in requests]
+    assert tsim.pins([mold, cem], old) == {mold.name: ((mold.cluster, k),)}

@@ -117,6 +117,22 @@ def test_live_views_counts_what_a_live_session_is_sent_and_changes_no_decision()
     assert b.apps["r1"].notifications > a.apps["r1"].notifications
 
 
+def test_a_launcher_follows_the_views_its_session_asks_for_on_opening():
+    """Live, the SDK asks for its views within its opening, and its launcher has them as it starts to run:
+    with opening_views a moldable application alone on its cluster chooses and is started as it opens; without
+    (as before), it waits for a round's views -- here a second of view pacing and half a second of latency."""
+    def moldable(opening: bool):
+        sim = Simulation({"c0": 8}, QUIET, delays=Delays(open=0.05, command=0.01, notify=0.01, view_period=1.0,
+                                                         view_notify=0.5, live_views=True, opening_views=opening))
+        sim.add(3.0, MoldableLauncher("m", "c0", [(2, 8.0), (8, 2.0)]))
+        return sim.run().apps["m"]
+
+    followed, waited = moldable(True), moldable(False)
+    assert followed.started == pytest.approx(3.06)  # opened at 3.05, its request reached the RMS 0.01 later
+    assert waited.started >= 3.5  # a round's views, heard view_notify after it
+    assert followed.notifications == waited.notifications  # the same views, followed or only counted
+
+
 def test_negative_delays_are_refused():
     with pytest.raises(ValueError):
         Delays(notify=-1.0)
