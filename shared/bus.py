@@ -25,6 +25,7 @@ from coorm.shared.connection import Resends, nats_servers, redact, refused_text,
 from coorm.shared.events import ErrorCode
 from coorm.shared.protocol import DeadLetter, ErrorBody, ErrorReply
 from coorm.shared.requests import Identifier
+from coorm.shared.tasks import within
 
 if TYPE_CHECKING:
     from coorm.shared.credentials import Identity
@@ -200,10 +201,9 @@ async def answered_through(url: str, name: str, identity: Identity | None, ask: 
         # nats-py tries a server it failed to reach again within the same connect, after reconnect_time_wait
         # (2 s by default: the whole look's window); a failure that passes at once (seen in the partition
         # test: *no route to host* once, just after a link came up or went down) is retried within ``reach``
-        nc = await asyncio.wait_for(nats.connect([url], name=name, connect_timeout=1, allow_reconnect=False,
-                                                 reconnect_time_wait=LOOK_RETRY,
-                                                 error_cb=quiet, **_auth(identity)),
-                                    reach)
+        nc = await within(nats.connect([url], name=name, connect_timeout=1, allow_reconnect=False,
+                                       reconnect_time_wait=LOOK_RETRY, error_cb=quiet, **_auth(identity)),
+                          reach, left=lambda late: quietly(late.close()))
     except Exception:  # noqa: BLE001 - not reached either: nothing to move to there
         return False
     try:
