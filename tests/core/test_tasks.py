@@ -93,7 +93,7 @@ def _unread_exceptions() -> list[dict]:
     return seen
 
 
-async def _settle(seen: list[dict]) -> None:
+async def _settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
     gc.collect()  # (a task's unread exception is reported when the task is collected)
@@ -129,7 +129,7 @@ async def test_a_caller_cancelled_leaves_at_once_and_what_it_waited_on_is_read_w
         caller_left.set()  # (connecting ends: a failure does not hang the run)
     async with asyncio.timeout(BOUND):
         await ended.wait()
-    await _settle(seen)
+    await _settle()
     assert not [c for c in seen if "never retrieved" in c.get("message", "")], seen
 
 
@@ -157,7 +157,7 @@ async def test_what_succeeds_after_its_caller_left_is_handed_to_left_and_a_timeo
     assert await within(asyncio.sleep(0, result=7), 1) == 7
     with pytest.raises(ValueError, match="its own"):
         await within(_raises(), 1)
-    await _settle(seen)
+    await _settle()
     assert not seen, seen
 
 
