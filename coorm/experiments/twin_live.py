@@ -74,6 +74,10 @@ class LiveRun:
     cpu_by_process: dict[str, float]
     wall: float
     settings: dict = field(default_factory=dict)
+    # each application's views as it heard them, (the round's time, when it heard it), seconds from the run's
+    # start: a view's latency by its round (how many views the round sent, its place among them). Pickled with
+    # the run, not stored in its rows (not yet modelled)
+    views_heard: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
 class _TimedRunner(LiveRunner):
@@ -244,7 +248,9 @@ async def run_workload(settings: Settings, specs: list[TwinApp], clusters: dict[
             if submitted is not None:
                 measure["command"].append(submitted - (sent - t0))
     measure.update(_overheads(runners, list(requests.values())))
-    return LiveRun(apps, list(requests.values()), measure, sum(by_process.values()), cpu_launchers, by_process, wall)
+    heard_views = {name: [(at - t0, heard - t0) for at, heard in r.views_heard] for name, r in runners.items()}
+    return LiveRun(apps, list(requests.values()), measure, sum(by_process.values()), cpu_launchers, by_process, wall,
+                   views_heard=heard_views)
 
 
 def _overheads(runners: dict[str, _TimedRunner], requests: list[dict]) -> dict[str, list[float]]:

@@ -74,12 +74,14 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
     to it (``twin_resim --quantile``: how the model's branch depends on it).
 
     The views are the exception: their latency is ``views_quantile`` of its samples, the median by default (a
-    quantile given applies to them too). A view does not wait for the one before it as a start waits for an end:
-    a launcher acts on the latest, so their tail does not add up along a run, and the views a launcher acts on
-    at once are heard fast -- on the stored twin-large run, a PSA shrank 4 ms after the submission that took its
-    nodes and a CEM chose again 9 ms after the end that freed them, where the views' mean is 39 ms and their
-    median 11 ms (EXPERIMENTS.md). ``opening_views``: its launcher follows the views its session asks for on
-    opening (:class:`~coorm.simulator.delays.Delays`)."""
+    quantile given applies to them too). A view's measured latency runs from the pass that computed it
+    (``ChangeNotify.now``), so it holds the live pacing's wait for its round as well, which the simulator's
+    own :class:`~coorm.services.policy_engine.view_pacing.ViewPacer` already makes: on a live twin run, a round
+    that came less than 0.15 s after the one before was heard a median 94 ms after its pass, one that came
+    later 6 ms (mean 13 ms), the views of a round within 0.1 ms of each other, whatever their place in it or
+    the application's kind. Their mean (40 ms there) counts the pacing twice; their median (8 ms) is near the
+    rounds not held. ``opening_views``: its launcher follows the views its session asks for on opening
+    (:class:`~coorm.simulator.delays.Delays`)."""
     views_at = quantile if quantile is not None else views_quantile
     mean = {k: centre(samples[k], quantile) if samples.get(k) else 0.0
             for k in ("notify", "command", "work_overhead", "open")}

@@ -5,6 +5,8 @@ starts closer to the live ones than the papers' instant simulator's."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from coorm.experiments import twin, twin_resim
@@ -20,11 +22,16 @@ from tests.experiments.stored import stored_rows
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
+def run_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("twin")
     got = twin.run(out, quick=True)
     assert (out / "twin.csv").exists() and (out / "twin.png").exists()
-    return got
+    return got, out
+
+
+@pytest.fixture(scope="module")
+def rows(run_out):
+    return run_out[0]
 
 
 def _diff(rows, what, model):
@@ -336,3 +343,15 @@ def test_a_live_runs_choices_are_read_with_their_clusters_the_first_submitted_fi
     # a run stored before the requests' clusters were: its moldables only (a moldable's cluster is its own)
     old = [{key: v for key, v in r.items() if key != "cluster"} for r in requests]
     assert tsim.pins([mold, cem], old) == {mold.name: ((mold.cluster, k),)}
+
+
+def test_the_pickled_live_run_holds_each_applications_views_as_heard(run_out):
+    """Each view an application heard, with its round's time: what a view's latency is made of (a round held by
+    the live pacing, or not) can be measured on the pickled run."""
+    rows, out = run_out
+    (live,) = pickle.loads((out / "twin-live.pickle").read_bytes())
+    adaptive = [a["name"] for a in rows if a["row"] == "app" and a["kind"] in ("moldable", "cem", "psa")]
+    assert all(live.views_heard.get(name) for name in adaptive), adaptive
+    heard = [(at, t) for views in live.views_heard.values() for at, t in views]
+    assert all(0 <= at <= t <= live.wall for at, t in heard)
+    assert len(heard) == len(next(r for r in rows if r["row"] == "samples" and r["delay"] == "views")["values"])
