@@ -35,7 +35,7 @@ from nats.errors import ConnectionClosedError
 
 from coorm.launchers.base import ClusterProps, Views
 from coorm.shared import bus, subjects
-from coorm.shared.connection import nats_servers, redact
+from coorm.shared.connection import Resends, nats_servers, redact
 from coorm.shared.endpoints import Role
 from coorm.shared.events import ErrorCode
 from coorm.shared.negotiation import Answer, NegotiationTerms
@@ -739,16 +739,36 @@ class Session:
         """Ask each agent this session launched on for the exits not heard of (told while the connection was
         cut)."""
         for node in sorted({n for n, _ in self._unexited}):
-            try:
-                gone = await bus.call(self.nc, subjects.node_exits(node, self.user),
-                                      ExitsQuery(token=self.token, app=self.app),
-                                      ExitsReply, timeout=5.0)
-            except Exception as e:  # noqa: BLE001 - its agent may be down: its exits come when it is back
-                _log().warning("could not ask an agent for missed exits", node=node, error=repr(e))
+            gone = await self._ask_exits(node)
+            if gone is None:
                 continue
             for note in gone.exits:
                 if (note.node, note.pid) in self._unexited:
                     await self._deliver_exit(note)
+
+    async def _ask_exits(self, node: str) -> ExitsReply | None:
+        """``node``'s agent's answer (None: none came; its agent may be down, and its exits come when it is
+        back). A query changes nothing: one unanswered is sent again (:data:`MISSED_EXITS_RESEND`) -- just
+        after a cut server rejoins its cluster, a request or its reply may cross a route not yet back."""
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+
+        loop = asyncio.get_running_loop()
+        resends = Resends(MISSED_EXITS_WITHIN, MISSED_EXITS_RESEND, loop.time())
+        while True:
+            try:
+                return await bus.call(self.nc, subjects.node_exits(node, self.user),
+                                      ExitsQuery(token=self.token, app=self.app),
+                                      ExitsReply, timeout=resends.timeout(loop.time()))
+            except (NatsTimeout, NoRespondersError) as e:
+                if not resends.retry(loop.time()):
+                    _log().warning("could not ask an agent for missed exits", node=node, error=repr(e))
+                    return None
+                if isinstance(e, NoRespondersError):  # (refused at once: not sent again at once)
+                    await asyncio.sleep(min(MISSED_EXITS_RESEND, resends.timeout(loop.time())))
+            except Exception as e:  # noqa: BLE001 - its agent may be down: its exits come when it is back
+                _log().warning("could not ask an agent for missed exits", node=node, error=repr(e))
+                return None
 
     async def _on_exit(self, msg) -> None:
         await self._deliver_exit(ProcessExited.model_validate_json(msg.data))
@@ -911,6 +931,12 @@ ASSIGN_RETRY = (0.05, 0.5)  # first and longest pause between two launches refus
 
 
 AfterTimeout = Callable[[bus.WireError], object]
+
+
+# s: how long the exits of a session the RMS reaped are asked of an agent, and after how long one unanswered
+# query is sent again (then after twice as long)
+MISSED_EXITS_WITHIN = 5.0
+MISSED_EXITS_RESEND = 1.0
 
 
 async def _call_retrying(nc, subject: str, message, reply, *, attempts: int = 40, timeout: float = CALL_TIMEOUT,
