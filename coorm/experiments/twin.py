@@ -105,11 +105,18 @@ def run(out: Path, quick: bool = False, *, spaced: bool = False, name: str = NAM
     # the live runs as measured (the rows are derived from them): to compare again without running them
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}-live.pickle").write_bytes(pickle.dumps(runs))
+    rows = compared(specs, clusters, runs, spaced=spaced, count=count)
+    common.write_csv(out / f"{name}.csv", [r for r in rows if r["row"] == "app"])
+    plot(rows, out / f"{name}.png")
+    return rows
+
+
+def compared(specs, clusters: dict[str, int], runs: list, *, spaced: bool, count: int | None) -> list[dict]:
+    """The rows of the live ``runs`` (one, or two: :func:`run`'s) of ``specs``, compared with the simulators,
+    and how the scenario was made (``spaced``, ``count``: :func:`~.twin_workload.workload`'s)."""
     rows = compare(specs, clusters, runs[0], runs[1] if len(runs) > 1 else None)
     rows[0]["spaced"] = spaced
     rows[0]["count"] = count
-    common.write_csv(out / f"{name}.csv", [r for r in rows if r["row"] == "app"])
-    plot(rows, out / f"{name}.png")
     return rows
 
 

@@ -125,12 +125,11 @@ def compare_again(name: str, runs_path: Path, doc: Path, wall_s: float) -> Path:
     runs = pickle.loads(runs_path.read_bytes())
     quick = len(runs) == 1
     count = twin_large.COUNT if name == twin_large.NAME and not quick else None
-    specs = workload(quick, spaced=name == "twin-spaced", count=count)
+    spaced = name == "twin-spaced"
+    specs = workload(quick, spaced=spaced, count=count)
     if set(runs[0].apps) != {s.name for s in specs}:
         raise ValueError(f"{runs_path} is not {name}'s applications")
-    rows = twin.compare(specs, QUICK_CLUSTERS if quick else CLUSTERS, runs[0], runs[1] if len(runs) > 1 else None)
-    rows[0]["spaced"] = name == "twin-spaced"
-    rows[0]["count"] = count
+    rows = twin.compared(specs, QUICK_CLUSTERS if quick else CLUSTERS, runs, spaced=spaced, count=count)
     return common.store(doc, name, rows, wall_s=wall_s)
 
 

@@ -172,7 +172,8 @@ def mean_line(x: list[float], y: list[float], quantile: float | None = None) -> 
     if y:
         line_mean = statistics.fmean(a + b * n for n in x) if x else a
         if line_mean > 0:
-            a, b = a * centre(y, quantile) / line_mean, b * centre(y, quantile) / line_mean
+            scale = centre(y, quantile) / line_mean
+            a, b = a * scale, b * scale
     return a, b
 
 
