@@ -32,6 +32,7 @@ predecessor's end and its successor's start in the same batch. Nothing here read
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from coorm.services.policy_engine import lifecycle, negotiation, preemption
 from coorm.services.policy_engine.lifecycle import Phase
 from coorm.services.policy_engine.negotiation import ANSWERED, LAPSED, Negotiation, NegotiationBook
-from coorm.services.policy_engine.placement import Container, Placer
+from coorm.services.policy_engine.placement import Placer
+from coorm.services.policy_engine.reuse import ALL, Kept, Lane, Unit, base_key
 from coorm.services.policy_engine.schedule import Schedule, interval_hash
 from coorm.services.policy_engine.shares import FILLING, INCREMENTAL, POLICIES
 from coorm.services.policy_engine.state import App, Hold, Request, RequestState
@@ -126,6 +128,14 @@ class PassContext:
     marks: dict[str, int] = field(default_factory=dict)
     np_signatures: dict[str, int] = field(default_factory=dict)
     due: list[Request] = field(default_factory=list)
+    lanes: dict[str, Lane] = field(default_factory=dict)
+    kept: Kept | None = None  # what the next pass may keep of this one
+    placed_units: int = 0  # units placed anew (the others were kept: :mod:`.reuse`)
+    kept_units: int = 0
+
+    def profile(self, cluster: str) -> Profile:
+        """``cluster``'s profile once every waiting request is placed."""
+        return self.lanes[cluster].ready(self.placer.now)
 
 
 def _steps(view: StepFunction) -> list[Step]:
@@ -180,6 +190,12 @@ class PolicyCore:
         self.stories: dict[str, list[tuple[float, str, str]]] = {}
         self._ended_stories: deque[str] = deque()  # the ended requests whose stories are kept, oldest first
         self.negotiations = NegotiationBook()  # offers and what they set aside (:mod:`.negotiation`)
+        # the last placement, and the (application, cluster)s whose requests changed since (:mod:`.reuse`); never in
+        # a snapshot: a restored core's first pass places everything. ``reuse`` False: every pass does
+        self.reuse = True
+        self._kept: Kept | None = None
+        self._touched: dict[str, set[str]] = {}
+        self._started_since: list[Request] = []
 
     # ============================================================================================
     # public API
@@ -339,6 +355,7 @@ class PolicyCore:
         for r in batch.values():
             self.requests[r.id] = r
             app.requests[r.id] = r
+            self._touched.setdefault(app.id, set()).add(r.cluster)
             if r.preemptible:
                 app.preemptible[r.id] = r
             if r.related_how is Relation.NEXT and r.related_to is not None:
@@ -524,7 +541,7 @@ class PolicyCore:
         ctx = self._place_all()
         # preemptible growth is offered within the application's preemptive view: the schedule of this placement
         sched = self._schedule(ctx) if neg.terms.type is RequestType.PREEMPTIBLE else None
-        made = negotiation.make_offer(self, neg, ctx.placer.profiles[neg.cluster].to_stepfunction(), stimulus,
+        made = negotiation.make_offer(self, neg, ctx.profile(neg.cluster).to_stepfunction(), stimulus,
                                       sched=sched)
         if made is None:
             self.tell_negotiation(neg, "nothing to offer now: waits for nodes to free up")
@@ -588,6 +605,7 @@ class PolicyCore:
                     related_how=Relation.FREE, submitted_at=self.now, seq=self._seq)
         self.requests[r.id] = r
         app.requests[r.id] = r
+        self._touched.setdefault(app.id, set()).add(r.cluster)
         if r.preemptible:
             app.preemptible[r.id] = r
         elif offer.reserved:
@@ -724,8 +742,10 @@ class PolicyCore:
     def _move(self, r: Request, transition: str) -> None:
         """The one way a request's phase changes: a transition of its lifecycle table."""
         r.phase = lifecycle.target(r.phase, transition, r.id, self.stories.get(r.id, ()))
+        self._touched.setdefault(r.app, set()).add(r.cluster)
         if r.phase is Phase.RUNNING:
             self.started[r.id] = r  # (only ``start`` leads here)
+            self._started_since.append(r)
             self.started_per_app[r.app] = self.started_per_app.get(r.app, 0) + 1
         elif r.phase is Phase.ENDED and self.started.pop(r.id, None) is not None:
             left = self.started_per_app.pop(r.app) - 1
@@ -894,8 +914,7 @@ class PolicyCore:
         if not clusters:
             return []
         ctx = self._place_all()  # (the profiles left once every waiting request is placed never delay them)
-        profiles = ctx.placer.profiles
-        return negotiation.standing_offers(self, {c: profiles[c].to_stepfunction() for c in clusters}, stimulus,
+        return negotiation.standing_offers(self, {c: ctx.profile(c).to_stepfunction() for c in clusters}, stimulus,
                                            self._schedule(ctx))
 
     def _base(self) -> dict[str, list[tuple[float, float, int]]]:
@@ -915,15 +934,49 @@ class PolicyCore:
         return base
 
     def _place_all(self) -> PassContext:
+        ctx = self._walk(self._kept) if self.reuse else self._walk(None, whole=True)
+        if self.validate and ctx.kept_units:
+            self._check_kept(ctx)
+        self._kept = ctx.kept
+        self._touched = {}
+        self._started_since = []
+        return ctx
+
+    def _walk(self, kept: Kept | None, *, whole: bool = False) -> PassContext:
+        """Place every waiting request, keeping from ``kept`` (the last placement) what cannot have changed
+        (:mod:`.reuse`); with ``kept`` None, nothing. ``whole``: each application's requests as one unit, placed
+        together as before units were (the reference the kept placements are compared with)."""
         now = self.now
         base = self._base()
-        profiles = {c: Profile(now, up) for c, up in self.clusters.items()}
+        requests = self.requests
+        # accepted offers go first, on the nodes their offers set aside: the RMS gave its word
+        promised = {rid for rid in self.negotiations.promised
+                    if rid in requests and requests[rid].state is WAITING}
+        touched = self._touched
+        full = kept is None or bool(promised) or kept.unplaced or any("" in cs for cs in touched.values())
+        lanes: dict[str, Lane] = {}
+        profiles: dict[str, Profile] = {}
+        # what started since was placed then: its reservation moved from the placement to the base
+        into_base: dict[str, list[tuple[float, float, int]]] = {}
+        if not full:
+            for r in self._started_since:
+                if r.state is STARTED and r.container is None and not r.preemptible:
+                    into_base.setdefault(r.cluster, []).append((r.start, r.end, r.nodes))
         signature = 0
-        for c, items in base.items():
-            p = profiles[c]
-            for b, e, n in items:
-                p.reserve(b, e, n)
-                signature += interval_hash(c, (b, e, n))
+        for c, up in self.clusters.items():
+            items = base[c]
+            for item in items:
+                signature += interval_hash(c, item)
+            if kept is None or full:
+                lane = Lane(c, up, items, True, [])
+            else:
+                was = kept.base.get(c)
+                replacing = was is None or kept.up.get(c) != up or (
+                    base_key(c, items, now) != base_key(c, was + into_base.get(c, []), now))
+                lane = Lane(c, up, items, replacing, kept.order.get(c, []))
+            lanes[c] = lane
+            if lane.replacing:
+                profiles[c] = lane.ready(now)
         placer = Placer(now, profiles, signature=signature & ((1 << 64) - 1))
         placer.np_usage = {c: [] for c in self.clusters}
         for r in self._started_in_order():
@@ -934,44 +987,200 @@ class PolicyCore:
                 placer.np_usage[h.cluster].append((h.begin, h.until, h.nodes))
         for c, item in self.negotiations.reservations():
             placer.np_usage[c].append(item)
-        ctx = PassContext(placer, base)
-        lookup = self.requests.get
+        ctx = PassContext(placer, base, lanes=lanes)
+        lookup = requests.get
         due = ctx.due
-        # accepted offers go first, on the nodes their offers set aside: the RMS gave its word
-        promised = {rid for rid in self.negotiations.promised
-                    if rid in self.requests and self.requests[rid].state is WAITING}
         for rid in self.negotiations.promised:
             if rid in promised:
-                r = self.requests[rid]
+                r = requests[rid]
                 for pl in placer.place_app([r], {}, lookup):
                     pl.request.start = pl.start
                     pl.request.placed_in = None
                 if r.start <= now:
                     due.append(r)
         marks, signatures = ctx.marks, ctx.np_signatures
+        log, log_ids, usage = placer.log, placer.log_ids, placer.np_usage
+        old_units = kept.units if kept is not None and not full else {}
+        units_of: dict[str, list[Unit]] = {}
+        unplaced = False
+
+        def moved(app_id: str, key: str, cluster: str) -> bool:
+            """Whether the last placement's unit's reservations on ``cluster`` are all of requests started since."""
+            for u in old_units.get(app_id, ()):
+                if u.key == key:
+                    return all((q := requests.get(rid)) is not None and q.state is STARTED
+                               for (c, *_), rid in zip(u.entries, u.ids, strict=True) if c == cluster)
+            return False
         for app in self.priority_order():
-            marks[app.id] = len(placer.log)
+            marks[app.id] = len(log)
             signatures[app.id] = placer.signature
             if not app.requests:
                 continue  # (most of a thousand open sessions: nothing to place, and a pass is per session)
-            waiting = []
-            containers: dict[str, list[Container]] = {}
-            for r in app.requests.values():
-                if r.state is WAITING:
-                    if not r.preemptible and r.id not in promised:
-                        if r.unplaced and not self._choose_cluster(r, placer):
-                            continue
-                        waiting.append(r)
-                elif r.is_preallocation:
-                    inner = [i for i in app.requests.values() if i.container == r.id]
-                    containers.setdefault(r.cluster, []).append(placer.container_for(r, r.start, inner))
-            if waiting:
-                for pl in placer.place_app(waiting, containers, lookup):
-                    pl.request.start = pl.start
-                    pl.request.placed_in = pl.container.request.id if pl.container else None
-                due.extend(r for r in waiting if r.start <= now)
+            old = old_units.get(app.id)
+            mine = touched.get(app.id)
+            previous: dict[str, Unit] = {}
+            if old is not None and mine is None:
+                units = old
+            else:
+                units, missed = self._units(app, placer, promised, whole)
+                unplaced = unplaced or missed
+                if old is not None and mine is not None:
+                    previous = {u.key: u for u in old}
+                    units = [previous[u.key] if u.key in previous and mine.isdisjoint(u.clusters) else u
+                             for u in units]
+            units_of[app.id] = units
+            app_due: list[Request] = []
+            due_units = 0
+            for u in units:
+                if u.placed and len(u.clusters) == 1 and u.first > now and not (lane := lanes[u.key]).replacing:
+                    # the common case, kept as it was: one cluster, in its place in the lane's order
+                    if not u.spans:
+                        usage[u.key].extend(u.items)
+                        ctx.kept_units += 1
+                        continue
+                    order, at = lane.order, lane.at
+                    if at < len(order) and order[at] == (app.id, u.key):
+                        lane.at = at + 1
+                        log.extend(u.entries)
+                        log_ids.extend(u.ids)
+                        placer.signature = (placer.signature + u.signature) & ((1 << 64) - 1)
+                        lane.pending.extend(u.spans)
+                        usage[u.key].extend(u.items)
+                        lane.seen.append((app.id, u.key))
+                        ctx.kept_units += 1
+                        continue
+                prev = u if u.placed else previous.get(u.key)
+                had = set(prev.lanes) if prev is not None else set()
+                for c in had:
+                    lane = lanes[c]
+                    if not lane.replacing and not lane.comes(app.id, u.key, moved):
+                        lane.replacing = True
+                if prev is u and u.first > now and not any(lanes[c].replacing for c in u.clusters):
+                    # kept: what it placed last time, its reservations made in the profile only when needed
+                    log.extend(u.entries)
+                    log_ids.extend(u.ids)
+                    placer.signature = (placer.signature + u.signature) & ((1 << 64) - 1)
+                    for c, b, e, n in u.entries:
+                        lanes[c].pending.append((b, e, n))
+                    for c, item in u.usage:
+                        usage[c].append(item)
+                    ctx.kept_units += 1
+                else:
+                    keeping = [c for c in had.union(u.clusters) if not lanes[c].replacing]
+                    if keeping:
+                        started = set() if prev is None else {
+                            rid for rid in prev.ids if (q := requests.get(rid)) is not None and q.state is STARTED}
+                        before = {c: prev.on(c, started) if prev is not None else [] for c in keeping}
+                    self._place_unit(u, placer, lanes)
+                    ctx.placed_units += 1
+                    for c in keeping:
+                        if u.on(c) != before[c]:
+                            lanes[c].replacing = True
+                            profiles[c] = lanes[c].ready(now)
+                    now_due = [r for r in u.waiting if r.start <= now]
+                    if now_due:
+                        app_due.extend(now_due)
+                        due_units += 1
+                for c in u.lanes:
+                    lanes[c].seen.append((app.id, u.key))
+            if due_units > 1:
+                app_due.sort(key=_SEQ)
+            due.extend(app_due)
         ctx.np_signatures["\x00final"] = placer.signature
+        ctx.kept = Kept(now, dict(self.clusters), {c: list(items) for c, items in base.items()}, units_of,
+                        {c: lane.seen for c, lane in lanes.items()}, unplaced=unplaced)
         return ctx
+
+    def _units(self, app: App, placer: Placer, promised: set[str], whole: bool = False) -> tuple[list[Unit], bool]:
+        """``app``'s waiting requests cut into the units placed together (:mod:`.reuse`): those on clusters that
+        related requests tie together, one unit (``whole``: all of them); and whether one left to the RMS fits
+        nowhere yet."""
+        waiting: list[Request] = []
+        sources: dict[str, list[tuple[Request, list[Request]]]] = {}
+        missed = False
+        for r in app.requests.values():
+            if r.state is WAITING:
+                if not r.preemptible and r.id not in promised:
+                    if r.unplaced and not self._choose_cluster(r, placer):
+                        missed = True
+                        continue
+                    waiting.append(r)
+            elif r.is_preallocation:
+                inner = [i for i in app.requests.values() if i.container == r.id]
+                sources.setdefault(r.cluster, []).append((r, inner))
+        if not waiting:
+            return [], missed
+        if whole:
+            clusters = tuple(sorted({r.cluster for r in waiting}))
+            key = clusters[0] if len(clusters) == 1 else ALL + "+".join(clusters)
+            return [Unit(key, clusters, waiting, {c: sources[c] for c in clusters if c in sources})], missed
+        # a group of related requests is placed as one: the clusters it spans are one unit's
+        tied: dict[str, str] = {r.cluster: r.cluster for r in waiting}
+
+        def root(c: str) -> str:
+            while tied[c] != c:
+                c = tied[c]
+            return c
+
+        ids = {r.id: r for r in waiting}
+        for r in waiting:
+            if r.constrained and r.related_to in ids:
+                a, b = root(r.cluster), root(ids[r.related_to].cluster)
+                if a != b:
+                    tied[max(a, b)] = min(a, b)
+        per: dict[str, list[Request]] = {}
+        for r in waiting:
+            per.setdefault(root(r.cluster), []).append(r)
+        units = []
+        for rs in per.values():
+            clusters = tuple(sorted({r.cluster for r in rs}))
+            key = clusters[0] if len(clusters) == 1 else ALL + "+".join(clusters)
+            units.append(Unit(key, clusters, rs, {c: sources[c] for c in clusters if c in sources}))
+        units.sort(key=lambda u: u.key)
+        return units, missed
+
+    def _place_unit(self, u: Unit, placer: Placer, lanes: dict[str, Lane]) -> None:
+        now = self.now
+        for c in u.clusters:
+            placer.profiles[c] = lanes[c].ready(now)
+        containers = {c: [placer.container_for(p, p.start, inner) for p, inner in srcs]
+                      for c, srcs in u.sources.items()}
+        n0, s0 = len(placer.log), placer.signature
+        usage = placer.np_usage
+        u0 = {c: len(usage[c]) for c in u.clusters}
+        for pl in placer.place_app(u.waiting, containers, self.requests.get):
+            pl.request.start = pl.start
+            pl.request.placed_in = pl.container.request.id if pl.container else None
+        u.entries = placer.log[n0:]
+        u.ids = placer.log_ids[n0:]
+        u.signature = (placer.signature - s0) & ((1 << 64) - 1)
+        u.usage = [(c, item) for c in u.clusters for item in usage[c][u0[c]:]]
+        u.lanes = tuple(sorted({e[0] for e in u.entries}))
+        u.spans = [(b, e, n) for _, b, e, n in u.entries]
+        u.items = [item for _, item in u.usage]
+        u.first = min(r.start for r in u.waiting)
+        u.placed = True
+
+    def _check_kept(self, kept: PassContext) -> None:
+        """``validate``: a placement that kept units must equal one that placed everything."""
+        def outcome(ctx: PassContext) -> dict[str, object]:
+            order = [ctx.marks[a.id] for a in self.priority_order()] + [len(ctx.placer.log)]
+            log = list(zip(ctx.placer.log, ctx.placer.log_ids, strict=True))
+            return {
+                "turns": [sorted(log[a:b]) for a, b in itertools.pairwise(order)],
+                "marks": dict(ctx.marks), "signatures": dict(ctx.np_signatures),
+                "due": [r.id for r in ctx.due],
+                "usage": {c: sorted(items) for c, items in ctx.placer.np_usage.items()},
+                "profiles": {c: ctx.profile(c).to_stepfunction() for c in self.clusters},
+                "placed": {r.id: (r.start, r.placed_in) for r in self.requests.values()
+                           if r.state is WAITING and not r.preemptible},
+            }
+        got = outcome(kept)
+        want = outcome(self._walk(None, whole=True))
+        for what, mine in got.items():
+            if mine != want[what]:
+                raise AssertionError(f"kept placements differ from a full pass's in {what} at {self.now}: "
+                                     f"{mine} against {want[what]}")
 
     def _choose_cluster(self, r: Request, placer: Placer) -> bool:
         """The cluster of a request left to the RMS, chosen when it is first placed and kept: its rule

@@ -50,6 +50,7 @@ from coorm.services.node_allocator.core import Node, NodeAllocator
 from coorm.services.policy_engine.core import PolicyCore, PolicySettings
 from coorm.services.policy_engine.lifecycle import Phase
 from coorm.services.policy_engine.negotiation import Negotiation, NegotiationBook, Offer
+from coorm.services.policy_engine.reuse import Kept, Unit
 from coorm.services.policy_engine.schedule import PreemptibleDemand, Schedule
 from coorm.services.policy_engine.state import App, Hold, Request, RequestState
 from coorm.shared.events import EndReason
@@ -454,6 +455,12 @@ NOT_CARRIED: dict[type, dict[str, str]] = {
         "_by_priority": "the applications in priority order, rebuilt from the order when first read",
         "answered_at": "when each application last answered the fair-start holds: only a shortcut past the "
                        "holds it has answered (without it, every hold is looked at)",
+        "reuse": "a choice of the process that restores (a benchmark turns it off to time full passes)",
+        "_kept": "the last placement, for the next pass to keep what did not change: without it the first pass "
+                 "after a restore places everything (reuse.py)",
+        "_touched": "the applications and clusters changed since the last placement: without a placement kept, "
+                    "nothing to compare with",
+        "_started_since": "the requests started since the last placement: likewise",
     },
     NodeAllocator: {"validate": "a choice of the process that restores (Snapshot.cores(validate=...))"},
 }
@@ -462,6 +469,8 @@ VALUE_CLASSES: dict[type, str] = {
     PolicySettings: "not carried (PolicyCore.settings)",
     deque: "PolicyCore._ended_stories: an array",
     NegotiationTerms: "Negotiation.terms: an object, as on the wire",
+    Kept: "PolicyCore._kept: not carried",
+    Unit: "PolicyCore._kept's units: not carried",
 }
 
 

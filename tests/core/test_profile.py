@@ -297,3 +297,38 @@ def test_a_rolled_back_reservation_restores_what_was_learnt_before_it():
     q.reserve(5.0, 8.0, 1)
     q.release(5.0, 8.0, 3)  # more than that reservation: not its rollback
     assert q.earliest_fit(2, 3.0, 0.0) == 5.0
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    start=st.integers(min_value=0, max_value=10).map(float),
+    capacity=st.integers(min_value=0, max_value=12),
+    block=st.integers(min_value=1, max_value=6),
+    before=st.lists(st.tuples(times, durations, nodes), max_size=20),
+    bulk=st.lists(st.tuples(times, durations, nodes), max_size=40),
+    jobs=st.lists(st.tuples(nodes, durations, times), max_size=20),
+)
+def test_reserving_all_at_once_is_reserving_one_by_one(start, capacity, block, before, bulk, jobs):
+    """A kept lane is made from hundreds of reservations at once (reserve_all): the same breakpoints, values,
+    horizon and searches as one at a time, after searches that learnt bounds, and for the backfilling after it."""
+    one, all_ = Profile(start, capacity, block=block), Profile(start, capacity, block=block)
+    ref = NaiveProfile(start, capacity)
+    for p in (one, all_):
+        for begin, duration, n in before:
+            p.reserve(begin, begin + duration, n)
+            p.earliest_fit(n, 5.0, begin)  # (learn something)
+    for begin, duration, n in before:
+        ref.reserve(begin, begin + duration, n)
+    for begin, duration, n in bulk:
+        one.reserve(begin, begin + duration, n)
+        ref.reserve(begin, begin + duration, n)
+    all_.reserve_all((begin, begin + duration, n) for begin, duration, n in bulk)
+    assert as_steps(all_) == as_steps(one) == ref.steps()
+    assert len(all_) == len(one) and all_.horizon() == one.horizon()
+    for n, duration, not_before in jobs:
+        got = all_.earliest_fit(n, duration, not_before)
+        assert got == one.earliest_fit(n, duration, not_before) == ref.earliest_fit(n, duration, not_before)
+        if got < INF:
+            for p in (one, all_, ref):
+                p.reserve(got, got + duration, n)
+    _check_same(all_, ref)
