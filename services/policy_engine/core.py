@@ -44,7 +44,7 @@ from coorm.services.policy_engine import lifecycle, negotiation, preemption
 from coorm.services.policy_engine.lifecycle import Phase
 from coorm.services.policy_engine.negotiation import ANSWERED, LAPSED, Negotiation, NegotiationBook
 from coorm.services.policy_engine.placement import Placer
-from coorm.services.policy_engine.reuse import ALL, Kept, Lane, Unit, base_key
+from coorm.services.policy_engine.reuse import ALL, Kept, Lane, Unit, key_at
 from coorm.services.policy_engine.schedule import Schedule, interval_hash
 from coorm.services.policy_engine.shares import FILLING, INCREMENTAL, POLICIES
 from coorm.services.policy_engine.state import App, Hold, Request, RequestState
@@ -963,16 +963,18 @@ class PolicyCore:
                 if r.state is STARTED and r.container is None and not r.preemptible:
                     into_base.setdefault(r.cluster, []).append((r.start, r.end, r.nodes))
         signature = 0
+        hashed: dict[str, list[tuple[float, int]]] = {}
         for c, up in self.clusters.items():
             items = base[c]
-            for item in items:
-                signature += interval_hash(c, item)
+            hashes = hashed[c] = [(item[1], interval_hash(c, item)) for item in items]
+            signature += sum(h for _, h in hashes)
             if kept is None or full:
                 lane = Lane(c, up, items, True, [])
             else:
                 was = kept.base.get(c)
                 replacing = was is None or kept.up.get(c) != up or (
-                    base_key(c, items, now) != base_key(c, was + into_base.get(c, []), now))
+                    key_at(hashes, now) != key_at(was + [(i[1], interval_hash(c, i)) for i in into_base.get(c, ())],
+                                                  now))
                 lane = Lane(c, up, items, replacing, kept.order.get(c, []))
             lanes[c] = lane
             if lane.replacing:
@@ -1087,7 +1089,7 @@ class PolicyCore:
                 app_due.sort(key=_SEQ)
             due.extend(app_due)
         ctx.np_signatures["\x00final"] = placer.signature
-        ctx.kept = Kept(now, dict(self.clusters), {c: list(items) for c, items in base.items()}, units_of,
+        ctx.kept = Kept(now, dict(self.clusters), hashed, units_of,
                         {c: lane.seen for c, lane in lanes.items()}, unplaced=unplaced)
         return ctx
 

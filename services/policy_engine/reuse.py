@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from coorm.services.policy_engine.schedule import Interval, interval_hash
+from coorm.services.policy_engine.schedule import Interval
 from coorm.services.policy_engine.state import Request
 from coorm.shared.stepfn import INF, Profile
 
@@ -78,21 +78,18 @@ class Kept:
 
     now: float
     up: dict[str, int]
-    base: dict[str, list[Interval]]  # the base it placed them on (what started since moves there)
+    # the base it placed them on, (end, interval_hash) a reservation (what started since moves there)
+    base: dict[str, list[tuple[float, int]]]
     units: dict[str, list[Unit]]  # application -> its units, in the order they were placed
     order: dict[str, list[tuple[str, str]]]  # cluster -> (application, unit key) of the units with reservations there
     # a request left to the RMS stayed unplaced: it is chosen again at every pass, reading every cluster's profile
     unplaced: bool = False
 
 
-def base_key(cluster: str, items: list[Interval], now: float) -> int:
-    """The base's reservations that still matter at ``now``, as one number (a commutative hash: order does not
-    count)."""
-    key = 0
-    for item in items:
-        if item[1] > now:
-            key += interval_hash(cluster, item)
-    return key & _MASK
+def key_at(hashes: list[tuple[float, int]], now: float) -> int:
+    """A base's reservations that still matter at ``now``, as one number, from their (end, hash): the sum of their
+    hashes (commutative: order does not count)."""
+    return sum(h for end, h in hashes if end > now) & _MASK
 
 
 @dataclass(slots=True)
