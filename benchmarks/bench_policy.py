@@ -6,6 +6,9 @@
     waiting requests (apps and clusters fixed), of applications (requests and clusters fixed) and of
     clusters (requests and applications fixed), with the growth ratio between sizes set beside the growth
     of n log n;
+(c) a pass run by one event (a submission, a cancel, an early end) with no time passing, on two cores loaded
+    alike, one placing everything at every pass, the other keeping the placements the event cannot have changed
+    (services/policy_engine/reuse.py): their times and decisions side by side;
 (b) events per second through the core: a stream of open/submit/done events with a 1 s re-scheduling
     interval in simulated time, many events coalesced per pass as in live operation; total events over
     the total wall time, the passes included, for three arrival rates (events per simulated second).
@@ -16,15 +19,16 @@ pre-allocations with requests sized to run inside them, 1 % preemptible, 0.5 % C
 within one re-scheduling interval so that no pass runs while loading. A warm-up pass starts what fits;
 then each timed pass is the ``handle`` of one more Submit once a pass is due: the core is dirty and
 recomputes everything (profiles, placements, views' signatures and preemptible shares are rebuilt from
-the state). Between passes, launchers give preemptible nodes back when told to, as well-behaved ones do
-(a violation would end a session and make the pass run twice). Wall-clock medians are the figures; the
-CPU time of the process is shown beside them because a shared machine inflates wall time, and the growth
-ratios are computed on it.
+the state; ``core.reuse`` is off: nothing is kept from the last pass). Between passes, launchers give
+preemptible nodes back when told to, as well-behaved ones do (a violation would end a session and make the
+pass run twice). Wall-clock medians are the figures; the CPU time of the process is shown beside them
+because a shared machine inflates wall time, and the growth ratios are computed on it.
 
 Targets (issue 16): a pass over 10,000 waiting requests from 1,000 applications on 8 clusters under 50 ms
-and over 100,000 under 500 ms, growing no worse than n log n; at least 20,000 events/s. The last table sets
-each figure beside its target. ``--quick`` leaves out 100,000 requests and runs shorter streams (well under a
-minute); the full run takes about a minute on a 2-core machine.
+and over 100,000 under 500 ms, growing no worse than n log n; at least 20,000 events/s. The targets table sets
+both the full pass (a) and the passes after one event (c) beside them. ``--quick`` leaves out 100,000
+requests and runs shorter streams (well under a minute); the full run takes about a minute and a half on a
+2-core machine.
 """
 
 from __future__ import annotations

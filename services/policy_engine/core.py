@@ -1064,6 +1064,8 @@ class PolicyCore:
                     placer.signature = (placer.signature + u.signature) & ((1 << 64) - 1)
                     for c, b, e, n in u.entries:
                         lanes[c].pending.append((b, e, n))
+                    if len(u.clusters) == 1:
+                        usage[u.key].extend(u.items)
                     for c, item in u.usage:
                         usage[c].append(item)
                     ctx.kept_units += 1
@@ -1115,7 +1117,8 @@ class PolicyCore:
         if whole:
             clusters = tuple(sorted({r.cluster for r in waiting}))
             key = clusters[0] if len(clusters) == 1 else ALL + "+".join(clusters)
-            return [Unit(key, clusters, waiting, {c: sources[c] for c in clusters if c in sources})], missed
+            return [Unit(key, clusters, waiting, {c: sources[c] for c in clusters if c in sources},
+                         related=True)], missed
         # a group of related requests is placed as one: the clusters it spans are one unit's
         tied: dict[str, str] = {r.cluster: r.cluster for r in waiting}
 
@@ -1137,30 +1140,39 @@ class PolicyCore:
         for rs in per.values():
             clusters = tuple(sorted({r.cluster for r in rs}))
             key = clusters[0] if len(clusters) == 1 else ALL + "+".join(clusters)
-            units.append(Unit(key, clusters, rs, {c: sources[c] for c in clusters if c in sources}))
+            units.append(Unit(key, clusters, rs, {c: sources[c] for c in clusters if c in sources},
+                              related=any(r.constrained for r in rs)))  # (place_app's test: a running one too)
         units.sort(key=lambda u: u.key)
         return units, missed
 
     def _place_unit(self, u: Unit, placer: Placer, lanes: dict[str, Lane]) -> None:
         now = self.now
-        for c in u.clusters:
+        clusters = u.clusters
+        for c in clusters:
             placer.profiles[c] = lanes[c].ready(now)
         containers = {c: [placer.container_for(p, p.start, inner) for p, inner in srcs]
-                      for c, srcs in u.sources.items()}
-        n0, s0 = len(placer.log), placer.signature
-        usage = placer.np_usage
-        u0 = {c: len(usage[c]) for c in u.clusters}
-        for pl in placer.place_app(u.waiting, containers, self.requests.get):
+                      for c, srcs in u.sources.items()} if u.sources else {}
+        log, usage = placer.log, placer.np_usage
+        n0, s0 = len(log), placer.signature
+        u0 = [len(usage[c]) for c in clusters]
+        if u.related:
+            placed = placer.place_app(u.waiting, containers, self.requests.get)
+        else:  # (what place_app does with no related request, without looking for one)
+            placed = placer._place_lone(u.waiting, containers)
+        for pl in placed:
             pl.request.start = pl.start
             pl.request.placed_in = pl.container.request.id if pl.container else None
-        u.entries = placer.log[n0:]
+        entries = u.entries = log[n0:]
         u.ids = placer.log_ids[n0:]
         u.signature = (placer.signature - s0) & ((1 << 64) - 1)
-        u.usage = [(c, item) for c in u.clusters for item in usage[c][u0[c]:]]
-        u.lanes = tuple(sorted({e[0] for e in u.entries}))
-        u.spans = [(b, e, n) for _, b, e, n in u.entries]
-        u.items = [item for _, item in u.usage]
-        u.first = min(r.start for r in u.waiting)
+        if len(clusters) == 1:
+            u.items = usage[clusters[0]][u0[0]:]
+            u.lanes = clusters if entries else ()
+        else:
+            u.usage = [(c, item) for c, k in zip(clusters, u0, strict=True) for item in usage[c][k:]]
+            u.lanes = tuple(sorted({e[0] for e in entries}))
+        u.spans = [(b, e, n) for _, b, e, n in entries]
+        u.first = min([r.start for r in u.waiting])
         u.placed = True
 
     def _check_kept(self, kept: PassContext) -> None:

@@ -53,8 +53,10 @@ class Unit:
     waiting: list[Request]  # in submission order
     # the application's running pre-allocations on those clusters, each with what runs inside it
     sources: dict[str, list[tuple[Request, list[Request]]]]
+    related: bool = False  # some of its requests are related (COALLOC, NEXT) to others of it
     # what its last placement made: log entries (reservations in the lanes) and their request ids, their hashes'
-    # sum, the intervals used non-preemptibly (inside pre-allocations too), and the earliest start per cluster
+    # sum, the intervals used non-preemptibly (inside pre-allocations too: on several clusters, ``usage``; on one,
+    # ``items``), and its earliest start
     entries: list[LogEntry] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     signature: int = 0
