@@ -1091,7 +1091,7 @@ class PolicyCore:
                 app_due.sort(key=_SEQ)
             due.extend(app_due)
         ctx.np_signatures["\x00final"] = placer.signature
-        ctx.kept = Kept(now, dict(self.clusters), hashed, units_of,
+        ctx.kept = Kept(dict(self.clusters), hashed, units_of,
                         {c: lane.seen for c, lane in lanes.items()}, unplaced=unplaced)
         return ctx
 

@@ -6,8 +6,8 @@ profile, except in a group of related requests, which may span clusters. So a pa
 priority order: an application's waiting requests on one cluster, or on the clusters its related requests tie
 together (a COALLOC pair on two clusters: both, with the application's other requests there). A unit is placed in
 its cluster's *lane*: the cluster's base (running work, holds, what offers set aside) less the units placed before it
-there. A unit's placements depend only on its requests, the application's running
-pre-allocations there and its lane's profile at its turn, all of them seen from "now".
+there. A unit's placements depend only on its requests, the application's running pre-allocations there and its
+lane's profile at its turn, all of them seen from "now".
 
 The last pass's units are kept (:class:`Kept`). The next one walks the priority order again, and a lane goes
 *replacing* -- every unit from there on placed anew -- at the first unit whose placements may differ:
@@ -53,7 +53,7 @@ class Unit:
     waiting: list[Request]  # in submission order
     # the application's running pre-allocations on those clusters, each with what runs inside it
     sources: dict[str, list[tuple[Request, list[Request]]]]
-    related: bool = False  # some of its requests are related (COALLOC, NEXT) to others of it
+    related: bool = False  # some of its requests are COALLOC or NEXT to another (waiting or running)
     # what its last placement made: log entries (reservations in the lanes) and their request ids, their hashes'
     # sum, the intervals used non-preemptibly (inside pre-allocations too: on several clusters, ``usage``; on one,
     # ``items``), and its earliest start
@@ -78,7 +78,6 @@ class Unit:
 class Kept:
     """The last pass's units, and what its lanes were made from."""
 
-    now: float
     up: dict[str, int]
     # the base it placed them on, (end, interval_hash) a reservation (what started since moves there)
     base: dict[str, list[tuple[float, int]]]
