@@ -226,8 +226,15 @@ class Profile:
 
     # -- internals ----------------------------------------------------------------------------------
     def _rebalance_all(self) -> None:
-        ts = [t for blk in self._ts for t in blk]
-        vs = [v + a for blk, a in zip(self._vs, self._add, strict=True) for v in blk]
+        self._set(*self._flat())
+
+    def _flat(self) -> tuple[list[float], list[int]]:
+        """The breakpoints and values, out of their blocks."""
+        return ([t for blk in self._ts for t in blk],
+                [v + a for blk, a in zip(self._vs, self._add, strict=True) for v in blk])
+
+    def _set(self, ts: list[float], vs: list[int]) -> None:
+        """Hold these breakpoints and values, in blocks of ``block``."""
         b = self._block
         self._ts = [ts[i : i + b] for i in range(0, len(ts), b)] or [[self.start]]
         self._vs = [vs[i : i + b] for i in range(0, len(vs), b)]
@@ -465,8 +472,7 @@ class Profile:
                 delta[end] = delta.get(end, 0) + nodes
         if not delta:
             return
-        old_ts = [t for ts in self._ts for t in ts]
-        old_vs = [v + a for vs, a in zip(self._vs, self._add, strict=True) for v in vs]
+        old_ts, old_vs = self._flat()
         times = sorted(delta.keys() | set(old_ts))
         values: list[int] = []
         k, n_old, value, acc = 0, len(old_ts), old_vs[0], 0
@@ -476,8 +482,7 @@ class Profile:
                 k += 1
             acc += delta.get(t, 0)
             values.append(value + acc)
-        self._ts, self._vs, self._add = [times], [values], [0]
-        self._rebalance_all()
+        self._set(times, values)
         self._undo.clear()  # (the bounds learnt still hold: capacity only went)
 
     def release(self, begin: float, end: float, nodes: int) -> None:

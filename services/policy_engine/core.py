@@ -44,7 +44,7 @@ from coorm.services.policy_engine import lifecycle, negotiation, preemption
 from coorm.services.policy_engine.lifecycle import Phase
 from coorm.services.policy_engine.negotiation import ANSWERED, LAPSED, Negotiation, NegotiationBook
 from coorm.services.policy_engine.placement import Placer
-from coorm.services.policy_engine.reuse import ALL, Kept, Lane, Unit, key_at
+from coorm.services.policy_engine.reuse import Kept, Lane, Unit, key_at
 from coorm.services.policy_engine.schedule import Schedule, interval_hash
 from coorm.services.policy_engine.shares import FILLING, INCREMENTAL, POLICIES
 from coorm.services.policy_engine.state import App, Hold, Request, RequestState
@@ -80,6 +80,7 @@ Step = tuple[float, int]  # a view's step on the wire: from this time on, this m
 
 WAITING, STARTED, ENDED = RequestState.WAITING, RequestState.STARTED, RequestState.ENDED
 _SEQ = attrgetter("seq")
+_MASK = (1 << 64) - 1  # signatures are sums of 64-bit hashes
 _BEGIN = attrgetter("begin")
 
 # what the core keeps of requests is bounded, so that a year of a busy cluster fits in memory and in a
@@ -979,7 +980,7 @@ class PolicyCore:
             lanes[c] = lane
             if lane.replacing:
                 profiles[c] = lane.ready(now)
-        placer = Placer(now, profiles, signature=signature & ((1 << 64) - 1))
+        placer = Placer(now, profiles, signature=signature & _MASK)
         placer.np_usage = {c: [] for c in self.clusters}
         for r in self._started_in_order():
             if not r.preemptible and not r.is_preallocation:
@@ -1045,7 +1046,7 @@ class PolicyCore:
                         lane.at = at + 1
                         log.extend(u.entries)
                         log_ids.extend(u.ids)
-                        placer.signature = (placer.signature + u.signature) & ((1 << 64) - 1)
+                        placer.signature = (placer.signature + u.signature) & _MASK
                         lane.pending.extend(u.spans)
                         usage[u.key].extend(u.items)
                         lane.seen.append((app.id, u.key))
@@ -1061,7 +1062,7 @@ class PolicyCore:
                     # kept: what it placed last time, its reservations made in the profile only when needed
                     log.extend(u.entries)
                     log_ids.extend(u.ids)
-                    placer.signature = (placer.signature + u.signature) & ((1 << 64) - 1)
+                    placer.signature = (placer.signature + u.signature) & _MASK
                     for c, b, e, n in u.entries:
                         lanes[c].pending.append((b, e, n))
                     if len(u.clusters) == 1:
@@ -1115,10 +1116,7 @@ class PolicyCore:
         if not waiting:
             return [], missed
         if whole:
-            clusters = tuple(sorted({r.cluster for r in waiting}))
-            key = clusters[0] if len(clusters) == 1 else ALL + "+".join(clusters)
-            return [Unit(key, clusters, waiting, {c: sources[c] for c in clusters if c in sources},
-                         related=True)], missed
+            return [Unit.of(waiting, sources, related=True)], missed
         # a group of related requests is placed as one: the clusters it spans are one unit's
         tied: dict[str, str] = {r.cluster: r.cluster for r in waiting}
 
@@ -1136,12 +1134,8 @@ class PolicyCore:
         per: dict[str, list[Request]] = {}
         for r in waiting:
             per.setdefault(root(r.cluster), []).append(r)
-        units = []
-        for rs in per.values():
-            clusters = tuple(sorted({r.cluster for r in rs}))
-            key = clusters[0] if len(clusters) == 1 else ALL + "+".join(clusters)
-            units.append(Unit(key, clusters, rs, {c: sources[c] for c in clusters if c in sources},
-                              related=any(r.constrained for r in rs)))  # (place_app's test: a running one too)
+        # (related: place_app's test, a relation to a running request counts)
+        units = [Unit.of(rs, sources, related=any(r.constrained for r in rs)) for rs in per.values()]
         units.sort(key=lambda u: u.key)
         return units, missed
 
@@ -1164,7 +1158,7 @@ class PolicyCore:
             pl.request.placed_in = pl.container.request.id if pl.container else None
         entries = u.entries = log[n0:]
         u.ids = placer.log_ids[n0:]
-        u.signature = (placer.signature - s0) & ((1 << 64) - 1)
+        u.signature = (placer.signature - s0) & _MASK
         if len(clusters) == 1:
             u.items = usage[clusters[0]][u0[0]:]
             u.lanes = clusters if entries else ()

@@ -68,6 +68,14 @@ class Unit:
     spans: list[Interval] = field(default_factory=list)
     items: list[Interval] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, waiting: list[Request], sources: dict[str, list[tuple[Request, list[Request]]]],
+           related: bool) -> Unit:
+        """The unit of ``waiting`` (one application's), with its running pre-allocations on their clusters."""
+        clusters = tuple(sorted({r.cluster for r in waiting}))
+        key = clusters[0] if len(clusters) == 1 else ALL + "+".join(clusters)
+        return cls(key, clusters, waiting, {c: sources[c] for c in clusters if c in sources}, related)
+
     def on(self, cluster: str, started: set[str] | None = None) -> list[Interval]:
         """Its reservations in ``cluster``'s lane, those of requests in ``started`` left out, sorted."""
         return sorted((b, e, n) for (c, b, e, n), rid in zip(self.entries, self.ids, strict=True)
