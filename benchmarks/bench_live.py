@@ -13,13 +13,14 @@ separate processes), with N concurrent launchers (one process here, one NATS con
     python benchmarks/bench_live.py --n 10 100   # fewer
     python benchmarks/bench_live.py --n 100 1000 --only latency   # the latency rows alone
     python benchmarks/bench_live.py --n 100 --only latency --tap   # and the messages per subject
-    python benchmarks/bench_live.py --n 5000 --nodes 10000 --only latency --workers 4
+    python benchmarks/bench_live.py --n 5000 --nodes 10000 --workers 4
                                                   # the sessions spread over 4 more processes
 
-With ``--workers K`` the one-by-one latency is measured from 100 sessions of this process while the other
-N - 100 sessions are opened, heartbeat and receive their views in K worker processes (this one process
-cannot run 5,000 launchers: it was busy in 880 of 896 samples and printed nothing in 12 minutes); the
-burst is not run then. The workers' CPU is counted as the launchers'.
+With ``--workers K`` the other N - 100 sessions are opened, heartbeat and receive their views in K worker
+processes (this one process cannot run 5,000 launchers: it was busy in 880 of 896 samples and printed
+nothing in 12 minutes): the one-by-one latency is measured from the 100 sessions of this process; in the
+burst every session asks at once, each timed in its own process; the throughput runs' N launchers are
+spread alike. The workers' CPU is counted as the launchers'.
 
 Beside the latencies, the CPU milliseconds each process of the system (and this one, the launchers) spent
 per request over the two latency runs -- from the first request to the last, the sessions open (their
@@ -193,7 +194,10 @@ def cpu_by_process(up: Up) -> dict[str, float]:
 
 
 MEASURING = 100  # with --workers: the sessions of this process, whose requests are timed
+OPENING = 50  # sessions a process opens at once (see open_sessions)
+OPENING_JOBS = 250  # ... and at most, all processes together, in the throughput run (see throughput)
 _workers: list[asyncio.subprocess.Process] = []  # the worker processes holding the other sessions
+_shares: list[int] = []  # ... and how many each holds
 
 
 async def start_workers(settings, sessions: int, workers: int) -> None:
@@ -206,6 +210,7 @@ async def start_workers(settings, sessions: int, workers: int) -> None:
             _workers.append(await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--worker", str(k), "--worker-name", f"w{i}.", env=env,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True))
+            _shares.append(k)
     for w in _workers:
         assert w.stdout is not None
         line = await asyncio.wait_for(w.stdout.readline(), 600)
@@ -225,11 +230,36 @@ async def stop_workers() -> None:
             os.killpg(w.pid, signal.SIGKILL)
             await w.wait()
     _workers.clear()
+    _shares.clear()
+
+
+async def ask(command: str, timeout: float = 900.0) -> list[dict]:
+    """Send ``command`` (a line) to every worker at once; the answer of each, a JSON line."""
+    import json
+
+    for w in _workers:
+        assert w.stdin is not None
+        w.stdin.write(f"{command}\n".encode())
+    await asyncio.gather(*(w.stdin.drain() for w in _workers if w.stdin is not None))
+    out = []
+    for w in _workers:
+        assert w.stdout is not None
+        line = await asyncio.wait_for(w.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(f"a worker ended before answering {command!r} (exit {await w.wait()})")
+        out.append(json.loads(line))
+    return out
 
 
 async def worker(count: int, name: str) -> None:
-    """A worker process: ``count`` open sessions, heartbeating and receiving their views, until its standard
-    input ends; then it closes them."""
+    """A worker process: ``count`` open sessions, heartbeating and receiving their views; then, a line at a time
+    on its standard input, ``burst K`` (each of them asks for a node at once: the latencies), ``close`` (they
+    close), ``open`` (``count`` sessions again), ``submit J L`` (``count`` launchers run J jobs each, a session
+    per job, L opening at a time: :func:`throughput`) and ``in-session J`` (each open session runs J jobs:
+    :func:`throughput_in_session`), each answered by a JSON line, until its standard input ends; then it
+    closes what is still open."""
+    import json
+
     from coorm.shared.settings import Settings
 
     settings = Settings.model_validate_json(os.environ["COORM_BENCH_SETTINGS"])
@@ -237,7 +267,25 @@ async def worker(count: int, name: str) -> None:
     await asyncio.gather(*(s.wait_views() for s in sessions))
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        verb, *rest = line.split()
+        answer: dict = {}
+        if verb == "burst":
+            answer = {"latencies": await burst(sessions, int(rest[0]))}
+        elif verb == "close":
+            await asyncio.gather(*(s.close() for s in sessions))
+            sessions = []
+        elif verb == "open":
+            sessions = await open_sessions(settings, count, f"{name}ts")
+        elif verb == "submit":
+            answer = await throughput(settings, count, int(rest[0]), int(rest[1]), name)
+        elif verb == "in-session":
+            answer = await throughput_in_session(sessions, int(rest[0]))
+        else:
+            raise SystemExit(f"a worker was asked {line!r}")
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
     await asyncio.gather(*(s.close() for s in sessions))
 
 
@@ -246,7 +294,7 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-async def open_sessions(settings, n: int, name: str, at_once: int = 50) -> list[Session]:
+async def open_sessions(settings, n: int, name: str, at_once: int = OPENING) -> list[Session]:
     """N rigid launchers' sessions, opened ``at_once`` at a time, an opening that could not connect tried
     again: a thousand NATS connections opened in the same instant overrun the 3 s connect timeout on a
     loaded 2-core machine (what is measured is the latency with N sessions open, not the stampede of their
@@ -268,18 +316,12 @@ async def open_sessions(settings, n: int, name: str, at_once: int = 50) -> list[
     return out
 
 
-async def latency_idle(settings, n: int, cpu: Callable[[], dict[str, float]],
-                       cpu_of: Callable[[], dict[str, float]], samples: int = 200, rate: float = 25.0,
-                       workers: int = 0) -> dict:
+async def latency_idle(sessions: list[Session], n: int, cpu: Callable[[], dict[str, float]],
+                       cpu_of: Callable[[], dict[str, float]], samples: int = 200, rate: float = 25.0) -> dict:
     """N launchers with open sessions (receiving their views); requests arrive at ``rate`` a second in all,
-    each from a random launcher, and each is done once started: the time from request to start. With
-    ``workers``, from a random one of this process's MEASURING sessions, the others in the workers."""
+    each from a random one of ``sessions`` (with workers: this process's MEASURING; the others are the
+    workers'), and each is done once started: the time from request to start."""
     rng = random.Random(n)
-    spread = workers > 0 and n > MEASURING
-    if spread:
-        await start_workers(settings, n - MEASURING, workers)
-    sessions = await open_sessions(settings, MEASURING if spread else n, "idle")
-    await asyncio.gather(*(s.wait_views() for s in sessions))
     # what N open sessions cost with no request at all (heartbeats, mostly): CPU a second, per process
     quiet0, t0 = cpu_of(), time.perf_counter()
     await asyncio.sleep(IDLE_WINDOW)  # the window measured, not a synchronisation
@@ -300,89 +342,115 @@ async def latency_idle(settings, n: int, cpu: Callable[[], dict[str, float]],
         await asyncio.sleep(rng.expovariate(rate))  # the arrival process itself, not a synchronisation
     await asyncio.gather(*tasks)
     cpu1 = cpu()
-    await asyncio.gather(*(s.close() for s in sessions))
-    await stop_workers()
     return {"p50_ms": 1000 * pct(lat, 50), "p99_ms": 1000 * pct(lat, 99), "requests": len(lat),
             "cpu": {k: cpu1.get(k, 0.0) - v for k, v in cpu0.items()},
             "quiet": {k: (quiet1.get(k, 0.0) - v) / dt for k, v in quiet0.items()}}
 
 
-async def latency(settings, n: int, cpu: Callable[[], dict[str, float]], samples: int = 200) -> dict:
-    """N launchers each ask for one node at the same moment; the time from each request to its start.
-    Rounds repeat until there are ``samples`` measurements (a p99 of 10 is no p99)."""
-    sessions = await open_sessions(settings, n, "lat")
-    await asyncio.gather(*(s.wait_views() for s in sessions))
+BURST_PATIENCE = 600.0  # seconds a request of a burst may wait for its start (5,000 at once take tens)
 
-    async def one(s: Session, k: int) -> float:
+
+async def burst(sessions: list[Session], k: int) -> list[float]:
+    """Each of ``sessions`` asks for one node at the same moment: the time from each request to its start;
+    then each is done."""
+
+    async def one(s: Session) -> float:
         t = time.perf_counter()
         (rid,) = await s.request(RequestSpec(id=s.rid(f"r{k}"), cluster="c0", nodes=1, duration=600))
-        await s.wait_start(rid, 60)
+        await s.wait_start(rid, BURST_PATIENCE)
         return time.perf_counter() - t
 
+    lat = list(await asyncio.gather(*(one(s) for s in sessions)))
+    await asyncio.gather(*(s.done(s.rid(f"r{k}")) for s in sessions))
+    return lat
+
+
+async def latency(sessions: list[Session], n: int, cpu: Callable[[], dict[str, float]], samples: int = 200) -> dict:
+    """N launchers each ask for one node at the same moment -- ``sessions`` here, the rest in the workers
+    (whose requests are fired as these are, at a line from this process) -- the time from each request to its
+    start. Rounds repeat until there are ``samples`` measurements (a p99 of 10 is no p99)."""
     lat: list[float] = []
     cpu0 = cpu()
     for k in range(max(1, -(-samples // n))):
-        lat += await asyncio.gather(*(one(s, k) for s in sessions))
-        await asyncio.gather(*(s.done(s.rid(f"r{k}")) for s in sessions))
+        here, there = await asyncio.gather(burst(sessions, k), ask(f"burst {k}", BURST_PATIENCE + 300))
+        lat += here + [x for answer in there for x in answer["latencies"]]
         await asyncio.sleep(2 * INTERVAL)  # the next round starts on an idle cluster, after a pass
     cpu1 = cpu()
-    await asyncio.gather(*(s.close() for s in sessions))
     return {"p50_ms": 1000 * pct(lat, 50), "p99_ms": 1000 * pct(lat, 99), "requests": len(lat),
             "cpu": {k: cpu1.get(k, 0.0) - v for k, v in cpu0.items()}}
 
 
-async def throughput(settings, n: int, jobs_per_launcher: int) -> dict:
-    """N launchers, each running ``jobs_per_launcher`` rigid jobs one after the other."""
+async def throughput(settings, n: int, jobs_per_launcher: int, opening: int, name: str = "tp") -> dict:
+    """N launchers, each running ``jobs_per_launcher`` rigid jobs one after the other, a session per job (as
+    ``coorm submit``): the jobs completed and each session's notification bytes. At most ``opening`` sessions
+    of this process open at a time (OPENING_JOBS over all the processes): with more, the launchers' own event
+    loops answered nats-server's handshake after the 3 s connect timeout (1,225 launchers of each worker and
+    100 here opening at once, or 250 of each: "cannot reach CooRM")."""
     sizes: list[int] = []
+    at_once = asyncio.Semaphore(opening)
 
     async def launcher(i: int) -> int:
         done = 0
         for j in range(jobs_per_launcher):
-            s = await Session.open(settings, kind="rigid", name=f"tp{i}.{j}", preemptive_views=False)
+            async with at_once:
+                s = await Session.open(settings, kind="rigid", name=f"{name}{i}.{j}", preemptive_views=False)
             (rid,) = await s.request(RequestSpec(id=s.rid("j"), cluster="c0", nodes=1, duration=600))
-            start = await s.wait_start(rid, 120)
+            start = await s.wait_start(rid, BURST_PATIENCE)
             await s.launch(rid, start.nodes[0], ["true"])
-            (ex,) = await s.wait_exits(rid, 1, 120)
+            (ex,) = await s.wait_exits(rid, 1, BURST_PATIENCE)
             await s.done(rid)
             await s.close()
             sizes.append(s.stats.notification_bytes)
             done += ex.code == 0
         return done
 
-    t = time.perf_counter()
-    completed = sum(await asyncio.gather(*(launcher(i) for i in range(n))))
-    dt = time.perf_counter() - t
-    total = n * jobs_per_launcher
-    return {"jobs": total, "completed": completed, "seconds": dt, "completed_per_s": completed / dt,
-            "submitted_per_s": total / dt, "bytes_per_app_mean": statistics.mean(sizes),
-            "bytes_per_app_max": max(sizes)}
+    return {"completed": sum(await asyncio.gather(*(launcher(i) for i in range(n)))), "sizes": sizes}
 
 
-async def throughput_in_session(settings, n: int, jobs_per_launcher: int) -> dict:
-    """N launchers (one session each, as a workflow manager or a job array's launcher), each running
-    ``jobs_per_launcher`` rigid jobs one after the other: request one node, launch ``true``, wait for its
-    exit, done."""
-    sessions = await asyncio.gather(*(Session.open(settings, kind="rigid", name=f"ts{i}", preemptive_views=False)
-                                      for i in range(n)))
+async def throughput_in_session(sessions: list[Session], jobs_per_launcher: int) -> dict:
+    """N launchers (one session each, as a workflow manager or a job array's launcher, opened beforehand), each
+    running ``jobs_per_launcher`` rigid jobs one after the other: request one node, launch ``true``, wait for
+    its exit, done. The jobs completed."""
 
     async def launcher(s: Session) -> int:
         done = 0
         for j in range(jobs_per_launcher):
             (rid,) = await s.request(RequestSpec(id=s.rid(f"j{j}"), cluster="c0", nodes=1, duration=600))
-            start = await s.wait_start(rid, 120)
+            start = await s.wait_start(rid, BURST_PATIENCE)
             await s.launch(rid, start.nodes[0], ["true"])
-            (ex,) = await s.wait_exits(rid, 1, 120)
+            (ex,) = await s.wait_exits(rid, 1, BURST_PATIENCE)
             await s.done(rid)
             done += ex.code == 0
         return done
 
+    return {"completed": sum(await asyncio.gather(*(launcher(s) for s in sessions)))}
+
+
+async def jobs_per_second(settings, here: int, jobs_per_launcher: int, in_session: bool) -> dict:
+    """:func:`throughput` (or :func:`throughput_in_session`, its sessions opened before the clock starts) with
+    ``here`` launchers in this process and the workers' shares in theirs, all at once: jobs completed and
+    submitted a second over the whole run."""
+    sessions: list[Session] = []
+    if in_session:
+        sessions = await open_sessions(settings, here, "ts")
+        await ask("open")
     t = time.perf_counter()
-    completed = sum(await asyncio.gather(*(launcher(s) for s in sessions)))
+    if in_session:
+        mine, theirs = await asyncio.gather(throughput_in_session(sessions, jobs_per_launcher),
+                                            ask(f"in-session {jobs_per_launcher}"))
+    else:
+        opening = max(1, OPENING_JOBS // (1 + len(_workers)))
+        mine, theirs = await asyncio.gather(throughput(settings, here, jobs_per_launcher, opening),
+                                            ask(f"submit {jobs_per_launcher} {opening}"))
     dt = time.perf_counter() - t
-    await asyncio.gather(*(s.close() for s in sessions))
-    total = n * jobs_per_launcher
+    await asyncio.gather(*(s.close() for s in sessions), ask("close"))
+    answers = [mine, *theirs]
+    total = (here + sum(_shares)) * jobs_per_launcher
+    completed = sum(a["completed"] for a in answers)
+    sizes = [x for a in answers for x in a.get("sizes", [])]
     return {"jobs": total, "completed": completed, "seconds": dt, "completed_per_s": completed / dt,
-            "submitted_per_s": total / dt}
+            "submitted_per_s": total / dt, "bytes_per_app_mean": statistics.mean(sizes) if sizes else 0.0,
+            "bytes_per_app_max": max(sizes, default=0)}
 
 
 def _role(process: str) -> str:
@@ -430,22 +498,32 @@ async def run(ns: list[int], nodes: int, jobs: int, only: str = "all", args_tap:
                 tap.switch()  # (called as the requests start, and as they end)
                 return cpu_by_process(up)
 
-            idle = await latency_idle(settings, n, cpu, lambda: cpu_by_process(up), workers=workers)
             spread = workers > 0 and n > MEASURING
-            lat = await latency(settings, n, cpu) if not spread else {"p50_ms": float("nan"),
-                                                                        "p99_ms": float("nan"), "requests": 0,
-                                                                        "cpu": {}}
-            if only == "latency" or spread:
+            here = MEASURING if spread else n
+            if spread:
+                await start_workers(settings, n - MEASURING, workers)
+            sessions = await open_sessions(settings, here, "idle")
+            await asyncio.gather(*(s.wait_views() for s in sessions))
+            idle = await latency_idle(sessions, n, cpu, lambda: cpu_by_process(up))
+            lat = await latency(sessions, n, cpu)
+            await asyncio.gather(*(s.close() for s in sessions), ask("close"))
+            if only == "latency":
                 print(f"{n:>6} {idle['p50_ms']:>6.1f} {idle['p99_ms']:>6.1f} {lat['p50_ms']:>8.1f} "
-                      f"{lat['p99_ms']:>8.1f}" + (f"  ({MEASURING} sessions timed here, {n - MEASURING} in "
-                                                  f"{workers} workers; no burst)" if spread else ""), flush=True)
+                      f"{lat['p99_ms']:>8.1f}" + (f"  ({here} sessions here, {n - here} in {workers} workers)"
+                                                  if spread else ""), flush=True)
             else:
-                tp = await throughput(settings, n, max(1, jobs // n))
-                ts = await throughput_in_session(settings, n, max(1, jobs // n))
+                tp = await jobs_per_second(settings, here, max(1, jobs // n), in_session=False)
+                ts = await jobs_per_second(settings, here, max(1, jobs // n), in_session=True)
                 print(f"{n:>6} {idle['p50_ms']:>6.1f} {idle['p99_ms']:>6.1f} {lat['p50_ms']:>8.1f} "
                       f"{lat['p99_ms']:>8.1f} {tp['jobs']:>6} {tp['completed_per_s']:>8.1f} "
                       f"{tp['submitted_per_s']:>12.1f} {ts['completed_per_s']:>13.1f} "
-                      f"{tp['bytes_per_app_mean']:>10.0f} {tp['bytes_per_app_max']:>8}", flush=True)
+                      f"{tp['bytes_per_app_mean']:>10.0f} {tp['bytes_per_app_max']:>8}"
+                      + (f"  ({here} launchers here, {n - here} in {workers} workers)" if spread else ""),
+                      flush=True)
+                if tp["completed"] < tp["jobs"] or ts["completed"] < ts["jobs"]:
+                    print(f"       jobs that did not complete: {tp['jobs'] - tp['completed']} a session each, "
+                          f"{ts['jobs'] - ts['completed']} in-session", flush=True)
+            await stop_workers()
             print(cpu_table([idle, lat]), flush=True)
             per_role: dict[str, float] = {}
             for k, v in idle["quiet"].items():
@@ -486,7 +564,7 @@ def main() -> None:
     ap.add_argument("--tap", action="store_true",
                     help="count every message on the bus during the latency runs, per subject (adds its own load)")
     ap.add_argument("--workers", type=int, default=0,
-                    help="spread all but 100 of the sessions over this many more processes (one-by-one latency only)")
+                    help="spread all but 100 of the sessions and launchers over this many more processes")
     ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)  # (a worker process: its sessions)
     ap.add_argument("--worker-name", default="w.", help=argparse.SUPPRESS)
     args = ap.parse_args()

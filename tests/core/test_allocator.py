@@ -127,3 +127,18 @@ def test_draining_a_held_node_takes_it_from_the_hold(alloc):
     assert cap.lost_held == 1 and alloc.nodes[held[0]].state == "drained"
     alloc.handle(Tick(at=11.0))
     assert alloc.nodes[held[0]].state == "drained" and alloc.nodes[held[1]].state == "free"
+
+
+def test_a_clusters_size_counts_every_node_it_registered_whatever_its_state(alloc):
+    alloc.handle(start("r1", 2))
+    alloc.handle(NodeDown(at=1.0, node="n7"))
+    alloc.handle(NodeDrain(at=1.0, node="n6", reason="maintenance"))
+    alloc.handle(RegisterNodes(at=2.0, cluster="c1", nodes=("m0", "m1")))
+    alloc.handle(RegisterNodes(at=3.0, cluster="c0", nodes=("n7", "n8")))  # one back, one new
+    assert alloc.sizes() == {"c0": 9, "c1": 2}
+    alloc.sizes()["c0"] = 100  # a copy: the caller's changes are not the allocator's
+    assert alloc.sizes() == {"c0": 9, "c1": 2}
+    # the count is checked against the nodes (validate): one that drifts is caught
+    alloc._sizes["c1"] = 3
+    with pytest.raises(AllocationError, match="sizes"):
+        alloc.handle(Tick(at=4.0))
