@@ -8,7 +8,8 @@ Theory of operation
   and replaying the log through fresh cores rebuilds exactly the state the last leader had. Every
   ``snapshot_every`` events the cores' state is saved (``keys.SNAPSHOT``) and the log before it trimmed
   (:mod:`coorm.services.policy_engine.snapshot`): a replay starts from the snapshot.
-* **One leader.** The engine holds a lease in Redis (``keys.POLICY_LEASE``) and renews it; a second
+* **One leader.** The engine holds a lease in Redis (``keys.POLICY_LEASE``) and renews it (from a thread:
+  :mod:`coorm.services.policy_engine.lease`); a second
   instance waits as a standby and takes over, replaying the log, when the lease lapses. It serves nothing
   while standby, so launchers' requests reach only the leader.
 * The policy core and the allocator core run together here (:class:`coorm.services.coupled.CoupledCores`) so that
@@ -42,6 +43,7 @@ from coorm.services.coupled import CoupledCores
 from coorm.services.policy_engine import observe
 from coorm.services.policy_engine.core import RUNNING_FIRST, WAITING_FIRST, PolicyCore, PolicySettings
 from coorm.services.policy_engine.heartbeat_pacing import HeartbeatPace
+from coorm.services.policy_engine.lease import LeaseKeeper
 from coorm.services.policy_engine.shares import POLICIES
 from coorm.services.policy_engine.snapshot import WRITE as _WRITE_SNAPSHOT
 from coorm.services.policy_engine.snapshot import Snapshot, SnapshotError
@@ -129,14 +131,6 @@ _VIEWS_PER_MESSAGE = 256  # a round's views are split so that a message stays fa
 # decisions the node allocator acts on
 _FOR_ALLOCATOR = (StartRequest, EndRequest, SessionEnded, PreemptionDeadline, NodesAssigned, NodesFreed,
                   CapacityChanged)
-
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
 
 # the events of a batch appended to the log, and the counter set, only by the lease's holder: a leader that
 # lost its lease without knowing it yet (its renewal not due) must not append to a log a new leader replays.
@@ -315,10 +309,6 @@ class PolicyEngine:
         self._lease_from = sent  # (Valkey counts the lease from when it took the command: no sooner)
         return True
 
-    async def _renew(self) -> bool:
-        ms = int(self.settings.leader_lease * 1000)
-        return bool(await self.redis.eval(_RENEW, 1, keys.POLICY_LEASE, self.instance, ms))
-
     async def _release(self) -> None:
         if self.redis is None:
             return
@@ -394,33 +384,21 @@ class PolicyEngine:
             self._fail_pending(_changing_leader())
 
     async def _keep_lease(self, stop: asyncio.Event) -> None:
-        """Renew the lease every third of its length; return when it is lost (or not renewed), when the
-        leader resigns, or when the service stops."""
-        # the lease runs from when its last renewal (or its taking) was sent: a renewal still unanswered then
-        # ends the term, since another may hold the lease by now. Waiting for the renewal's answer instead (up to
-        # the socket's timeout, 10 s, on a Valkey primary that died) the term outlived its lease by seconds,
-        # answering heartbeats the next leader never heard of -- which reaped those sessions -- and taking
-        # commands it could not log, that their applications waited 5 s for
-        valid_until = self._lease_from + self.settings.leader_lease
-        while not stop.is_set() and not self._resign.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_first(stop, self._resign), self.settings.leader_lease / 3)
-            if stop.is_set() or self._resign.is_set():
-                return
-            sent = time.monotonic()
-            try:
-                async with asyncio.timeout(max(0.0, valid_until - sent)):
-                    renewed = await self._renew()
-            except TimeoutError:
-                log.warning("lease not renewed before it could lapse: back to standby", instance=self.instance)
-                return
-            except (RedisError, OSError) as e:
-                log.warning("lease not renewed: back to standby", instance=self.instance, error=repr(e))
-                return
-            if not renewed:
-                log.warning("lease lost: back to standby", instance=self.instance)
-                return
-            valid_until = sent + self.settings.leader_lease
+        """Keep the lease -- a thread renews it (:mod:`.lease`), this task tells it that the loop runs --; return
+        when it is lost (or not renewed), when the leader resigns, or when the service stops."""
+        lost = asyncio.Event()
+        keeper = LeaseKeeper(self.settings.redis_url, keys.POLICY_LEASE, self.instance, self.settings.leader_lease,
+                             self._lease_from, asyncio.get_running_loop(), lost)
+        keeper.start()
+        try:
+            while not (stop.is_set() or self._resign.is_set() or lost.is_set()):
+                keeper.tick()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_first(stop, self._resign, lost), self.settings.leader_lease / 3)
+            if lost.is_set():
+                log.warning("lease lost: back to standby", instance=self.instance, why=keeper.why)
+        finally:
+            keeper.stop()
 
     def _fail_pending(self, error: Exception) -> None:
         """Every event waiting to be logged: refused (none of them was logged, so none was applied)."""

@@ -8,10 +8,12 @@ the test for longer than a lease."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import nats.errors
 import redis
 
+from coorm.services.policy_engine.lease import LOOP_STALL
 from coorm.services.policy_engine.service import PolicyEngine
 from coorm.shared import keys
 from coorm.shared.settings import Settings
@@ -100,4 +102,74 @@ async def test_a_term_whose_task_failed_still_takes_nothing_more_once_over(serve
         r.delete(keys.POLICY_LEASE)
         await asyncio.wait_for(running, 20)
         await bus.shutdown(nc)
+        r.close()
+
+
+def _busy(seconds: float) -> None:
+    """Hold the event loop with Python work (the GIL passes to other threads every few ms, as it did under the
+    load that made the leases lapse: 5,000 submissions' handling queued in the loop)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(range(1000))
+
+
+async def _leader_and_standby(settings: Settings):
+    first, second = PolicyEngine(settings, "first"), PolicyEngine(settings, "second")
+    stop = asyncio.Event()
+    running = [asyncio.create_task(first.run(stop))]
+    await asyncio.wait_for(first.leader.wait(), 10)
+    running.append(asyncio.create_task(second.run(stop)))
+    return first, second, stop, running
+
+
+async def test_a_leader_whose_loop_is_held_busy_longer_than_its_lease_keeps_it(servers, redis_url):
+    """The lease is renewed from a thread: a leader whose event loop is busy for four leases keeps it, and the
+    standby, trying all along, never leads (renewed from the loop, it lapsed: under 5,000 sessions' load the two
+    engines took turns, docs/scale.md). Real nats-server and Valkey, the real engines."""
+    settings = Settings(nats_url=servers.nats_url, redis_url=redis_url, leader_lease=LEASE)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    first, second, stop, running = await _leader_and_standby(settings)
+    try:
+        for _ in range(3):
+            _busy(4 * LEASE)  # the loop held: no task of it runs meanwhile
+            assert r.get(keys.POLICY_LEASE) == "first"
+            await asyncio.sleep(LEASE)  # the loop runs again (the time that passes is what is tested)
+        assert first.leader.is_set() and not second.leader.is_set()
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 20)
+        r.close()
+
+
+async def test_a_leader_whose_loop_is_wedged_lets_its_lease_lapse(servers, redis_url):
+    """A loop that does not run for LOOP_STALL leases is wedged: the thread stops renewing and the lease lapses
+    (a standby elsewhere takes over). When the loop runs again the term ends, and one engine leads, holding the
+    lease (either: the one that lost it tries for it again as a standby does)."""
+    settings = Settings(nats_url=servers.nats_url, redis_url=redis_url, leader_lease=LEASE)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    first, second, stop, running = await _leader_and_standby(settings)
+    try:
+        end = time.monotonic() + (LOOP_STALL + 4) * LEASE
+        while time.monotonic() < end and r.get(keys.POLICY_LEASE) == "first":
+            _busy(LEASE / 10)  # (the loop still held: Valkey is asked from here)
+        assert r.get(keys.POLICY_LEASE) is None, "the lease was renewed for a loop that did not run"
+        ended = asyncio.Event()
+
+        async def watch() -> None:  # the first term's end (the engines' state: nothing else to wait on)
+            while first.leader.is_set():
+                await asyncio.sleep(0.01)
+            ended.set()
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.wait_for(ended.wait(), 10)
+        await watcher
+        deadline = time.monotonic() + 10
+        while not (first.leader.is_set() or second.leader.is_set()):
+            assert time.monotonic() < deadline, "no engine leads after the lapse"
+            await asyncio.sleep(0.05)
+        leading = [e for e in (first, second) if e.leader.is_set()]
+        assert len(leading) == 1 and r.get(keys.POLICY_LEASE) == leading[0].instance
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 20)
         r.close()
