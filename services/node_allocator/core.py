@@ -64,6 +64,9 @@ class NodeAllocator:
         # cluster -> its registered nodes (never unregistered): every submission asks, and counting 10,000
         # nodes each time was half a loaded engine's CPU (5,000 submissions at once: the lease lapsed)
         self._sizes: dict[str, int] = {}
+        # cluster -> its nodes up (not down, not drained nor draining): every node event tells the policy, and
+        # counting them each time cost 0.36 of a NodeDown's 0.41 ms on a 10,000-node cluster
+        self._up: dict[str, int] = {}
         self._free: dict[str, list[tuple[int, str]]] = {}
         self.allocations: dict[str, list[str]] = {}
         self._owner_app: dict[str, str] = {}
@@ -76,7 +79,7 @@ class NodeAllocator:
     def up(self, cluster: str) -> int:
         """The nodes the policy may plan with: not down, not drained nor draining (a draining node's running
         work is already counted; it will not be given again)."""
-        return sum(1 for n in self.nodes.values() if n.cluster == cluster and n.state != DOWN and n.drain is None)
+        return self._up.get(cluster, 0)
 
     def sizes(self) -> dict[str, int]:
         """Every cluster's registered nodes, whatever their state: what the largest request could have."""
@@ -122,6 +125,12 @@ class NodeAllocator:
         return min((t for t, _ in self._held), default=None)
 
     # -- internals ----------------------------------------------------------------------------------
+    def _count_up(self, node: Node, sign: int) -> None:
+        """``node`` comes up (+1) or goes (-1): counted if it is up while it does -- not down (it is going down
+        or coming up), not drained."""
+        if node.state != DOWN and node.drain is None:
+            self._up[node.cluster] = self._up.get(node.cluster, 0) + sign
+
     def _to_free(self, node: Node) -> None:
         if node.drain is not None:
             node.state, node.owner = DRAINED, None
@@ -172,6 +181,7 @@ class NodeAllocator:
                 raise AllocationError(f"node {nid} belongs to cluster {node.cluster}, not {ev.cluster}")
             if node.state == DOWN:
                 self._to_free(node)
+                self._count_up(node, +1)
         return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=ev.cluster, up=self.up(ev.cluster))]
 
     def _down(self, ev: NodeDown) -> list[AllocatorOutput]:
@@ -189,6 +199,7 @@ class NodeAllocator:
             self.allocations[node.owner].remove(node.id)
         elif node.state == PARKED and node.owner is not None:
             self._parked[node.owner].remove(node.id)
+        self._count_up(node, -1)
         node.state, node.owner = DOWN, None
         return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=node.cluster, up=self.up(node.cluster),
                                 lost_requests=lost, lost_held=lost_held)]
@@ -199,6 +210,7 @@ class NodeAllocator:
             return []
         lost_held = 0
         if ev.drain:
+            self._count_up(node, -1)
             node.drain = ev.reason or "drained"
             if node.state == FREE:
                 self._free[node.cluster].remove((node.order, node.id))
@@ -209,6 +221,7 @@ class NodeAllocator:
                 self._held = [(t, n) for t, n in self._held if n != node.id]
         else:
             node.drain = None
+            self._count_up(node, +1)
             if node.state == DRAINED:
                 self._to_free(node)
         return [CapacityChanged(stimulus_id=ev.stimulus_id, cluster=node.cluster, up=self.up(node.cluster),
@@ -298,6 +311,13 @@ class NodeAllocator:
             raise AllocationError("free pool and node states disagree")
         if self._sizes != sizes_of(self.nodes.values()):
             raise AllocationError("the clusters' sizes and their nodes disagree")
+        if {c: k for c, k in self._up.items() if k} != up_of(self.nodes.values()):
+            raise AllocationError("the clusters' nodes up and their states disagree")
+
+
+def up_of(nodes: Iterable[Node]) -> dict[str, int]:
+    """The number of ``nodes`` up (not down, not drained nor draining) in each cluster that has some."""
+    return sizes_of(n for n in nodes if n.state != DOWN and n.drain is None)
 
 
 def sizes_of(nodes: Iterable[Node]) -> dict[str, int]:

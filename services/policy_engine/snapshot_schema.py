@@ -46,7 +46,7 @@ from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_ori
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
 
 from coorm.services.coupled import CoupledCores
-from coorm.services.node_allocator.core import Node, NodeAllocator, sizes_of
+from coorm.services.node_allocator.core import Node, NodeAllocator, sizes_of, up_of
 from coorm.services.policy_engine.core import PolicyCore, PolicySettings
 from coorm.services.policy_engine.lifecycle import Phase
 from coorm.services.policy_engine.negotiation import Negotiation, NegotiationBook, Offer
@@ -463,7 +463,8 @@ NOT_CARRIED: dict[type, dict[str, str]] = {
         "_started_since": "the requests started since the last placement: likewise",
     },
     NodeAllocator: {"validate": "a choice of the process that restores (Snapshot.cores(validate=...))",
-                    "_sizes": "a count of the nodes per cluster, rebuilt from them"},
+                    "_sizes": "a count of the nodes per cluster, rebuilt from them",
+                    "_up": "a count of those up per cluster, rebuilt from them"},
 }
 # classes reachable from the cores whose instances are not carried field by field
 VALUE_CLASSES: dict[type, str] = {
@@ -677,6 +678,7 @@ def _build_allocator(a: NodeAllocator, d: AllocatorDoc) -> None:
     a.now = d.now
     a.nodes = {n.id: Node(**n.__dict__) for n in d.nodes}
     a._sizes = sizes_of(a.nodes.values())
+    a._up = up_of(a.nodes.values())
     a._free = {c: list(pool) for c, pool in d.free}
     a.allocations = {r: list(ns) for r, ns in d.allocations}
     a._owner_app = dict(d.owner_app)
