@@ -126,8 +126,8 @@ class NodeAllocator:
 
     # -- internals ----------------------------------------------------------------------------------
     def _count_up(self, node: Node, sign: int) -> None:
-        """``node`` comes up (+1) or goes (-1): counted if it is up while it does -- not down (it is going down
-        or coming up), not drained."""
+        """``node`` joins (+1) or leaves (-1) its cluster's nodes up: called when it counts as up (not down, no
+        drain), after it came up or before it goes."""
         if node.state != DOWN and node.drain is None:
             self._up[node.cluster] = self._up.get(node.cluster, 0) + sign
 
