@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import pickle
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from coorm.experiments import common
@@ -61,6 +62,9 @@ RACE_S = TOLERANCE_P95_START
 # the calibrated simulator with the views heard behind the starts, in the order taken (Delays.view_notify None,
 # as before): whether the live view publisher's own path (a start heard after the views that show it) matters
 VIEWS_IN_ORDER = "calibrated_views_in_order"
+# the calibrated simulator with its launchers' commands all sent at once, no answer awaited (Delays.reply 0, as
+# before; shown only when the live run measured the answers): whether the live runner's awaits matter
+NO_REPLY = "calibrated_no_reply"
 SELF = "start (s), against itself with another seed"
 # a rigid job's exit in the calibrated simulators (twin_sim.EXIT_MODELS): one constant, the overheads' mean. The
 # live run measures what the others are fitted to (python -m coorm.experiments.twin_resim NAME --exit ...);
@@ -221,6 +225,9 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
                                                                                             exit_model=EXIT_MODEL),
                                              lag)
         simulated.append(VIEWS_IN_ORDER)
+    if delays.reply > 0:
+        sims[NO_REPLY] = tsim.simulate(specs, clusters, settings, replace(delays, reply=0.0), lag)
+        simulated.append(NO_REPLY)
     # the sampled simulator forks on its draws as the live system forks on its jitter: the other seeds
     seeds = [sims["sampled"], *(tsim.simulate(specs, clusters, settings, tsim.sampled(delays, live.delays, k), lag)
                                 for k in range(1, SEEDS))]
@@ -347,7 +354,8 @@ def _f(x, digits: int = 2) -> str:
 
 MODEL_NAMES = {"instant": "instant (the papers')", "calibrated": "calibrated", "again": "live, run again",
                "sampled": "sampled", NO_LAG: "calibrated, start_lag 0 (as before)",
-               VIEWS_IN_ORDER: "calibrated, views heard behind starts (as before)"}
+               VIEWS_IN_ORDER: "calibrated, views heard behind starts (as before)",
+               NO_REPLY: "calibrated, no answer awaited (as before)"}
 
 
 def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
@@ -416,6 +424,7 @@ def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
                          for m in ("calibrated", "instant", "again") if m in early) + ".")
     head += _start_lag(rows)
     head += _views_apart(rows)
+    head += _replies(rows)
     delays = md_delays([r for r in rows if r["row"] == "delay"])
     diffs = common.md_table(
         ["live (first run) against", "difference (absolute)", "n", "median", "p95", "max"],
@@ -510,6 +519,31 @@ def _views_apart(rows: list[dict]) -> str:
             f"{held['live']}, {held['calibrated']}, {held[VIEWS_IN_ORDER]}.")
 
 
+def _replies(rows: list[dict]) -> str:
+    """Whether modelling the answers a live launcher awaits (each request and done, before its next command)
+    brings the simulated starts closer (against the same simulator sending a launcher's commands at once)."""
+    diff = {(d["what"], d["model"]): d for d in rows if d["row"] == "diff"}
+    reply = next((r for r in rows if r["row"] == "delay" and r["delay"] == "reply"), None)
+    if ("start (s)", NO_REPLY) not in diff or reply is None:
+        return ""
+    parts = []
+    for what, over in (("start (s)", "all applications"), (DETERMINED, "the determined ones"),
+                       (REPRODUCED, "those the live system reproduces"), (FORK, "before the schedules fork")):
+        if (what, NO_REPLY) in diff:
+            a, b = diff[(what, "calibrated")], diff[(what, NO_REPLY)]
+            parts.append(f"{over}, p95 {_f(a['p95'])} s against {_f(b['p95'])} s (median {_f(a['median'])} s "
+                         f"against {_f(b['median'])} s, n {a['n']} and {b['n']})")
+    choices = "moldable and CEM choices that differ"
+    a, b = diff[(choices, "calibrated")], diff[(choices, NO_REPLY)]
+    early = diff.get((FORK, NO_REPLY))
+    return (f" **The answers a launcher awaits** (the live runner sends a launcher's next command, and hears of "
+            f"anything, once its request or done is answered: {reply['n']} answers, mean {_f(reply['mean'], 3)} s, "
+            f"median {_f(reply['median'], 3)} s) are modelled (`reply`); |Δstart| with them against with every "
+            f"command sent at once (as before): " + "; ".join(parts)
+            + (f" (as before, the schedules fork at {_f(early['until'], 1)} s)" if early and early["until"] else "")
+            + f"; adaptive choices that differ from live: {a['count']} against {b['count']} of {a['n']}.")
+
+
 def _before(d: dict) -> str:
     if d["until"] is None:
         return f"all {d['n']} applications: no fork"
@@ -519,6 +553,7 @@ def _before(d: dict) -> str:
 def md_delays(delays: list[dict]) -> str:
     what = {"notify": "a start decided → its launcher hears of it",
             "command": "a request sent → the policy core applies it",
+            "reply": "a request or done sent → the launcher has the answer (its next command waits for it)",
             "launch": "a start heard → every agent answered its launches (the launcher is busy)",
             "work_overhead": "a rigid job: start heard → last exit heard, minus its work (the simulator's exit)",
             "open": "arrival → the launcher runs (session open, clusters' properties)",

@@ -10,6 +10,7 @@ What is measured, per application (times in seconds after the run's start):
 and the delays (each a list of samples):
 * ``notify``: a start decided (lifecycle ``started_at``) -> its launcher hears of it;
 * ``command``: a launcher sends a request -> the policy core applies it (lifecycle ``submitted_at``);
+* ``reply``: a launcher sends a request or a done -> it has the answer (it sends nothing else meanwhile);
 * ``launch``: an application heard of a start -> every agent answered its launches there (and
   ``launch_nodes``: on how many nodes);
 * ``work_overhead``: a rigid job heard of its start -> it heard of its last process's exit, minus its WORK:
@@ -126,13 +127,20 @@ class _TimedRunner(LiveRunner):
             self.overhead = heard - self.launched_at - self.spec.params["work"]
 
     async def _execute(self, commands) -> None:
-        from coorm.launchers.base import Submit
+        from coorm.launchers.base import Done, Submit
 
         for c in commands:
             if isinstance(c, Submit):
                 for r in c.requests:
                     self.sent.setdefault(r.id, self.clock())
-        await super()._execute(commands)
+            sent = self.clock()
+            await super()._execute([c])
+            if isinstance(c, Done) or (isinstance(c, Submit) and not c.replaces):
+                # the answer awaited before the next command goes out (a replace's time holds what the
+                # launcher does on its answer)
+                self.measure["reply"].append(self.clock() - sent)
+            if isinstance(c, Submit) and self.launcher.finished:
+                return  # refused: the rest of the batch is not sent (LiveRunner's own rule)
 
 
 def _cpu_of(pids: dict[str, int]) -> dict[str, float]:
@@ -204,7 +212,7 @@ async def run_workload(settings: Settings, specs: list[TwinApp], clusters: dict[
     measure: dict[str, list[float]] = {k: [] for k in ("notify", "command", "launch", "launch_nodes",
                                                        "work_overhead", "work_overhead_nodes",
                                                        "work_overhead_launching", "open", "views",
-                                                       "start_after_view")}
+                                                       "start_after_view", "reply")}
     nc = await bus.connect(settings.nats_url, "coorm-twin", settings.identity(Role.SERVICE))
     apps = {s.name: LiveApp(s.name, s.kind, s.at) for s in specs}
     runners: dict[str, _TimedRunner] = {}

@@ -19,6 +19,7 @@ the live launchers' ``START_LAG`` when the run was made).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from coorm.experiments import common, twin, twin_large
@@ -31,7 +32,8 @@ DOC = Path(__file__).resolve().parents[2] / "EXPERIMENTS.md"
 
 
 def resimulate(rows: list[dict], start_lags: tuple[float, ...], views_apart: bool | None = None,
-               exit_model: str | None = None, quantile: float | None = None, current: bool = False) -> list[dict]:
+               exit_model: str | None = None, quantile: float | None = None, current: bool = False,
+               reply: float | None = None) -> list[dict]:
     """One summary per start_lag: the calibrated simulator (from ``rows``' stored samples and settings)
     against the stored first live run; ``views_apart``: its views heard apart from the starts
     (``Delays.view_notify``; None: as the stored run's simulator had them). The applications whose start is
@@ -40,7 +42,9 @@ def resimulate(rows: list[dict], start_lags: tuple[float, ...], views_apart: boo
     (:data:`~coorm.experiments.twin_sim.EXIT_MODELS`; None: as the stored run's simulator had it).
     ``quantile``: each delay calibrated at that quantile of its samples, not their mean. The views are modelled
     as the stored run's simulator modelled them (a run stored before :data:`~.twin_sim.OPENING_VIEWS` and
-    :data:`~.twin_sim.VIEWS_QUANTILE` were: not followed on opening, their mean); ``current``: as this code's."""
+    :data:`~.twin_sim.VIEWS_QUANTILE` were: not followed on opening, their mean); ``current``: as this code's.
+    ``reply``: the time a launcher waits for each command's answer (``Delays.reply``), instead of the mean of the
+    run's samples of it (a run stored before they were measured has none: 0)."""
     run = next(r for r in rows if r["row"] == "run")
     apps = [dict(a) for a in rows if a["row"] == "app"]
     quick = run["apps"] < 100
@@ -58,6 +62,8 @@ def resimulate(rows: list[dict], start_lags: tuple[float, ...], views_apart: boo
                          else (bool(run.get("opening_views")), run.get("views_quantile")))
     delays = tsim.calibrate(samples, run["settings"], views_apart=apart, exit_model=exit_model, quantile=quantile,
                             opening_views=opening, views_quantile=views_at)
+    if reply is not None:
+        delays = replace(delays, reply=reply)
     clusters = QUICK_CLUSTERS if quick else CLUSTERS
     pins = tsim.pins(specs, [r for r in rows if r["row"] == "request" and r["run"] == 1])
     out = []
@@ -151,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--exit", choices=tsim.EXIT_MODELS, default=None,
                     help="a rigid job's exit: one constant (their mean), a line in its nodes, or a plane in its "
                          "nodes and the launches around it (default: as stored)")
+    ap.add_argument("--reply", type=float, default=None,
+                    help="seconds a launcher waits for each command's answer (default: the run's measured mean; "
+                         "0 for a run stored before it was measured)")
     args = ap.parse_args(argv)
     if args.live_runs is not None:
         if args.wall_s is None:
@@ -164,7 +173,9 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"{args.name} was stored without its start_lag: give --start-lag")
     f = twin._f
     print(f"{args.name}: the calibrated simulator against the stored first live run (live start_lag {lag:g} s, "
-          f"exit {args.exit or 'as stored'}, delays at their "
+          f"exit {args.exit or 'as stored'}, "
+          + ("" if args.reply is None else f"answers awaited {args.reply:g} s, ")
+          + "delays at their "
           + ("mean" if args.quantile is None else f"{args.quantile:g} quantile")
           + (", views as this code models them" if args.current else ", views as stored") + ")")
     views = {"stored": None, "apart": True, "in-order": False}[args.views]
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{r['choices_differ']} of {r['adaptive']}", r["held_back"],
           f"{r['pinned']['n']}, {f(r['pinned']['median'])}, {f(r['pinned']['p95'])} ({r['pins']} pinned)"]
          for r in resimulate(rows, (0.0, lag), views, exit_model=args.exit, quantile=args.quantile,
-                             current=args.current)]))
+                             current=args.current, reply=args.reply)]))
 
 
 if __name__ == "__main__":

@@ -71,7 +71,9 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
     (:data:`EXIT_MODELS`; one the run did not measure the inputs of falls back to the constant): a line in
     its nodes as a launch's is; a plane fitted by least squares (its mean the samples', no slope below 0).
     ``quantile``: each constant that quantile of its samples instead of their mean, and the launch's line scaled
-    to it (``twin_resim --quantile``: how the model's branch depends on it).
+    to it (``twin_resim --quantile``: how the model's branch depends on it). A run stored before the answers'
+    time (``reply``) was measured has no samples of it: its launchers send their commands at once, as the
+    simulator had them then (``twin_resim --reply`` gives it one).
 
     The views are the exception: their latency is ``views_quantile`` of its samples, the median by default (a
     quantile given applies to them too). A view's measured latency runs from the pass that computed it
@@ -84,7 +86,7 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
     (:class:`~coorm.simulator.delays.Delays`)."""
     views_at = quantile if quantile is not None else views_quantile
     mean = {k: centre(samples[k], quantile) if samples.get(k) else 0.0
-            for k in ("notify", "command", "work_overhead", "open")}
+            for k in ("notify", "command", "reply", "work_overhead", "open")}
     a, b = mean_line(samples.get("launch_nodes", []), samples.get("launch", []), quantile)
     if exit_model not in EXIT_MODELS:
         raise ValueError(f"no exit model {exit_model}; one of {EXIT_MODELS}")
@@ -96,6 +98,7 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
     elif exit_model != "constant" and over and len(nodes) == len(over):
         e, f = mean_line(nodes, over)
     return Delays(notify=max(0.0, mean["notify"]), command=max(0.0, mean["command"]), open=max(0.0, mean["open"]),
+                  reply=max(0.0, mean["reply"]),
                   exit=max(0.0, e), exit_per_node=max(0.0, f), exit_per_launching=max(0.0, g),
                   launch=max(0.0, a), launch_per_node=max(0.0, b),
                   view_period=live_settings["view_period"], view_rate=live_settings["view_rate"], live_views=True,
@@ -112,7 +115,7 @@ def sampled(delays: Delays, samples: dict[str, list[float]], seed: int) -> Delay
     constant is their mean."""
     per_node = delays.exit_per_node > 0 or delays.exit_per_launching > 0
     pools = {k: tuple(max(0.0, v) for v in samples.get(src, ())) for k, src in
-             (("notify", "notify"), ("command", "command"), ("open", "open"),
+             (("notify", "notify"), ("command", "command"), ("reply", "reply"), ("open", "open"),
               *((("exit", "work_overhead"),) if not per_node else ()),
               *((("view_notify", "views"),) if delays.view_notify is not None else ()))}
     pools["launch_factor"] = factors(samples.get("launch_nodes", []), samples.get("launch", []),
@@ -181,6 +184,7 @@ def scaled(delays: Delays, factor: float) -> Delays:
     """``delays`` with every delay (not the view pacing) ``factor`` times as long."""
     views = None if delays.view_notify is None else delays.view_notify * factor
     return replace(delays, view_notify=views, notify=delays.notify * factor, command=delays.command * factor,
+                   reply=delays.reply * factor,
                    launch=delays.launch * factor, launch_per_node=delays.launch_per_node * factor,
                    exit=delays.exit * factor, exit_per_node=delays.exit_per_node * factor,
                    exit_per_launching=delays.exit_per_launching * factor,

@@ -20,6 +20,10 @@ Rules the engine keeps when it models delays:
   reports, from each of its nodes' agents), ``launching`` the nodes of the other applications' requests
   the RMS started within ``exit_window`` before its start or with it (the agents share the machine: a
   launch among others is answered later): the timers it arms on its start fire that much later;
+* ``reply``: a launcher awaits the answer to each request and done it sends before it sends the next
+  command or hears of anything (the live runner's one input at a time): its commands go out one ``reply``
+  apart, and an application ends when it sends its close, after the answers to the commands before it.
+  0 (the default, as before): its commands all go out at once, and it is never kept waiting;
 * a new application's launcher runs ``open`` after it arrives (opening its session, asking the clusters'
   properties); the RMS knows of its session ``command`` after it arrives;
 * ``live_views``: what a live session is sent, counted as live (the launcher acts on the same views): the
@@ -53,6 +57,7 @@ from dataclasses import asdict, dataclass, field
 class Delays:
     notify: float = 0.0  # an RMS decision (start, end, views) -> the launcher hears of it
     command: float = 0.0  # a launcher sends a command (open, request, done, close) -> the policy core applies it
+    reply: float = 0.0  # a launcher sends a request or a done -> it has the RMS's answer (>= command when set)
     launch: float = 0.0  # a start heard -> its processes launched on its nodes: launch + launch_per_node x nodes
     launch_per_node: float = 0.0
     exit: float = 0.0  # process work: its end is heard exit + exit_per_node x nodes after its start heard + work
@@ -70,7 +75,7 @@ class Delays:
     samples: tuple[tuple[str, tuple[float, ...]], ...] = field(default=(), repr=False)
     seed: int = 0
 
-    SAMPLED = ("notify", "command", "open", "exit", "launch_factor", "exit_factor", "view_notify")
+    SAMPLED = ("notify", "command", "reply", "open", "exit", "launch_factor", "exit_factor", "view_notify")
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

@@ -123,6 +123,7 @@ class Simulation:
         self._views_by: dict[str, float] = {}
         self._busy_by: dict[str, float] = {}
         self._applied_by: dict[str, float] = {}  # app -> when its latest command reaches the RMS
+        self._answered_by: dict[str, float] = {}  # app -> when it has the answer to its latest command (reply)
         self._pacer: ViewPacer | None = None
         if self.delays is not None and self.delays.view_period is not None:
             self._pacer = ViewPacer(period=self.delays.view_period, rate=self.delays.view_rate)
@@ -438,13 +439,20 @@ class Simulation:
 
     def _send_later(self, app: str, command) -> None:
         assert self.delays is not None
-        at = max(self.now + self._delay("command"), self._applied_by.get(app, -math.inf))  # in the order sent
+        sent = max(self.now, self._answered_by.get(app, -math.inf))  # once the command before it is answered
+        at = max(sent + self._delay("command"), self._applied_by.get(app, -math.inf))  # in the order sent
         self._applied_by[app] = at
         self._in_flight += 1
         if isinstance(command, Close):
             record = self.apps[app]
             if record.ended is None:  # the application ended when it closed, not when the RMS heard of it
-                record.ended, record.end_reason = self.now, "finished"
+                record.ended, record.end_reason = sent, "finished"
+        elif self.delays.reply > 0:
+            # it awaits the answer, hearing of nothing meanwhile (its views neither)
+            answered = max(at, sent + self._delay("reply"))
+            self._answered_by[app] = answered
+            for by in (self._heard_by, self._busy_by):
+                by[app] = max(by.get(app, -math.inf), answered)
         self._push(at, "command", app, command)
 
     def _schedule_round(self) -> None:
@@ -476,6 +484,9 @@ class Simulation:
             self._in_flight -= 1
             self._command_arrives(app, data)
         elif kind == "hear":
+            if (answered := self._answered_by.get(app, -math.inf)) > self.now:
+                self._push(answered, "hear", app, data)  # it awaits an answer: it hears of this after it
+                return True
             method, args, size = data  # (views keep the time of their round, as live: ChangeNotify.now)
             for a, c in self._heard(app, method, args, size):
                 self._run_commands(a, [c])

@@ -51,8 +51,11 @@ def test_every_application_ran_live_and_is_matched_by_id_in_both_halves(rows):
 
 def test_the_delays_are_measured_on_the_live_system(rows):
     delays = {r["delay"]: r for r in rows if r["row"] == "delay"}
-    for name in ("notify", "command", "launch", "work_overhead", "open", "views"):
+    for name in ("notify", "command", "reply", "launch", "work_overhead", "open", "views"):
         assert delays[name]["n"] > 0 and delays[name]["median"] >= -0.05, name
+    # an answer comes after its command is applied, and the calibrated simulator awaits the answers' mean
+    assert delays["reply"]["median"] >= delays["command"]["median"]
+    assert delays["reply"]["used"] == pytest.approx(delays["reply"]["mean"], abs=1e-3)
     assert delays["notify"]["used"] == pytest.approx(max(0.0, delays["notify"]["mean"]), abs=1e-3)
     # each rigid job's overhead with what the exit models fit it to: its nodes, the nodes launched around it
     samples = {r["delay"]: r["values"] for r in rows if r["row"] == "samples"}
@@ -206,6 +209,15 @@ def test_calibrated_views_apart_have_the_views_own_latency():
     assert dict(tsim.sampled(apart, samples, 0).samples)["view_notify"] == (0.01, 0.05)
     assert "view_notify" not in dict(tsim.sampled(tsim.calibrate(samples, settings), samples, 0).samples)
     assert tsim.scaled(apart, 2.0).view_notify == pytest.approx(0.06)
+
+
+def test_calibrated_answers_are_the_replies_mean_and_none_for_a_run_that_did_not_measure_them():
+    settings = {"view_period": 0.1, "view_rate": 2000.0}
+    samples = {"command": [0.001, 0.003], "reply": [0.004, 0.01]}
+    d = tsim.calibrate(samples, settings)
+    assert d.reply == pytest.approx(0.007)
+    assert dict(tsim.sampled(d, samples, 0).samples)["reply"] == (0.004, 0.01)
+    assert tsim.calibrate({"command": [0.001]}, settings).reply == 0.0  # (stored before: commands at once)
 
 
 def test_calibrated_exit_is_a_line_in_the_rigid_jobs_nodes_or_a_plane_with_the_launches_around_it():

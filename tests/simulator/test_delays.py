@@ -102,6 +102,32 @@ def test_a_launcher_launching_hears_of_nothing_else_meanwhile():
     assert r.apps["r"].ended == pytest.approx(0.1 + 3.0)  # heard its end (at 1.1) only after launching
 
 
+def test_a_launcher_sends_its_next_command_once_the_one_before_is_answered():
+    """The rigid job of one_rigid ends its work at 15.8 s (heard its start at 10.8) and sends a done, then its
+    close: with answers 0.4 s after a command is sent, the done reaches the RMS command later (its nodes
+    freed then), and the close goes out once the done is answered -- when the application ends, as the live
+    runner awaits each answer before its next command."""
+    r = one_rigid(Delays(command=0.3, notify=0.5, reply=0.4))
+    app = r.apps["r"]
+    assert app.heard_started == pytest.approx(10.8)  # (its request answered at 10.4: before the start is heard)
+    (req,) = r.requests
+    assert req.end == pytest.approx(16.1)  # the done, sent at 15.8, applied command later
+    assert app.ended == pytest.approx(15.8 + 0.4)  # the close, sent when the done was answered
+    # without answers awaited (reply 0, the default), as before: the close goes out with the done
+    assert one_rigid(Delays(command=0.3, notify=0.5)).apps["r"].ended == pytest.approx(15.8)
+
+
+def test_a_launcher_awaiting_an_answer_hears_of_nothing_meanwhile():
+    """Its request, sent at 10 s, is applied at 10.1 s and started at once; the start is told 0.05 s later,
+    but the launcher awaits the request's answer until 11 s: it hears of its start then (the live runner
+    handles one input at a time, and the answer first)."""
+    r = one_rigid(Delays(command=0.1, notify=0.05, reply=1.0))
+    assert r.apps["r"].started == pytest.approx(10.1)
+    assert r.apps["r"].heard_started == pytest.approx(11.0)
+    # an answer never comes before its command is applied: a reply shorter than the command is the command's
+    assert one_rigid(Delays(command=0.1, notify=0.05, reply=0.01)).apps["r"].heard_started == pytest.approx(10.15)
+
+
 def test_views_paced_in_rounds_are_fewer_and_come_later():
     instant, paced = mixed(Delays(notify=1e-9)), mixed(Delays(notify=1e-9, view_period=2.0))
     psa_i, psa_p = instant.apps["psa"], paced.apps["psa"]
