@@ -462,6 +462,22 @@ def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
             + "\n\n</details>"}
 
 
+_OVERS = (("start (s)", "all applications"), (DETERMINED, "the determined ones"),
+          (REPRODUCED, "those the live system reproduces"), (FORK, "before the schedules fork"))
+
+
+def _against(diff: dict, other: str, overs: tuple[tuple[str, str], ...], *, counts: bool) -> list[str]:
+    """|Δstart| of the calibrated simulator against ``other`` (a variant of it), over each population of
+    ``overs`` both were measured on: their p95 and median, and (``counts``) over how many applications."""
+    out = []
+    for what, over in overs:
+        if (what, other) in diff:
+            a, b = diff[(what, "calibrated")], diff[(what, other)]
+            out.append(f"{over}, p95 {_f(a['p95'])} s against {_f(b['p95'])} s (median {_f(a['median'])} s "
+                       f"against {_f(b['median'])} s" + (f", n {a['n']} and {b['n']})" if counts else ")"))
+    return out
+
+
 def _start_lag(rows: list[dict]) -> str:
     """Whether the calibrated simulator's starts agree better with the live ones now that its launchers hold a
     new choice back for the live run's start_lag (against the same simulator with start_lag 0, as before)."""
@@ -469,13 +485,9 @@ def _start_lag(rows: list[dict]) -> str:
     if ("start (s)", NO_LAG) not in diff:
         return ""
     lag = next(r for r in rows if r["row"] == "run")["settings"]["start_lag"]
-    parts = []
-    for what, over in (("start (s)", "all applications"), (REPRODUCED, "the applications the live system reproduces"),
-                       (FORK, "before the schedules fork")):
-        if (what, NO_LAG) in diff:
-            a, b = diff[(what, "calibrated")], diff[(what, NO_LAG)]
-            parts.append(f"{over}, p95 {_f(a['p95'])} s against {_f(b['p95'])} s (median {_f(a['median'])} s "
-                         f"against {_f(b['median'])} s, n {a['n']} and {b['n']})")
+    parts = _against(diff, NO_LAG, (("start (s)", "all applications"),
+                                    (REPRODUCED, "the applications the live system reproduces"),
+                                    (FORK, "before the schedules fork")), counts=True)
     choices = "moldable and CEM choices that differ"
     a, b = diff[(choices, "calibrated")], diff[(choices, NO_LAG)]
     apps = [r for r in rows if r["row"] == "app"]
@@ -498,13 +510,7 @@ def _views_apart(rows: list[dict]) -> str:
     apps = [r for r in rows if r["row"] == "app"]
     resub = {h: sum(x.get(f"{h}_resubmissions") or 0 for x in apps) for h in ("live", "calibrated", VIEWS_IN_ORDER)}
     held = {h: sum(x.get(f"{h}_held_back") or 0 for x in apps) for h in ("live", "calibrated", VIEWS_IN_ORDER)}
-    parts = []
-    for what, over in (("start (s)", "all applications"), (DETERMINED, "the determined ones"),
-                       (REPRODUCED, "those the live system reproduces"), (FORK, "before the schedules fork")):
-        if (what, VIEWS_IN_ORDER) in diff:
-            a, b = diff[(what, "calibrated")], diff[(what, VIEWS_IN_ORDER)]
-            parts.append(f"{over}, p95 {_f(a['p95'])} s against {_f(b['p95'])} s (median {_f(a['median'])} s "
-                         f"against {_f(b['median'])} s)")
+    parts = _against(diff, VIEWS_IN_ORDER, _OVERS, counts=False)
     choices = "moldable and CEM choices that differ"
     return (f" **A start heard after the views that show it** (the views through the view publisher, the start "
             f"through the node allocator): of {len(sav['values'])} moldable and CEM starts live, {len(first)} were "
@@ -527,13 +533,7 @@ def _replies(rows: list[dict]) -> str:
     reply = next((r for r in rows if r["row"] == "delay" and r["delay"] == "reply"), None)
     if ("start (s)", NO_REPLY) not in diff or reply is None:
         return ""
-    parts = []
-    for what, over in (("start (s)", "all applications"), (DETERMINED, "the determined ones"),
-                       (REPRODUCED, "those the live system reproduces"), (FORK, "before the schedules fork")):
-        if (what, NO_REPLY) in diff:
-            a, b = diff[(what, "calibrated")], diff[(what, NO_REPLY)]
-            parts.append(f"{over}, p95 {_f(a['p95'])} s against {_f(b['p95'])} s (median {_f(a['median'])} s "
-                         f"against {_f(b['median'])} s, n {a['n']} and {b['n']})")
+    parts = _against(diff, NO_REPLY, _OVERS, counts=True)
     choices = "moldable and CEM choices that differ"
     a, b = diff[(choices, "calibrated")], diff[(choices, NO_REPLY)]
     early = diff.get((FORK, NO_REPLY))

@@ -15,7 +15,7 @@ portable:
       - {kind: next, at: 0, cluster: c0, phases: [[4, 600], [8, 600]]}
     trace: {file: LLNL-Atlas-2006-2.1-cln, jobs: 200, skip: 0,
             moldable_fraction: 0.2, arrival_interval: 1.0, seed: 1}
-    delays: {notify: 0.02, command: 0.003, launch: 0.1, launch_per_node: 0.03, open: 0.04,
+    delays: {notify: 0.02, command: 0.003, reply: 0.005, launch: 0.1, launch_per_node: 0.03, open: 0.04,
              view_period: 0.1}        # optional: the live system's delays (coorm.simulator.delays)
 """
 

@@ -176,6 +176,9 @@ def test_a_scenario_file_may_model_the_delays(tmp_path):
     delayed, _ = simulate(load(tmp_path / "delayed.yaml"))
     assert instant.apps["a1"].heard_started == pytest.approx(10.0)
     assert delayed.apps["a1"].heard_started == pytest.approx(10.8)
+    (tmp_path / "answered.yaml").write_text(text + "delays: {command: 0.3, notify: 0.5, reply: 0.4}\n")
+    answered, _ = simulate(load(tmp_path / "answered.yaml"))
+    assert answered.apps["a1"].ended == pytest.approx(delayed.apps["a1"].ended + 0.4)  # its close after the answer
     (tmp_path / "bad.yaml").write_text(text + "delays: {notify: -1}\n")
     with pytest.raises(ValueError):
         load(tmp_path / "bad.yaml")
