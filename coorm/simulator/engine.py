@@ -224,7 +224,8 @@ class Simulation:
                 self._push(max(c.at, self.now), "timer", app, c.key)
                 continue
             # (a negotiation is a request/reply live: its latency is not modelled, it is answered at once)
-            if self.delays is not None and self.delays.command > 0 and isinstance(c, (Submit, Done, Close)):
+            if (self.delays is not None and (self.delays.command > 0 or self.delays.reply > 0)
+                    and isinstance(c, (Submit, Done, Close))):
                 self._send_later(app, c)
                 continue
             if isinstance(c, Submit) and c.replaces:

@@ -126,6 +126,9 @@ def test_a_launcher_awaiting_an_answer_hears_of_nothing_meanwhile():
     assert r.apps["r"].heard_started == pytest.approx(11.0)
     # an answer never comes before its command is applied: a reply shorter than the command is the command's
     assert one_rigid(Delays(command=0.1, notify=0.05, reply=0.01)).apps["r"].heard_started == pytest.approx(10.15)
+    # the answers alone, commands applied as sent: started at once, heard once answered
+    alone = one_rigid(Delays(reply=0.4)).apps["r"]
+    assert (alone.started, alone.heard_started) == (pytest.approx(10.0), pytest.approx(10.4))
 
 
 def test_views_paced_in_rounds_are_fewer_and_come_later():
