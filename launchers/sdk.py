@@ -923,8 +923,8 @@ def heartbeat_timeout(reply: SessionOpenReply) -> float:
 
 
 # one attempt's wait for a reply: a request that reached a leader as it died is sent again after this (a
-# standby takes over within a lease, 3 s by default)
-CALL_TIMEOUT = 5.0
+# standby takes over within a lease, 3 s by default; it gives shrinks asked before it this long more)
+CALL_TIMEOUT = bus.RESEND_AFTER
 RECOVER_AGAIN = 2.0  # seconds after a reconnection, what was missed is asked for a second time
 QUERY_TIMEOUT = 2.0  # the same for a query that changes nothing (the views): sent again sooner
 ASSIGN_RETRY = (0.05, 0.5)  # first and longest pause between two launches refused while an assignment is on its way

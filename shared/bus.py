@@ -58,6 +58,9 @@ class WireError(Exception):
         return ErrorReply(error=ErrorBody(code=self.code, message=self.message))
 
 
+# seconds a client waits for the answer to a command before it sends it again: one that reached a leader as it
+# died is answered by nobody, and goes to the next leader only then (the SDK's calls; a take-over's grace)
+RESEND_AFTER = 5.0
 RECONNECT_WAIT = 0.5  # seconds between two attempts to reach a lost server
 LOOK_RETRY = 0.1  # seconds between two attempts to reach a server a look asks through
 LOOK_REACH = 2.0  # seconds to reach another server of the list, looking for the other end there

@@ -159,13 +159,15 @@ return app
 
 
 def grace_again(policy: PolicyCore, now: float) -> int:
-    """Every preemption deadline moved to at least ``now`` plus the grace (a take-over at ``now``); how many
-    moved."""
+    """Every preemption deadline moved to at least ``now`` plus the grace and the clients' resend time (a
+    take-over at ``now``: a ``done`` that reached the dead leader is sent to this one only after
+    :data:`~coorm.shared.bus.RESEND_AFTER`); how many moved."""
     moved = 0
+    until = now + policy.settings.preempt_grace + bus.RESEND_AFTER
     for app in policy.apps.values():
         for cluster, deadline in app.deadlines.items():
-            if deadline < now + policy.settings.preempt_grace:
-                app.deadlines[cluster] = now + policy.settings.preempt_grace
+            if deadline < until:
+                app.deadlines[cluster] = until
                 moved += 1
     return moved
 

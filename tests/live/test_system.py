@@ -377,6 +377,43 @@ async def test_a_shrink_asked_as_the_leader_dies_is_answered_to_the_next_one_wit
         await sweep.close()
 
 
+async def test_a_done_lost_with_the_leader_is_sent_again_within_the_grace_a_take_over_gives(servers, redis_url,
+                                                                                             tmp_path):
+    """The shrink's ``done`` reaches the leader as it dies (stopped, then SIGKILLed): nobody answers it, and the
+    SDK sends it again only after ``bus.RESEND_AFTER`` (5 s) -- past the 2 s grace a take-over gave before,
+    which ended the session as a violation (CI, 28 November). The take-over's grace covers the resend."""
+    import os
+    import signal
+
+    settings = _settings(servers, leader_lease=3.0, preempt_grace=2.0, fair_start=0.0)
+    env = dict(COORM_LEADER_LEASE="3.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0",
+               COORM_PREEMPT_GRACE="2.0", COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
+    async with leader_and_standby(servers, settings, env) as pair, \
+            LocalStack(settings, {"c0": 8}, with_engine=False):
+        first = await Session.open(settings, kind="rigid", name="first", views=False)
+        sweep = await Session.open(settings, kind="psa", name="sweep")
+        await sweep.wait_views()
+        await sweep.request(rq("m", "c0", 8, type="preemptible"))
+        await sweep.wait_start("m", 10)
+        (rid,) = await first.request(rq("r", "c0", 6, 60))
+        await next_of(sweep, ViewsChanged, 10, lambda e: e.views.preemptive["c0"].value_at(e.views.now) == 2)
+        os.killpg(pair.leader.pid, signal.SIGSTOP)  # it takes the done off its socket no more
+        sent = sweep.stats.messages_sent
+        done = asyncio.create_task(sweep.done("m"))
+        while sweep.stats.messages_sent == sent:
+            await asyncio.sleep(0)  # (the task sends it)
+        await sweep.nc.flush()  # the server has it, and has given it to the stopped leader
+        pair.kill_leader()
+        await asyncio.wait_for(done, 20)  # answered by the standby, after the resend
+        assert sweep.app in pair.standby.cores.policy.apps  # its session was not ended
+        assert len((await first.wait_start(rid, 15)).nodes) == 6
+        while not sweep._events.empty():
+            ev = sweep._events.get_nowait()
+            assert not isinstance(ev, Closed) and not (isinstance(ev, Killed) and ev.reason != "done"), ev
+        await first.close()
+        await sweep.close()
+
+
 # ==================================================================================================
 # a leader that lost its lease: it logs nothing more, and keeps nothing for a later term
 # ==================================================================================================
