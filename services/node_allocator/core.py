@@ -128,7 +128,7 @@ class NodeAllocator:
     def _count_up(self, node: Node, sign: int) -> None:
         """``node`` joins (+1) or leaves (-1) its cluster's nodes up: called when it counts as up (not down, no
         drain), after it came up or before it goes."""
-        if node.state != DOWN and node.drain is None:
+        if is_up(node):
             self._up[node.cluster] = self._up.get(node.cluster, 0) + sign
 
     def _to_free(self, node: Node) -> None:
@@ -315,9 +315,14 @@ class NodeAllocator:
             raise AllocationError("the clusters' nodes up and their states disagree")
 
 
+def is_up(node: Node) -> bool:
+    """The policy may plan with ``node``: not down, not drained nor draining."""
+    return node.state != DOWN and node.drain is None
+
+
 def up_of(nodes: Iterable[Node]) -> dict[str, int]:
-    """The number of ``nodes`` up (not down, not drained nor draining) in each cluster that has some."""
-    return sizes_of(n for n in nodes if n.state != DOWN and n.drain is None)
+    """The number of ``nodes`` up (:func:`is_up`) in each cluster that has some."""
+    return sizes_of(n for n in nodes if is_up(n))
 
 
 def sizes_of(nodes: Iterable[Node]) -> dict[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -344,13 +345,11 @@ async def test_a_leader_whose_renewal_hangs_stops_leading_when_its_lease_could_l
 # ==================================================================================================
 # a preemption deadline that passes while no leader runs is no violation
 # ==================================================================================================
-async def test_a_shrink_asked_as_the_leader_dies_is_answered_to_the_next_one_without_a_violation(servers, redis_url,
-                                                                                                  tmp_path):
-    """A malleable application is asked to give nodes back (a preemption deadline, ``preempt_grace`` 2 s)
-    and the leader is SIGKILLed at once: its ``done`` waits for the standby, which leads only after the
-    leader's 3 s lease -- past the deadline. The time without a leader is not the application's: the new
-    leader gives it its grace again, the ``done`` is taken and its session lives on (bench_ha's parameter
-    sweeps found their sessions ended after the Valkey failover: "protocol violation", no reaping)."""
+@asynccontextmanager
+async def _shrink_asked(servers, tmp_path):
+    """A leader and a standby (3 s lease, 2 s ``preempt_grace``); a malleable application holding the 8 nodes
+    of c0 preemptibly, asked to give 6 back to a rigid request: (the pair, the rigid session, the malleable
+    one, the rigid request's id). Both sessions closed at the end."""
     settings = _settings(servers, leader_lease=3.0, preempt_grace=2.0, fair_start=0.0)
     env = dict(COORM_LEADER_LEASE="3.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0",
                COORM_PREEMPT_GRACE="2.0", COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
@@ -363,6 +362,26 @@ async def test_a_shrink_asked_as_the_leader_dies_is_answered_to_the_next_one_wit
         await sweep.wait_start("m", 10)
         (rid,) = await first.request(rq("r", "c0", 6, 60))
         await next_of(sweep, ViewsChanged, 10, lambda e: e.views.preemptive["c0"].value_at(e.views.now) == 2)
+        yield pair, first, sweep, rid
+        await first.close()
+        await sweep.close()
+
+
+def _told_no_violation(sweep: Session) -> None:
+    """What ``sweep`` was told: its own done, no violation, no end."""
+    while not sweep._events.empty():
+        ev = sweep._events.get_nowait()
+        assert not isinstance(ev, Closed) and not (isinstance(ev, Killed) and ev.reason != "done"), ev
+
+
+async def test_a_shrink_asked_as_the_leader_dies_is_answered_to_the_next_one_without_a_violation(servers, redis_url,
+                                                                                                  tmp_path):
+    """A malleable application is asked to give nodes back (a preemption deadline, ``preempt_grace`` 2 s)
+    and the leader is SIGKILLed at once: its ``done`` waits for the standby, which leads only after the
+    leader's 3 s lease -- past the deadline. The time without a leader is not the application's: the new
+    leader gives it its grace again, the ``done`` is taken and its session lives on (bench_ha's parameter
+    sweeps found their sessions ended after the Valkey failover: "protocol violation", no reaping)."""
+    async with _shrink_asked(servers, tmp_path) as (pair, first, sweep, rid):
         pair.kill_leader()
         await sweep.done("m")  # answered by the standby, once it leads
         assert pair.standby.leader.is_set()
@@ -370,11 +389,7 @@ async def test_a_shrink_asked_as_the_leader_dies_is_answered_to_the_next_one_wit
         assert sweep.app in pair.standby.cores.policy.apps  # its session was not ended
         (more,) = await sweep.request(rq("m2", "c0", 2, type="preemptible"))
         assert len((await sweep.wait_start(more, 10)).nodes) == 2
-        while not sweep._events.empty():  # (what it was told: its own done, no violation, no end)
-            ev = sweep._events.get_nowait()
-            assert not isinstance(ev, Closed) and not (isinstance(ev, Killed) and ev.reason != "done"), ev
-        await first.close()
-        await sweep.close()
+        _told_no_violation(sweep)
 
 
 async def test_a_done_lost_with_the_leader_is_sent_again_within_the_grace_a_take_over_gives(servers, redis_url,
@@ -382,21 +397,9 @@ async def test_a_done_lost_with_the_leader_is_sent_again_within_the_grace_a_take
     """The shrink's ``done`` reaches the leader as it dies (stopped, then SIGKILLed): nobody answers it, and the
     SDK sends it again only after ``bus.RESEND_AFTER`` (5 s) -- past the 2 s grace a take-over gave before,
     which ended the session as a violation (CI, 28 November). The take-over's grace covers the resend."""
-    import os
     import signal
 
-    settings = _settings(servers, leader_lease=3.0, preempt_grace=2.0, fair_start=0.0)
-    env = dict(COORM_LEADER_LEASE="3.0", COORM_RESCHEDULE_INTERVAL="0.05", COORM_FAIR_START="0",
-               COORM_PREEMPT_GRACE="2.0", COORM_CONNECTION_FILE=str(tmp_path / "none.json"))
-    async with leader_and_standby(servers, settings, env) as pair, \
-            LocalStack(settings, {"c0": 8}, with_engine=False):
-        first = await Session.open(settings, kind="rigid", name="first", views=False)
-        sweep = await Session.open(settings, kind="psa", name="sweep")
-        await sweep.wait_views()
-        await sweep.request(rq("m", "c0", 8, type="preemptible"))
-        await sweep.wait_start("m", 10)
-        (rid,) = await first.request(rq("r", "c0", 6, 60))
-        await next_of(sweep, ViewsChanged, 10, lambda e: e.views.preemptive["c0"].value_at(e.views.now) == 2)
+    async with _shrink_asked(servers, tmp_path) as (pair, first, sweep, rid):
         os.killpg(pair.leader.pid, signal.SIGSTOP)  # it takes the done off its socket no more
         sent = sweep.stats.messages_sent
         done = asyncio.create_task(sweep.done("m"))
@@ -407,11 +410,7 @@ async def test_a_done_lost_with_the_leader_is_sent_again_within_the_grace_a_take
         await asyncio.wait_for(done, 20)  # answered by the standby, after the resend
         assert sweep.app in pair.standby.cores.policy.apps  # its session was not ended
         assert len((await first.wait_start(rid, 15)).nodes) == 6
-        while not sweep._events.empty():
-            ev = sweep._events.get_nowait()
-            assert not isinstance(ev, Closed) and not (isinstance(ev, Killed) and ev.reason != "done"), ev
-        await first.close()
-        await sweep.close()
+        _told_no_violation(sweep)
 
 
 # ==================================================================================================
