@@ -444,7 +444,8 @@ def markdown(rows: list[dict], prefix: str = NAME) -> dict[str, str]:
     cpu = next(r for r in rows if r["row"] == "fig8" and r["what"] == "CPU seconds")
     by = ", ".join(f"{k} {v:g}" for k, v in sorted(cpu["live_by_process"].items(), key=lambda kv: -kv[1]))
     fig8 += (f"\n\nLive CPU seconds: {cpu['live_system']} in the system's processes ({by}), "
-             f"{cpu['live_launchers']} in the launchers' process.")
+             f"{cpu['live_launchers']} in the launchers' process. (`coorm up` starts two policy engines, named "
+             "policy-engine and policy-engine-standby; whichever takes the lease first leads, the other stands by.)")
     has_again = any("again_start" in a for a in rows if a["row"] == "app")
     header = ["app", "kind", "arrives", "start live", *(["again", "reproduced"] if has_again else []), "instant",
               "calibrated",

@@ -12,7 +12,7 @@ and the delays (each a list of samples):
 * ``command``: a launcher sends a request -> the policy core applies it (lifecycle ``submitted_at``);
 * ``reply``: a launcher sends a request or a done -> it has the answer (it sends nothing else meanwhile);
 * ``launch``: an application heard of a start -> every agent answered its launches there (and
-  ``launch_nodes``: on how many nodes);
+  ``launch_nodes``: on how many nodes); a launch some agent refused is not counted;
 * ``work_overhead``: a rigid job heard of its start -> it heard of its last process's exit, minus its WORK:
   the launch and exit delays together (the exit delay is what is left after the launch's), and
   ``work_overhead_nodes``: on how many nodes it ran, ``work_overhead_launching``: on how many nodes the
@@ -115,8 +115,11 @@ class _TimedRunner(LiveRunner):
         elif isinstance(item, Started):
             self.heard.setdefault(item.request, heard)
         launched = [n for n in item.nodes if n not in item.kept] if isinstance(item, Started) else []
+        refused = len(self.result.refused)
         await super()._handle(item)
-        if launched and item.request in self.launcher.running:  # (it launched there: every agent answered)
+        # (it launched there: every agent answered -- one refused is no launch's time: a PSA growing as the
+        # run's system stops waited 5 s for agents gone, then heard the connection close)
+        if launched and item.request in self.launcher.running and len(self.result.refused) == refused:
             self.measure["launch"].append(self.clock() - heard)
             self.measure["launch_nodes"].append(float(len(launched)))
         if isinstance(item, Started) and self.spec.process_work and item.nodes and self.launched_at is None:
