@@ -12,8 +12,8 @@ TYPE_CHECKING = False  # (not typing's: every coorm command imports this package
 __version__ = "0.1.0"
 
 __all__ = ["Closed", "ErrorCode", "Event", "Exited", "Killed", "ReplaceRefused", "RequestSpec", "RequestType",
-           "RMSStopped", "Session", "SessionReaped", "Started", "SyncSession", "ViewsChanged", "WireError",
-           "__version__"]
+           "RMSStopped", "Session", "SessionClosed", "SessionReaped", "Started", "SyncSession", "ViewsChanged",
+           "WireError", "__version__"]
 
 if TYPE_CHECKING:
     from typing import Any
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         RequestType,
         RMSStopped,
         Session,
+        SessionClosed,
         SessionReaped,
         Started,
         SyncSession,

@@ -5,7 +5,8 @@ the events a session delivers, the request specification, a negotiation's terms 
 ``respond``, ``accept``: the adaptive-RMS paper's offers), the error a refused message raises, the one
 a refused replace raises (``Session.replace``: a request it replaces has started), and why a session ended
 that the application did not close (``Closed.error``: :class:`RMSStopped`, :class:`SessionReaped`,
-:class:`Unreachable`). The
+:class:`Unreachable`) -- and what still waited on a session the application closed ends with
+(:class:`SessionClosed`). The
 implementation lives in :mod:`coorm.launchers.sdk`; this module only names it."""
 
 from coorm.launchers.sdk import (
@@ -17,6 +18,7 @@ from coorm.launchers.sdk import (
     ReplaceRefused,
     RMSStopped,
     Session,
+    SessionClosed,
     SessionReaped,
     Started,
     SyncSession,
@@ -29,5 +31,5 @@ from coorm.shared.protocol import OfferMsg
 from coorm.shared.requests import RequestSpec, RequestType
 
 __all__ = ["Answer", "Closed", "ErrorCode", "Event", "Exited", "Killed", "NegotiationTerms", "OfferMsg",
-           "OfferReceived", "ReplaceRefused", "RequestSpec", "RequestType", "RMSStopped", "Session", "SessionReaped",
-           "Started", "SyncSession", "Unreachable", "ViewsChanged", "WireError", "pow2_sizes"]
+           "OfferReceived", "ReplaceRefused", "RequestSpec", "RequestType", "RMSStopped", "Session", "SessionClosed",
+           "SessionReaped", "Started", "SyncSession", "Unreachable", "ViewsChanged", "WireError", "pow2_sizes"]

@@ -152,6 +152,19 @@ class SessionReaped(Exception):
         self.app, self.said = app, said
 
 
+class SessionClosed(ConnectionClosedError):
+    """This application closed the session: what still waited on it -- a command's answer, a start, exits --
+    ends with this at once, not at its own timeout (a ``ConnectionClosedError``, as the closed connection
+    would say)."""
+
+    def __init__(self, app: str) -> None:
+        super().__init__()
+        self.app = app
+
+    def __str__(self) -> str:
+        return f"session {self.app} was closed by the application"
+
+
 @dataclass(frozen=True)
 class Closed:
     """The session ended: closed by the application, or (``error`` set) its connection to CooRM was lost
@@ -230,7 +243,7 @@ class Session:
         self._exit_cond = asyncio.Condition()
         self._outputs: dict[str, asyncio.Queue] = {}
         self._all_output: asyncio.Queue | None = None
-        self.lost: bus.Unreachable | RMSStopped | SessionReaped | None = None
+        self.lost: Exception | None = None  # Unreachable, RMSStopped, SessionReaped, SessionClosed
         self._gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # done once lost
 
     # ============================================================================================
@@ -333,6 +346,9 @@ class Session:
             await asyncio.wait([self._heartbeat])
         # (what goes wrong now changes nothing for the caller: the RMS reaps a session it did not hear close)
         await bus.quietly(self._call(self.reply.subjects.close, CloseMsg(token=self.token), Ack))
+        # what still waits on the session ends now: a launch in flight as the application closed waited its
+        # whole 5 s for an answer the closed connection could not bring (the twin's PSAs, as each run ended)
+        await self._end_waits(SessionClosed(self.app))
         if self.own_connection:  # closing the connection ends its subscriptions
             await bus.quietly(self.nc.close())
             return
@@ -365,17 +381,24 @@ class Session:
         if self.closed:
             return  # our own close
         self.closed = True
-        self.lost = error or bus.Unreachable(self.settings.nats_url, self.settings.source_of("nats_url"),
-                                             self.settings.reconnect_window, lost=True)
+        lost = error or bus.Unreachable(self.settings.nats_url, self.settings.source_of("nats_url"),
+                                        self.settings.reconnect_window, lost=True)
+        if self._heartbeat:
+            self._heartbeat.cancel()
+        self._events.put_nowait(Closed(lost))
+        await self._end_waits(lost)
+
+    async def _end_waits(self, error: Exception) -> None:
+        """Every wait on the session -- a command's answer, a start, exits, views -- ends with ``error``, and so
+        does every call made from now on."""
+        self.lost = error
         for futs in self._start_waiters.values():
             for fut in futs:
                 if not fut.done():
-                    fut.set_exception(self.lost)
+                    fut.set_exception(error)
         self._start_waiters.clear()
-        self._gone.set_result(None)
-        if self._heartbeat:
-            self._heartbeat.cancel()
-        self._events.put_nowait(Closed(self.lost))
+        if not self._gone.done():
+            self._gone.set_result(None)
         async with self._exit_cond:
             self._exit_cond.notify_all()
 

@@ -118,7 +118,7 @@ class _TimedRunner(LiveRunner):
         refused = len(self.result.refused)
         await super()._handle(item)
         # (it launched there: every agent answered -- one refused is no launch's time: a PSA growing as the
-        # run's system stops waited 5 s for agents gone, then heard the connection close)
+        # run ends has its session closed under its launches)
         if launched and item.request in self.launcher.running and len(self.result.refused) == refused:
             self.measure["launch"].append(self.clock() - heard)
             self.measure["launch_nodes"].append(float(len(launched)))

@@ -54,7 +54,7 @@ def test_the_delays_are_measured_on_the_live_system(rows):
     delays = {r["delay"]: r for r in rows if r["row"] == "delay"}
     for name in ("notify", "command", "reply", "launch", "work_overhead", "open", "views"):
         assert delays[name]["n"] > 0 and delays[name]["median"] >= -0.05, name
-    # a launch no agent answered (the system stopping under a PSA growing at the run's end) is no launch time
+    # a launch refused (a PSA growing as the run ends has its session closed under it) is no launch time
     assert delays["launch"]["max"] < RESEND_AFTER, delays["launch"]
     # an answer comes after its command is applied, and the calibrated simulator awaits the answers' mean
     assert delays["reply"]["median"] >= delays["command"]["median"]

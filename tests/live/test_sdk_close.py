@@ -1,7 +1,8 @@
 """``Session.close`` on a connection the server dropped: it returns (the RMS reaps a session it did not hear
 close), never with a CancelledError that is not the caller's own -- nats-py cancels what waits on a
 connection it closes, and one 300-application ``bench_ha.py`` run had such a CancelledError end an
-application -- while a cancellation of the caller itself still ends the close. Real nats-server, SIGKILLed."""
+application -- while a cancellation of the caller itself still ends the close. Real nats-server, SIGKILLed.
+And what still waits on a session its application closes ends at once (a real stack, a real agent)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import asyncio
 import os
 import signal
 
-from coorm.launchers.sdk import Session
+import pytest
+
+from coorm.launchers.sdk import CALL_TIMEOUT, Session, SessionClosed
 from coorm.shared import bus, subjects
 from coorm.shared.endpoints import Role
 from coorm.shared.protocol import SessionOpenReply, SessionSubjects
 from coorm.shared.servers import start_servers
 from coorm.shared.settings import Settings
 from tests.live.roles import ME
+from tests.live.test_system import rq, stack  # noqa: F401 - the fixture
 
 APP = subjects.app_id(ME, 1)
 
@@ -104,3 +108,28 @@ def test_a_launcher_cancelled_still_tells_the_rms_its_session_closes(tmp_path):
             await s.nc.close()
 
         asyncio.run(scenario())
+
+
+async def test_what_waits_on_a_session_its_application_closes_ends_at_once(stack):  # noqa: F811
+    """Launches in flight, a start that will not come and the exits of a launch as the application closes its
+    session end with :class:`SessionClosed` -- not after the call's timeout: the launches waited their whole
+    5 s for an answer the closed connection could not bring (a PSA growing as the twin's runs ended), and a
+    ``wait_start`` without a timeout waited for ever."""
+    app = await Session.open(stack.settings, kind="psa")
+    (rid,) = await app.request(rq("grown", "c0", 8, None, type="preemptible"))
+    start = await app.wait_start(rid, 20)
+    (holder,) = await app.request(rq("holder", "c1", 8, 60))
+    await app.wait_start(holder, 20)
+    (never,) = await app.request(rq("never", "c1", 8, 60))  # behind the holder for a minute
+    launches = [asyncio.create_task(app.launch(rid, n, ["sleep", "100"])) for n in start.nodes]
+    waiting = asyncio.create_task(app.wait_start(never))
+    exits = asyncio.create_task(app.wait_exits(rid, len(start.nodes)))
+    await asyncio.sleep(0)  # (the launches go out: they are in flight as the session closes)
+    await app.close()
+    ended = await asyncio.wait_for(asyncio.gather(*launches, waiting, exits, return_exceptions=True),
+                                   CALL_TIMEOUT / 2)
+    assert all(isinstance(e, (SessionClosed, list)) for e in ended[:-2]), ended  # (a launch may have won)
+    assert isinstance(ended[-2], SessionClosed) and isinstance(ended[-1], SessionClosed), ended
+    assert "closed by the application" in str(ended[-2])
+    with pytest.raises(SessionClosed):
+        await app.request(rq("after", "c0", 1, 60))
