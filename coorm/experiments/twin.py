@@ -312,6 +312,7 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
         "views_quantile": tsim.VIEWS_QUANTILE,
         "holds": bool(judged["calibrated"]["p95"] <= TOLERANCE_P95_START), "settings": live.settings}]
     used = delays.describe()
+    views_used_by = "views_unheld" if live.delays.get("views_unheld") else "views"  # (tsim.calibrate's choice)
     for name, samples in live.delays.items():
         if name in ("launch_nodes", "work_overhead_nodes", "work_overhead_launching"):
             continue
@@ -319,7 +320,7 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
         rows.append({"row": "delay", "delay": name, "n": sp["n"], "mean": _r(statistics.fmean(samples)),
                      "median": _r(sp["median"]),
                      "p95": _r(sp["p95"]), "max": _r(sp["max"]),
-                     "used": _r(used.get({"work_overhead": "exit", "views": "view_notify"}.get(name, name)))})
+                     "used": _r(used.get({"work_overhead": "exit", views_used_by: "view_notify"}.get(name, name)))})
     rows.append({"row": "delay", "delay": "launch_per_node", "n": None, "mean": None, "median": None, "p95": None,
                  "max": None,
                  "used": _r(delays.launch_per_node, 4)})
@@ -560,6 +561,7 @@ def md_delays(delays: list[dict]) -> str:
             "work_overhead": "a rigid job: start heard → last exit heard, minus its work (the simulator's exit)",
             "open": "arrival → the launcher runs (session open, clusters' properties)",
             "views": "a round of views → its launcher hears of it",
+            "views_unheld": "the same, of the rounds no pacing held (a view period or more after the pass before)",
             "start_after_view": "a moldable or CEM start heard, less the first view of a round at or after its "
                                 "decision heard (> 0: the view first)",
             "launch_per_node": "a launch's time per node (a line fitted to the launches' times)"}
@@ -567,7 +569,7 @@ def md_delays(delays: list[dict]) -> str:
         ["delay (live)", "what", "samples", "mean (s)", "median (s)", "p95 (s)", "max (s)", "simulator uses (s)"],
         [[d["delay"], what.get(d["delay"], ""), "—" if d["n"] is None else d["n"], _f(d.get("mean"), 3),
           _f(d["median"], 3),
-          _f(d["p95"], 3), _f(d["max"], 3), _views_used(d) if d["delay"] == "views"
+          _f(d["p95"], 3), _f(d["max"], 3), _views_used(d) if d["delay"] in ("views", "views_unheld")
           else _f(d["used"], 4 if d["delay"] == "launch_per_node" else 3)] for d in delays])
 
 

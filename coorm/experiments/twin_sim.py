@@ -82,9 +82,12 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
     that came less than 0.15 s after the one before was heard a median 94 ms after its pass, one that came
     later 6 ms (mean 13 ms), the views of a round within 0.1 ms of each other, whatever their place in it or
     the application's kind. Their mean (40 ms there) counts the pacing twice; their median (8 ms) is near the
-    rounds not held. ``opening_views``: its launcher follows the views its session asks for on opening
-    (:class:`~coorm.simulator.delays.Delays`)."""
+    rounds not held -- on a quiet machine: on a loaded one most rounds are held, and the median of all of them
+    counts the pacing too (44 ms against 12 ms). So a run that measured them (``views_unheld``, the rounds no
+    pacing held) is calibrated on those; a run stored before, on all. ``opening_views``: its launcher follows
+    the views its session asks for on opening (:class:`~coorm.simulator.delays.Delays`)."""
     views_at = quantile if quantile is not None else views_quantile
+    views = samples.get("views_unheld") or samples.get("views")  # (a run stored before the first: all rounds)
     mean = {k: centre(samples[k], quantile) if samples.get(k) else 0.0
             for k in ("notify", "command", "reply", "work_overhead", "open")}
     a, b = mean_line(samples.get("launch_nodes", []), samples.get("launch", []), quantile)
@@ -103,8 +106,7 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
                   launch=max(0.0, a), launch_per_node=max(0.0, b),
                   view_period=live_settings["view_period"], view_rate=live_settings["view_rate"], live_views=True,
                   opening_views=opening_views,
-                  view_notify=max(0.0, centre(samples["views"], views_at)) if views_apart and samples.get("views")
-                  else None)
+                  view_notify=max(0.0, centre(views, views_at)) if views_apart and views else None)
 
 
 def sampled(delays: Delays, samples: dict[str, list[float]], seed: int) -> Delays:
@@ -117,7 +119,8 @@ def sampled(delays: Delays, samples: dict[str, list[float]], seed: int) -> Delay
     pools = {k: tuple(max(0.0, v) for v in samples.get(src, ())) for k, src in
              (("notify", "notify"), ("command", "command"), ("reply", "reply"), ("open", "open"),
               *((("exit", "work_overhead"),) if not per_node else ()),
-              *((("view_notify", "views"),) if delays.view_notify is not None else ()))}
+              *((("view_notify", "views_unheld" if samples.get("views_unheld") else "views"),)
+                if delays.view_notify is not None else ()))}
     pools["launch_factor"] = factors(samples.get("launch_nodes", []), samples.get("launch", []),
                                      delays.launch, delays.launch_per_node)
     if per_node:

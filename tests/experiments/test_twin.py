@@ -55,6 +55,10 @@ def test_the_delays_are_measured_on_the_live_system(rows):
     for name in ("notify", "command", "reply", "launch", "work_overhead", "open", "views"):
         assert delays[name]["n"] > 0 and delays[name]["median"] >= -0.05, name
     # a launch refused (a PSA growing as the run ends has its session closed under it) is no launch time
+    # the rounds no pacing held: the views' own path, which the calibrated simulator uses (their median)
+    views, unheld = delays["views"], delays["views_unheld"]
+    assert 0 < unheld["n"] <= views["n"] and unheld["median"] <= views["median"], (views, unheld)
+    assert unheld["used"] == pytest.approx(unheld["median"], abs=1e-3) and views["used"] is None
     assert delays["launch"]["max"] < RESEND_AFTER, delays["launch"]
     # an answer comes after its command is applied, and the calibrated simulator awaits the answers' mean
     assert delays["reply"]["median"] >= delays["command"]["median"]
@@ -212,6 +216,11 @@ def test_calibrated_views_apart_have_the_views_own_latency():
     assert dict(tsim.sampled(apart, samples, 0).samples)["view_notify"] == (0.01, 0.05)
     assert "view_notify" not in dict(tsim.sampled(tsim.calibrate(samples, settings), samples, 0).samples)
     assert tsim.scaled(apart, 2.0).view_notify == pytest.approx(0.06)
+    # a run that measured the rounds no pacing held is calibrated, and drawn, on those alone
+    unheld = {**samples, "views_unheld": [0.004, 0.006, 0.02]}
+    own = tsim.calibrate(unheld, settings, views_apart=True)
+    assert own.view_notify == pytest.approx(0.006)
+    assert dict(tsim.sampled(own, unheld, 0).samples)["view_notify"] == (0.004, 0.006, 0.02)
 
 
 def test_calibrated_answers_are_the_replies_mean_and_none_for_a_run_that_did_not_measure_them():
