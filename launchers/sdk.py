@@ -153,9 +153,9 @@ class SessionReaped(Exception):
 
 
 class SessionClosed(ConnectionClosedError):
-    """This application closed the session: what still waited on it -- a command's answer, a start, exits --
-    ends with this at once, not at its own timeout (a ``ConnectionClosedError``, as the closed connection
-    would say)."""
+    """This application closed the session (of its own connection): what still waited on it -- a command's
+    answer, a start, exits -- ends with this at once, not at its own timeout (a ``ConnectionClosedError``, as
+    the closed connection would say)."""
 
     def __init__(self, app: str) -> None:
         super().__init__()
@@ -346,10 +346,11 @@ class Session:
             await asyncio.wait([self._heartbeat])
         # (what goes wrong now changes nothing for the caller: the RMS reaps a session it did not hear close)
         await bus.quietly(self._call(self.reply.subjects.close, CloseMsg(token=self.token), Ack))
-        # what still waits on the session ends now: a launch in flight as the application closed waited its
-        # whole 5 s for an answer the closed connection could not bring (the twin's PSAs, as each run ended)
-        await self._end_waits(SessionClosed(self.app))
         if self.own_connection:  # closing the connection ends its subscriptions
+            # what still waits on the session ends now: a launch in flight as the application closed waited its
+            # whole 5 s for an answer the closed connection could not bring (the twin's PSAs, as each run
+            # ended). On a shared connection (the batch service's) an answer still comes: it is awaited
+            await self._end_waits(SessionClosed(self.app))
             await bus.quietly(self.nc.close())
             return
         for sub in self._subs:
