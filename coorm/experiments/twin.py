@@ -312,7 +312,7 @@ def compare(specs, clusters: dict[str, int], live, again=None) -> list[dict]:
         "views_quantile": tsim.VIEWS_QUANTILE,
         "holds": bool(judged["calibrated"]["p95"] <= TOLERANCE_P95_START), "settings": live.settings}]
     used = delays.describe()
-    views_used_by = "views_unheld" if live.delays.get("views_unheld") else "views"  # (tsim.calibrate's choice)
+    views_used_by = tsim.views_source(live.delays)
     for name, samples in live.delays.items():
         if name in ("launch_nodes", "work_overhead_nodes", "work_overhead_launching"):
             continue

@@ -58,6 +58,12 @@ OPENING_VIEWS = True
 VIEWS_QUANTILE = 0.5
 
 
+def views_source(samples: dict[str, list[float]]) -> str:
+    """The samples the views' latency is calibrated and drawn on: the rounds no pacing held when the run
+    measured them (``views_unheld``), else every round (a run stored before)."""
+    return "views_unheld" if samples.get("views_unheld") else "views"
+
+
 def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart: bool = False,
               exit_model: str = "constant", quantile: float | None = None, opening_views: bool = OPENING_VIEWS,
               views_quantile: float | None = VIEWS_QUANTILE) -> Delays:
@@ -87,7 +93,7 @@ def calibrate(samples: dict[str, list[float]], live_settings: dict, views_apart:
     pacing held) is calibrated on those; a run stored before, on all. ``opening_views``: its launcher follows
     the views its session asks for on opening (:class:`~coorm.simulator.delays.Delays`)."""
     views_at = quantile if quantile is not None else views_quantile
-    views = samples.get("views_unheld") or samples.get("views")  # (a run stored before the first: all rounds)
+    views = samples.get(views_source(samples))
     mean = {k: centre(samples[k], quantile) if samples.get(k) else 0.0
             for k in ("notify", "command", "reply", "work_overhead", "open")}
     a, b = mean_line(samples.get("launch_nodes", []), samples.get("launch", []), quantile)
@@ -119,8 +125,7 @@ def sampled(delays: Delays, samples: dict[str, list[float]], seed: int) -> Delay
     pools = {k: tuple(max(0.0, v) for v in samples.get(src, ())) for k, src in
              (("notify", "notify"), ("command", "command"), ("reply", "reply"), ("open", "open"),
               *((("exit", "work_overhead"),) if not per_node else ()),
-              *((("view_notify", "views_unheld" if samples.get("views_unheld") else "views"),)
-                if delays.view_notify is not None else ()))}
+              *((("view_notify", views_source(samples)),) if delays.view_notify is not None else ()))}
     pools["launch_factor"] = factors(samples.get("launch_nodes", []), samples.get("launch", []),
                                      delays.launch, delays.launch_per_node)
     if per_node:
